@@ -1,0 +1,11 @@
+//! Gleaner's policy as pure code: per-period samples in, decisions out.
+//!
+//! No I/O and no clocks live here, so the daemon on Linux and the simulator drive exactly the
+//! same decisions from the same numbers, and every rule of the paper can be replayed in a
+//! unit test.
+
+pub mod cpuset;
+pub mod sample;
+
+pub use cpuset::{Cpuset, CpusetParseError};
+pub use sample::{Characteristics, PeriodSample, VcpuSample};
