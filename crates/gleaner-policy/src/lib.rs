@@ -5,7 +5,9 @@
 //! unit test.
 
 pub mod cpuset;
+pub mod retention;
 pub mod sample;
 
 pub use cpuset::{Cpuset, CpusetParseError};
+pub use retention::RetentionTimeout;
 pub use sample::{Characteristics, PeriodSample, VcpuSample};
