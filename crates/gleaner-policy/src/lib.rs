@@ -4,10 +4,16 @@
 //! same decisions from the same numbers, and every rule of the paper can be replayed in a
 //! unit test.
 
+pub mod characteristics;
+pub mod config;
 pub mod cpuset;
+pub mod engine;
 pub mod retention;
 pub mod sample;
 
+pub use characteristics::characterize;
+pub use config::{ConfigError, Mode, PolicyConfig};
 pub use cpuset::{Cpuset, CpusetParseError};
+pub use engine::{Decision, EventKind, Gleaner, PolicyEvent, RetentionAction, FOREVER_NS};
 pub use retention::RetentionTimeout;
 pub use sample::{Characteristics, PeriodSample, VcpuSample};

@@ -1,0 +1,77 @@
+//! Turning one period's counters into the paper's l_comp, g_comp and l_idle (§5, §6).
+//!
+//! Kept apart from the decision rules so the daemon's `status`, the simulator's report and the
+//! policy all print the same numbers.
+
+use crate::cpuset::Cpuset;
+use crate::sample::{Characteristics, PeriodSample};
+
+/// Characteristics of the workload on the `active` vCPUs over one period.
+///
+/// * l_comp = T_work / S_yield: computation between two idle periods of a vCPU.
+/// * g_comp = T_work / S_work: computation of a thread between two synchronization points.
+/// * l_idle = T_idle / S_yield: length of an idle period.
+///
+/// S_yield counts idle periods whether retention absorbed them (the retention thread was
+/// preempted) or the kernel idled (halt or poll), so the figures stay meaningful while
+/// retention is off on some vCPUs.
+pub fn characterize(sample: &PeriodSample, active: &Cpuset) -> Characteristics {
+    let period = sample.period_ns.max(1) as f64;
+    let mut t_work = 0u64;
+    let mut t_idle = 0u64;
+    let mut s_yield = 0u64;
+    let mut steal = 0u64;
+    let mut n_active = 0u64;
+    let mut max_util: f64 = 0.0;
+    let mut total_util = 0.0;
+    for v in &sample.vcpus {
+        let util = v.work_ns as f64 / period;
+        // Work that lands on a deactivated vCPU (a thread not yet migrated) still counts toward
+        // the workload's utilization, or a consolidation would look like a slowdown.
+        total_util += util;
+        if !active.contains(v.cpu) {
+            continue;
+        }
+        n_active += 1;
+        t_work += v.work_ns;
+        t_idle += v.idle_time_ns();
+        s_yield += v.idle_periods();
+        steal += v.steal_ns;
+        max_util = max_util.max(util);
+    }
+    let per = |num: u64, den: u64| if den == 0 { num as f64 } else { num as f64 / den as f64 };
+    let secs = period / 1e9;
+    Characteristics {
+        l_comp_ns: per(t_work, s_yield),
+        g_comp_ns: per(t_work, sample.work_switches),
+        l_idle_ns: per(t_idle, s_yield),
+        max_vcpu_util: max_util.min(1.0),
+        total_util,
+        idle_periods_per_sec: if n_active == 0 { 0.0 } else { s_yield as f64 / n_active as f64 / secs },
+        steal_fraction: if n_active == 0 { 0.0 } else { steal as f64 / (n_active as f64 * period) },
+        runnable_wait_fraction: sample.work_runnable_wait_ns.map_or(0.0, |w| (w as f64 / period).min(1.0)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sample::VcpuSample;
+
+    #[test]
+    fn figure_4a_top_workload() {
+        // Figure 4(a) top: each vCPU computes 2t, idles t; each thread computes t between
+        // synchronization points. With t = 1 ms over a 3 ms period on 3 vCPUs: per vCPU
+        // 2 ms work, 1 ms idle, one idle period; two thread switches per vCPU.
+        let t = 1_000_000;
+        let vcpus = (0..3)
+            .map(|cpu| VcpuSample { cpu, work_ns: 2 * t, idle_ns: t, idle_entries: 1, ..Default::default() })
+            .collect();
+        let s = PeriodSample { period_ns: 3 * t, vcpus, work_switches: 6, work_threads: 3, work_runnable_wait_ns: None };
+        let c = characterize(&s, &Cpuset::first_n(3));
+        assert_eq!(c.l_comp_ns, 2.0 * t as f64);
+        assert_eq!(c.g_comp_ns, t as f64);
+        assert_eq!(c.l_idle_ns, t as f64);
+        assert!((c.total_util - 2.0).abs() < 1e-9);
+    }
+}

@@ -1,0 +1,263 @@
+//! Replays the paper's §5 examples and rules against the public policy API.
+
+use gleaner_policy::*;
+use proptest::prelude::*;
+
+const T: u64 = 1_000_000; // the paper's unit of time t, here 1 ms
+
+/// A period where each active vCPU computes `comp` then idles `idle`, `cycles` times, and each
+/// thread switches every `g` of computation. vCPUs outside `active` are empty.
+fn sample(active: &Cpuset, all: usize, comp: u64, idle: u64, g: u64, cycles: u64) -> PeriodSample {
+    let period = (comp + idle) * cycles;
+    let vcpus: Vec<VcpuSample> = (0..all)
+        .map(|cpu| {
+            if active.contains(cpu) {
+                VcpuSample { cpu, work_ns: comp * cycles, idle_ns: idle * cycles, idle_entries: cycles, ..Default::default() }
+            } else {
+                VcpuSample { cpu, idle_ns: period, idle_entries: 1, ..Default::default() }
+            }
+        })
+        .collect();
+    let work: u64 = vcpus.iter().map(|v| v.work_ns).sum();
+    PeriodSample { period_ns: period, vcpus, work_switches: work / g, work_threads: all as u64, work_runnable_wait_ns: Some(0) }
+}
+
+/// The same total work as `sample(all vCPUs, ...)` spread over the `active` vCPUs only, as
+/// after a consolidation that kept the workload's pace.
+fn spread(active: &Cpuset, all: usize, comp: u64, idle: u64, g: u64, cycles: u64) -> PeriodSample {
+    let mut s = sample(&Cpuset::first_n(all), all, comp, idle, g, cycles);
+    let total: u64 = s.vcpus.iter().map(|v| v.work_ns).sum();
+    let per = total / active.len() as u64;
+    for v in &mut s.vcpus {
+        if active.contains(v.cpu) {
+            v.work_ns = per.min(s.period_ns);
+            v.idle_ns = s.period_ns - v.work_ns;
+        } else {
+            v.work_ns = 0;
+            v.idle_ns = s.period_ns;
+            v.idle_entries = 1;
+        }
+    }
+    s
+}
+
+fn consolidation_only() -> PolicyConfig {
+    PolicyConfig { mode: Mode::Consolidation, settle_periods: 1, ..Default::default() }
+}
+
+#[test]
+fn figure_4a_consolidates_one_vcpu() {
+    // 4(a): l_comp = 2t, g_comp = t, l_idle = t on three vCPUs; rho = eta = 1.
+    let mut g = Gleaner::new(consolidation_only(), Cpuset::first_n(3)).unwrap();
+    let d = g.step(&sample(&Cpuset::first_n(3), 3, 2 * T, T, T, 10));
+    assert_eq!(d.active.len(), 2, "{:?}", d.events);
+    assert!(matches!(d.events[0].kind, EventKind::Deactivate { cpu: 2 }));
+}
+
+#[test]
+fn figure_4b_does_not_consolidate() {
+    // 4(b): condition (1) holds (l_comp = 2t, l_idle = t) but g_comp = 2t > eta x l_idle.
+    let mut g = Gleaner::new(consolidation_only(), Cpuset::first_n(3)).unwrap();
+    for _ in 0..5 {
+        let d = g.step(&sample(&Cpuset::first_n(3), 3, 2 * T, T, 2 * T, 10));
+        assert_eq!(d.active.len(), 3);
+        assert!(d.events.is_empty());
+    }
+}
+
+#[test]
+fn min_time_slice_bounds_the_granularity() {
+    // Long idle periods would allow anything, but 5 ms grains exceed the 3 ms slice.
+    let mut g = Gleaner::new(consolidation_only(), Cpuset::first_n(2)).unwrap();
+    let d = g.step(&sample(&Cpuset::first_n(2), 2, 5 * T, 50 * T, 5 * T, 4));
+    assert_eq!(d.active.len(), 2);
+}
+
+#[test]
+fn rollback_restores_the_last_vcpu_and_lowers_rho() {
+    let mut g = Gleaner::new(consolidation_only(), Cpuset::first_n(3)).unwrap();
+    let all = Cpuset::first_n(3);
+    let d = g.step(&sample(&all, 3, 2 * T, T, T, 10));
+    assert_eq!(d.active.to_string(), "0-1");
+    // Settling period.
+    g.step(&spread(&d.active, 3, 2 * T, T, T, 10));
+    // The workload slowed down: utilization drops from 2.0 to 1.2, no vCPU saturated.
+    let slow = sample(&d.active, 3, 3 * T, 2 * T, T, 10);
+    let d = g.step(&slow);
+    assert_eq!(d.active, all, "{:?}", d.events);
+    assert!(matches!(d.events[0].kind, EventKind::Rollback { cpu: 2 }));
+    // rho = 0.9 x min(1, l_comp / ((N-1) l_idle)) with the before-values 2t / (2 x t) = 1.
+    assert!((d.rho - 0.9).abs() < 1e-9, "rho {}", d.rho);
+    assert_eq!(d.eta, 1.0);
+}
+
+#[test]
+fn rollback_on_a_saturated_vcpu_lowers_eta() {
+    let mut g = Gleaner::new(consolidation_only(), Cpuset::first_n(3)).unwrap();
+    let all = Cpuset::first_n(3);
+    let d = g.step(&sample(&all, 3, 2 * T, T, T, 10));
+    g.step(&spread(&d.active, 3, 2 * T, T, T, 10));
+    // Now one active vCPU is 100 % busy and the total fell: Figure 4(b)'s overload.
+    let mut s = sample(&d.active, 3, 2 * T, T, T, 10);
+    s.vcpus[0].work_ns = s.period_ns;
+    s.vcpus[0].idle_ns = 0;
+    s.vcpus[1].work_ns = s.period_ns / 4;
+    let d = g.step(&s);
+    assert!(matches!(d.events[0].kind, EventKind::Rollback { cpu: 2 }), "{:?}", d.events);
+    // eta = 0.9 x min(1, g_comp / l_idle) = 0.9 x min(1, t / t).
+    assert!((d.eta - 0.9).abs() < 1e-9, "eta {}", d.eta);
+    assert_eq!(d.rho, 1.0);
+}
+
+#[test]
+fn major_change_reactivates_all() {
+    let mut g = Gleaner::new(consolidation_only(), Cpuset::first_n(4)).unwrap();
+    let all = Cpuset::first_n(4);
+    let d = g.step(&sample(&all, 4, T, 2 * T, T / 2, 10));
+    assert_eq!(d.active.len(), 3);
+    let mut active = d.active.clone();
+    // Keep consolidating while the workload stays the same.
+    for _ in 0..6 {
+        let d = g.step(&spread(&active, 4, T, 2 * T, T / 2, 10));
+        active = d.active;
+    }
+    assert!(active.len() < 4);
+    // The workload becomes CPU-bound: every active vCPU busy.
+    let d = g.step(&sample(&active, 4, 10 * T, 0, 10 * T, 1));
+    assert_eq!(d.active, all, "{:?}", d.events);
+    assert!(matches!(d.events[0].kind, EventKind::MajorChange));
+}
+
+#[test]
+fn granularity_change_is_a_major_change() {
+    let mut g = Gleaner::new(consolidation_only(), Cpuset::first_n(3)).unwrap();
+    let all = Cpuset::first_n(3);
+    let d = g.step(&sample(&all, 3, 2 * T, T, T, 10));
+    let d2 = g.step(&spread(&d.active, 3, 2 * T, T, T, 10));
+    let d3 = g.step(&spread(&d2.active, 3, 2 * T, T, T, 10)); // judged: accepted
+    assert!(d3.events.iter().all(|e| !matches!(e.kind, EventKind::Rollback { .. })), "{:?}", d3.events);
+    assert_eq!(d3.active.len(), 2);
+    // Same utilization, but threads now switch 4x less often.
+    let d4 = g.step(&spread(&d3.active, 3, 2 * T, T, 4 * T, 10));
+    assert!(d4.events.iter().any(|e| matches!(e.kind, EventKind::MajorChange)), "{:?}", d4.events);
+    assert_eq!(d4.active, all);
+}
+
+#[test]
+fn retention_turns_on_for_short_frequent_idles_and_off_when_workload_is_crowded() {
+    let cfg = PolicyConfig { mode: Mode::Retention, settle_periods: 1, retention_timeout_ns: 30_000, ..Default::default() };
+    let mut g = Gleaner::new(cfg, Cpuset::first_n(2)).unwrap();
+    let all = Cpuset::first_n(2);
+    // 40 us of work then 20 us idle: 16,666 idle periods/s, each shorter than the hold.
+    let d = g.step(&sample(&all, 2, 40_000, 20_000, 20_000, 1000));
+    assert!(d.retention.iter().all(|(_, a)| matches!(a, RetentionAction::Retain { timeout_ns: 30_000 })), "{:?}", d);
+    // Workload threads now queue for CPU: retention must let go.
+    let mut s = sample(&all, 2, 40_000, 20_000, 20_000, 1000);
+    s.work_runnable_wait_ns = Some(s.period_ns / 2);
+    let d = g.step(&s);
+    assert!(d.retention.iter().all(|(_, a)| *a == RetentionAction::Off), "{:?}", d);
+}
+
+#[test]
+fn retention_stays_off_for_long_idle_periods_and_idle_workloads() {
+    let cfg = PolicyConfig { mode: Mode::Retention, settle_periods: 1, retention_timeout_ns: 30_000, ..Default::default() };
+    let mut g = Gleaner::new(cfg, Cpuset::first_n(2)).unwrap();
+    let all = Cpuset::first_n(2);
+    // 1 ms idle periods: far longer than the 30 us hold.
+    let d = g.step(&sample(&all, 2, 200_000, 1_000_000, 100_000, 100));
+    assert!(d.retention.iter().all(|(_, a)| *a == RetentionAction::Off));
+    let d = g.step(&sample(&all, 2, 0, 1_000_000, 100_000, 100));
+    assert!(d.retention.iter().all(|(_, a)| *a == RetentionAction::Off));
+}
+
+#[test]
+fn retention_that_slows_the_workload_is_undone_and_backs_off() {
+    let cfg = PolicyConfig { mode: Mode::Retention, settle_periods: 1, retention_timeout_ns: 30_000, ..Default::default() };
+    let mut g = Gleaner::new(cfg, Cpuset::first_n(2)).unwrap();
+    let all = Cpuset::first_n(2);
+    let good = sample(&all, 2, 40_000, 20_000, 20_000, 1000);
+    let d = g.step(&good);
+    assert!(!d.events.is_empty());
+    g.step(&good); // settling
+    // Utilization collapses with retention on.
+    let d = g.step(&sample(&all, 2, 20_000, 40_000, 20_000, 1000));
+    assert!(d.retention.iter().all(|(_, a)| *a == RetentionAction::Off), "{:?}", d);
+    assert!(matches!(d.events[0].kind, EventKind::RetentionOff { .. }));
+    // Not retried immediately.
+    let d = g.step(&good);
+    assert!(d.retention.iter().all(|(_, a)| *a == RetentionAction::Off));
+}
+
+#[test]
+fn always_yield_holds_everything() {
+    let cfg = PolicyConfig { mode: Mode::AlwaysYield, ..Default::default() };
+    let mut g = Gleaner::new(cfg, Cpuset::first_n(2)).unwrap();
+    let d = g.step(&sample(&Cpuset::first_n(2), 2, 0, T, T, 1));
+    assert_eq!(d.active.len(), 2);
+    assert!(d.retention.iter().all(|(_, a)| *a == RetentionAction::Retain { timeout_ns: FOREVER_NS }));
+}
+
+#[test]
+fn bad_factors_are_refused_with_a_fix() {
+    for (rho, eta) in [(0.0, 1.0), (1.5, 1.0), (1.0, -0.1), (f64::NAN, 1.0)] {
+        let err = Gleaner::new(PolicyConfig { rho, eta, ..Default::default() }, Cpuset::first_n(2)).unwrap_err();
+        assert!(err.to_string().contains("outside (0, 1]"), "{err}");
+    }
+    assert!(Gleaner::new(PolicyConfig::default(), Cpuset::new()).is_err());
+}
+
+fn arb_vcpu(cpu: usize) -> impl Strategy<Value = VcpuSample> {
+    (0u64..100_000_000, 0u64..100_000_000, 0u64..100_000_000, 0u64..5_000, 0u64..5_000, 0u64..10_000_000).prop_map(
+        move |(work_ns, yield_ns, idle_ns, yield_preemptions, idle_entries, steal_ns)| VcpuSample {
+            cpu,
+            work_ns,
+            yield_ns,
+            idle_ns,
+            steal_ns,
+            yield_preemptions,
+            idle_entries,
+        },
+    )
+}
+
+fn arb_sample(n: usize) -> impl Strategy<Value = PeriodSample> {
+    let vcpus: Vec<_> = (0..n).map(arb_vcpu).collect();
+    (vcpus, 0u64..100_000, proptest::option::of(0u64..100_000_000)).prop_map(|(vcpus, work_switches, wait)| PeriodSample {
+        period_ns: 100_000_000,
+        vcpus,
+        work_switches,
+        work_threads: 8,
+        work_runnable_wait_ns: wait,
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// Whatever the samples, the active set is never empty, never leaves the allowed set, and
+    /// never changes in two consecutive periods.
+    #[test]
+    fn active_set_is_safe_and_calm(samples in proptest::collection::vec(arb_sample(4), 1..60), full in any::<bool>()) {
+        let mode = if full { Mode::Full } else { Mode::Consolidation };
+        let allowed = Cpuset::first_n(4);
+        let mut g = Gleaner::new(PolicyConfig { mode, ..Default::default() }, allowed.clone()).unwrap();
+        let mut prev = allowed.clone();
+        let mut changed_last = false;
+        for s in &samples {
+            let d = g.step(s);
+            prop_assert!(!d.active.is_empty());
+            prop_assert!(d.active.is_subset(&allowed));
+            let changed = d.active != prev;
+            prop_assert!(!(changed && changed_last), "active set changed in two consecutive periods");
+            prop_assert!(d.active.len() + 1 >= prev.len(), "more than one vCPU deactivated at once");
+            prop_assert_eq!(d.retention.len(), 4);
+            for (cpu, a) in &d.retention {
+                if !d.active.contains(*cpu) {
+                    prop_assert_eq!(*a, RetentionAction::Off);
+                }
+            }
+            changed_last = changed;
+            prev = d.active;
+        }
+    }
+}
