@@ -1,0 +1,347 @@
+//! Second retention back end: let the guest kernel's cpuidle poll instead of halting.
+//!
+//! Writing `n/a` to `devices/system/cpu/cpuN/power/pm_qos_resume_latency_us` says "no resume
+//! latency is acceptable on this CPU", so the cpuidle governor may only pick the POLL state:
+//! an idle vCPU spins in the guest kernel and never exits to the hypervisor, which is what a
+//! retention thread achieves from user level, without a thread and with a faster wake (the
+//! waker only sets a flag the poller watches, no IPI). It needs a cpuidle driver with a POLL
+//! state (e.g. `haltpoll`); without one (`current_driver` is `none`) the kernel halts through
+//! `default_idle` and ignores the QoS value, so [`PollRetention::new`] reports it unavailable.
+//!
+//! The file is system state: the original value of every file is handed to a caller hook
+//! (the crash journal) before the first write, and written back by [`PollRetention::restore`]
+//! and on drop.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use gleaner_policy::Cpuset;
+
+/// The value that forbids every idle state but polling.
+pub const NO_LATENCY: &str = "n/a";
+
+/// Receives (file, original content) before that file is first written. An error aborts the
+/// write: without a journal entry a crash could leave the CPU polling forever.
+pub type OriginalHook = Box<dyn FnMut(&Path, &str) -> Result<(), Box<dyn std::error::Error + Send + Sync>> + Send>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PmQosError {
+    #[error("poll-based retention is unavailable: {reason}")]
+    Unavailable { reason: String },
+    #[error("cannot read {path}: {source}")]
+    Read { path: PathBuf, source: io::Error },
+    #[error("cannot write {value:?} to {path}: {source} (run as root?)")]
+    Write { path: PathBuf, value: String, source: io::Error },
+    #[error("unexpected content {content:?} in {path} (expected a number of microseconds or \"n/a\")")]
+    Malformed { path: PathBuf, content: String },
+    #[error("could not record the original value of {path} before changing it: {source}")]
+    Journal { path: PathBuf, source: Box<dyn std::error::Error + Send + Sync> },
+    #[error("CPU {cpu} is not managed by this poll retention (managed: {managed})")]
+    NotManaged { cpu: usize, managed: String },
+    #[error("could not restore {failed} of the pm_qos files; first: {first}")]
+    Restore { failed: usize, first: Box<PmQosError> },
+}
+
+/// One managed CPU: its QoS file, the content found there at start, and whether we have
+/// changed it (and reported the original) yet.
+struct QosFile {
+    path: PathBuf,
+    original: String,
+    reported: bool,
+    polling: bool,
+    dirty: bool,
+}
+
+/// Poll-instead-of-halt retention for a set of CPUs.
+pub struct PollRetention {
+    files: BTreeMap<usize, QosFile>,
+    on_original: OriginalHook,
+}
+
+impl fmt::Debug for PollRetention {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let polling: Cpuset = self.files.iter().filter(|(_, q)| q.polling).map(|(&c, _)| c).collect();
+        f.debug_struct("PollRetention").field("polling", &polling.to_string()).finish()
+    }
+}
+
+impl PollRetention {
+    /// Checks that polling can work on every CPU of `cpus` under `sysfs_root` (normally
+    /// `/sys`) and reads the original QoS values. Nothing is written yet.
+    pub fn new(sysfs_root: &Path, cpus: &Cpuset, on_original: OriginalHook) -> Result<Self, PmQosError> {
+        let cpu_dir = sysfs_root.join("devices/system/cpu");
+        let driver_path = cpu_dir.join("cpuidle/current_driver");
+        let driver = match fs::read_to_string(&driver_path) {
+            Ok(s) => s.trim().to_string(),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(unavailable(format!("{} does not exist (kernel without cpuidle)", driver_path.display())))
+            }
+            Err(source) => return Err(PmQosError::Read { path: driver_path, source }),
+        };
+        if driver.is_empty() || driver == "none" {
+            return Err(unavailable(format!(
+                "no cpuidle driver is active ({} is {:?}); idle vCPUs halt via default_idle and ignore PM QoS",
+                driver_path.display(),
+                driver
+            )));
+        }
+        let mut files = BTreeMap::new();
+        for cpu in cpus.iter() {
+            let state0 = cpu_dir.join(format!("cpu{cpu}/cpuidle/state0/name"));
+            let name = fs::read_to_string(&state0).map_err(|e| {
+                unavailable(format!("cpuidle driver {driver:?} exposes no state0 for CPU {cpu} ({}: {e})", state0.display()))
+            })?;
+            if name.trim() != "POLL" {
+                return Err(unavailable(format!(
+                    "CPU {cpu}'s first idle state is {:?}, not POLL ({})",
+                    name.trim(),
+                    state0.display()
+                )));
+            }
+            let path = cpu_dir.join(format!("cpu{cpu}/power/pm_qos_resume_latency_us"));
+            let raw = fs::read_to_string(&path).map_err(|source| PmQosError::Read { path: path.clone(), source })?;
+            let original = raw.trim().to_string();
+            if !is_valid_latency(&original) {
+                return Err(PmQosError::Malformed { path, content: raw });
+            }
+            files.insert(cpu, QosFile { path, original, reported: false, polling: false, dirty: false });
+        }
+        Ok(Self { files, on_original })
+    }
+
+    /// CPUs under management.
+    pub fn cpus(&self) -> Cpuset {
+        self.files.keys().copied().collect()
+    }
+
+    /// `on`: the CPU polls when idle. `off`: its original QoS value is back.
+    pub fn set(&mut self, cpu: usize, on: bool) -> Result<(), PmQosError> {
+        let managed = self.cpus().to_string();
+        let file = self.files.get_mut(&cpu).ok_or(PmQosError::NotManaged { cpu, managed })?;
+        if file.polling == on {
+            return Ok(());
+        }
+        if !file.reported {
+            (self.on_original)(&file.path, &file.original)
+                .map_err(|source| PmQosError::Journal { path: file.path.clone(), source })?;
+            file.reported = true;
+        }
+        let value = if on { NO_LATENCY.to_string() } else { file.original.clone() };
+        // Marked dirty before the write: a failed write may still have changed the file.
+        file.dirty = true;
+        write_value(&file.path, &value)?;
+        file.polling = on;
+        Ok(())
+    }
+
+    /// Writes every changed file back to its original value. All files are attempted even if
+    /// one fails; the first failure is returned.
+    pub fn restore(&mut self) -> Result<(), PmQosError> {
+        let mut failures = Vec::new();
+        for file in self.files.values_mut().filter(|f| f.dirty) {
+            match write_value(&file.path, &file.original) {
+                Ok(()) => {
+                    file.dirty = false;
+                    file.polling = false;
+                }
+                Err(e) => failures.push(e),
+            }
+        }
+        let failed = failures.len();
+        match failures.into_iter().next() {
+            None => Ok(()),
+            Some(first) => Err(PmQosError::Restore { failed, first: Box::new(first) }),
+        }
+    }
+}
+
+impl Drop for PollRetention {
+    fn drop(&mut self) {
+        // Drop cannot report; callers that want the error call `restore()` first, after
+        // which this is a no-op. The journal still holds the originals for `gleaner recover`.
+        let _ = self.restore();
+    }
+}
+
+fn unavailable(reason: String) -> PmQosError {
+    PmQosError::Unavailable { reason }
+}
+
+/// The kernel shows either a non-negative number of microseconds or `n/a`.
+fn is_valid_latency(s: &str) -> bool {
+    s == NO_LATENCY || (!s.is_empty() && s.len() <= 10 && s.bytes().all(|b| b.is_ascii_digit()))
+}
+
+fn write_value(path: &Path, value: &str) -> Result<(), PmQosError> {
+    fs::write(path, value).map_err(|source| PmQosError::Write {
+        path: path.to_path_buf(),
+        value: value.to_string(),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    type Journal = Arc<Mutex<Vec<(PathBuf, String)>>>;
+
+    /// A fake sysfs with a POLL-capable cpuidle driver on CPUs 0..n.
+    fn fake_sysfs(n: usize, driver: &str) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let cpu = dir.path().join("devices/system/cpu");
+        fs::create_dir_all(cpu.join("cpuidle")).unwrap();
+        fs::write(cpu.join("cpuidle/current_driver"), format!("{driver}\n")).unwrap();
+        for i in 0..n {
+            fs::create_dir_all(cpu.join(format!("cpu{i}/cpuidle/state0"))).unwrap();
+            fs::create_dir_all(cpu.join(format!("cpu{i}/power"))).unwrap();
+            fs::write(cpu.join(format!("cpu{i}/cpuidle/state0/name")), "POLL\n").unwrap();
+            fs::write(qos(dir.path(), i), "0\n").unwrap();
+        }
+        dir
+    }
+
+    fn qos(root: &Path, cpu: usize) -> PathBuf {
+        root.join(format!("devices/system/cpu/cpu{cpu}/power/pm_qos_resume_latency_us"))
+    }
+
+    fn read(root: &Path, cpu: usize) -> String {
+        fs::read_to_string(qos(root, cpu)).unwrap().trim().to_string()
+    }
+
+    fn recording_hook() -> (OriginalHook, Journal) {
+        let journal: Journal = Arc::default();
+        let j = Arc::clone(&journal);
+        let hook: OriginalHook = Box::new(move |path: &Path, original: &str| {
+            j.lock().unwrap().push((path.to_path_buf(), original.to_string()));
+            Ok(())
+        });
+        (hook, journal)
+    }
+
+    fn cpus(s: &str) -> Cpuset {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn polls_and_restores_reporting_originals_first() {
+        let root = fake_sysfs(2, "haltpoll");
+        fs::write(qos(root.path(), 1), "25\n").unwrap();
+        let (hook, journal) = recording_hook();
+        let mut p = PollRetention::new(root.path(), &cpus("0-1"), hook).unwrap();
+        assert!(journal.lock().unwrap().is_empty(), "nothing reported before a write");
+
+        p.set(1, true).unwrap();
+        assert_eq!(read(root.path(), 1), "n/a");
+        assert_eq!(read(root.path(), 0), "0");
+        assert_eq!(*journal.lock().unwrap(), vec![(qos(root.path(), 1), "25".to_string())]);
+
+        p.set(1, false).unwrap();
+        assert_eq!(read(root.path(), 1), "25");
+        p.set(1, true).unwrap();
+        p.set(0, true).unwrap();
+        assert_eq!(journal.lock().unwrap().len(), 2, "each original is reported once");
+
+        p.restore().unwrap();
+        assert_eq!((read(root.path(), 0), read(root.path(), 1)), ("0".into(), "25".into()));
+    }
+
+    #[test]
+    fn drop_restores() {
+        let root = fake_sysfs(2, "haltpoll");
+        {
+            let (hook, _journal) = recording_hook();
+            let mut p = PollRetention::new(root.path(), &cpus("0-1"), hook).unwrap();
+            p.set(0, true).unwrap();
+            p.set(1, true).unwrap();
+            assert_eq!(read(root.path(), 0), "n/a");
+        }
+        assert_eq!((read(root.path(), 0), read(root.path(), 1)), ("0".into(), "0".into()));
+    }
+
+    #[test]
+    fn unavailable_without_a_polling_driver() {
+        for driver in ["none", ""] {
+            let root = fake_sysfs(2, driver);
+            let (hook, _) = recording_hook();
+            let err = PollRetention::new(root.path(), &cpus("0-1"), hook).unwrap_err();
+            assert!(matches!(err, PmQosError::Unavailable { .. }), "{err}");
+        }
+        // No cpuidle directory at all.
+        let empty = tempfile::tempdir().unwrap();
+        let (hook, _) = recording_hook();
+        let err = PollRetention::new(empty.path(), &cpus("0"), hook).unwrap_err();
+        assert!(matches!(err, PmQosError::Unavailable { .. }), "{err}");
+        // A driver whose first state is not POLL.
+        let root = fake_sysfs(2, "acpi_idle");
+        fs::write(root.path().join("devices/system/cpu/cpu1/cpuidle/state0/name"), "C1\n").unwrap();
+        let (hook, _) = recording_hook();
+        let err = PollRetention::new(root.path(), &cpus("0-1"), hook).unwrap_err();
+        assert!(err.to_string().contains("not POLL"), "{err}");
+        // A CPU that does not exist.
+        let (hook, _) = recording_hook();
+        let err = PollRetention::new(root.path(), &cpus("0,7"), hook).unwrap_err();
+        assert!(matches!(err, PmQosError::Unavailable { .. }), "{err}");
+    }
+
+    #[test]
+    fn malformed_content_is_an_error() {
+        for bad in ["", "abc\n", "-1\n", "12 34\n", "99999999999999\n"] {
+            let root = fake_sysfs(1, "haltpoll");
+            fs::write(qos(root.path(), 0), bad).unwrap();
+            let (hook, _) = recording_hook();
+            let err = PollRetention::new(root.path(), &cpus("0"), hook).unwrap_err();
+            assert!(matches!(err, PmQosError::Malformed { .. }), "{bad:?}: {err}");
+        }
+        let root = fake_sysfs(1, "haltpoll");
+        fs::write(qos(root.path(), 0), "n/a\n").unwrap();
+        let (hook, _) = recording_hook();
+        assert!(PollRetention::new(root.path(), &cpus("0"), hook).is_ok());
+    }
+
+    #[test]
+    fn failed_write_still_restores_the_others() {
+        let root = fake_sysfs(2, "haltpoll");
+        let (hook, _) = recording_hook();
+        let mut p = PollRetention::new(root.path(), &cpus("0-1"), hook).unwrap();
+        p.set(0, true).unwrap();
+        // CPU 1's file turns into a directory: its write fails.
+        fs::remove_file(qos(root.path(), 1)).unwrap();
+        fs::create_dir(qos(root.path(), 1)).unwrap();
+        let err = p.set(1, true).unwrap_err();
+        assert!(matches!(err, PmQosError::Write { .. }), "{err}");
+        let err = p.restore().unwrap_err();
+        assert!(matches!(err, PmQosError::Restore { failed: 1, .. }), "{err}");
+        assert_eq!(read(root.path(), 0), "0", "the healthy CPU is restored");
+        drop(p);
+        assert_eq!(read(root.path(), 0), "0");
+    }
+
+    #[test]
+    fn journal_failure_prevents_the_write() {
+        let root = fake_sysfs(1, "haltpoll");
+        let hook: OriginalHook = Box::new(|_: &Path, _: &str| Err("journal disk full".into()));
+        let mut p = PollRetention::new(root.path(), &cpus("0"), hook).unwrap();
+        let err = p.set(0, true).unwrap_err();
+        assert!(matches!(err, PmQosError::Journal { .. }), "{err}");
+        assert_eq!(read(root.path(), 0), "0");
+        let err = p.set(3, true).unwrap_err();
+        assert!(matches!(err, PmQosError::NotManaged { cpu: 3, .. }), "{err}");
+    }
+
+    #[test]
+    fn this_machine_reports_unavailable_or_works() {
+        // Reads the real /sys but writes nothing: `new` only checks and reads.
+        let (hook, journal) = recording_hook();
+        match PollRetention::new(Path::new("/sys"), &cpus("0"), hook) {
+            Err(PmQosError::Unavailable { reason }) => assert!(!reason.is_empty()),
+            Err(e) => panic!("unexpected error: {e}"),
+            Ok(p) => assert_eq!(p.cpus(), cpus("0")),
+        }
+        assert!(journal.lock().unwrap().is_empty());
+    }
+}
