@@ -1,0 +1,1 @@
+"""Gleaner benchmark harness: suites, interleaved runs, tables and plots (see bench/README.md)."""

@@ -1,0 +1,101 @@
+"""The configurations every workload is measured under, and their interleaved order.
+
+A configuration is a way of launching the same command: as is, under one of
+gleaner's modes, pinned to one vCPU, or with guest halt polling. Runs are interleaved
+(A B C ... A B C ...) rather than grouped so that slow drifts of the host (other
+tenants, thermal state, page cache) spread evenly over all configurations instead of
+biasing whichever one happened to run last.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    description: str
+    # argv prefix placed before the workload command; "{gleaner}" is the CLI binary
+    # and "{timeline}" the per-run timeline file.
+    prefix: tuple[str, ...]
+    uses_gleaner: bool = False
+    records_timeline: bool = False
+    sets_haltpoll: bool = False
+
+    def wrap(self, argv: list[str], gleaner: Path, timeline: Path | None) -> list[str]:
+        """The full command line that runs `argv` under this configuration."""
+        if self.records_timeline and timeline is None:
+            raise ValueError(f"configuration {self.name} needs a timeline path")
+        wrapped = []
+        for part in self.prefix:
+            if part == "{gleaner}":
+                wrapped.append(str(gleaner))
+            elif part == "{timeline}":
+                wrapped.append(str(timeline))
+            else:
+                wrapped.append(part)
+        return wrapped + list(argv)
+
+
+CONFIGS: tuple[Config, ...] = (
+    Config("baseline", "the command as is", ()),
+    Config(
+        "gleaner",
+        "gleaner run (retention + consolidation policy), timeline recorded",
+        ("{gleaner}", "run", "--timeline", "{timeline}", "--"),
+        uses_gleaner=True,
+        records_timeline=True,
+    ),
+    Config(
+        "retention",
+        "gleaner run --mode retention (idle retention only)",
+        ("{gleaner}", "run", "--mode", "retention", "--"),
+        uses_gleaner=True,
+    ),
+    Config(
+        "consolidation",
+        "gleaner run --mode consolidation (vCPU consolidation only)",
+        ("{gleaner}", "run", "--mode", "consolidation", "--"),
+        uses_gleaner=True,
+    ),
+    Config(
+        "yield-loop",
+        "gleaner run --mode always-yield (SCHED_IDLE yield loop on every vCPU, no policy)",
+        ("{gleaner}", "run", "--mode", "always-yield", "--"),
+        uses_gleaner=True,
+    ),
+    Config("one-vcpu", "taskset -c 0 (everything on vCPU 0)", ("taskset", "-c", "0")),
+    Config(
+        "haltpoll",
+        "guest_halt_poll_ns=200000 during the run",
+        (),
+        sets_haltpoll=True,
+    ),
+)
+
+CONFIG_NAMES = tuple(config.name for config in CONFIGS)
+
+
+def select_configs(names: list[str] | None) -> list[Config]:
+    """Configurations by name in canonical order; all when `names` is None."""
+    if names is None:
+        return list(CONFIGS)
+    unknown = [name for name in names if name not in CONFIG_NAMES]
+    if unknown:
+        raise ValueError(f"unknown configuration(s) {', '.join(unknown)}; choose from {', '.join(CONFIG_NAMES)}")
+    if "baseline" not in names:
+        raise ValueError("the configurations must include baseline (speedups are relative to it)")
+    return [config for config in CONFIGS if config.name in names]
+
+
+Item = TypeVar("Item")
+
+
+def interleave(configs: list[Item], reps: int) -> list[tuple[int, Item]]:
+    """(rep, config) pairs in the order A B C ... A B C ..., `reps` rounds."""
+    if reps < 1:
+        raise ValueError(f"repetitions must be at least 1, got {reps}")
+    return [(rep, config) for rep in range(reps) for config in configs]

@@ -1,0 +1,185 @@
+"""PNG plots of a suite's results (matplotlib, Agg backend: no display needed).
+
+Four figures: speedup over baseline per workload and configuration; wake-latency
+CDFs from `gleaner probe --json`; the active-vCPU timeline of a phase-changing run;
+and idle-transition rate against speedup, our workloads' version of the paper's
+Figure 1. Each function takes the results dictionary (or part of it) and a path and
+returns the path written, or None with the reason when there is nothing to plot.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
+
+from . import report  # noqa: E402
+
+
+def _ran_configs(results: dict) -> list[str]:
+    return [config["name"] for config in results["configs"] if config["status"] == "ran"]
+
+
+def speedup_bars(results: dict, path: Path) -> Path | None:
+    """Grouped bars: one group per workload, one bar per non-baseline configuration."""
+    configs = [name for name in _ran_configs(results) if name != "baseline"]
+    workloads = [w for w in results["workloads"] if not w.get("error")]
+    if not configs or not workloads:
+        return None
+    figure, axes = plt.subplots(figsize=(max(6, 1.2 * len(workloads) * max(1, len(configs)) / 3), 4.5))
+    width = 0.8 / len(configs)
+    for index, config in enumerate(configs):
+        xs, heights, lows, highs = [], [], [], []
+        for position, workload in enumerate(workloads):
+            entry = workload["summary"][config]
+            if entry["speedup"] is None:
+                continue
+            xs.append(position + (index - (len(configs) - 1) / 2) * width)
+            heights.append(entry["speedup"])
+            lows.append(entry["speedup"] - entry["speedup_min"])
+            highs.append(entry["speedup_max"] - entry["speedup"])
+        axes.bar(xs, heights, width, yerr=[lows, highs], capsize=2, label=config)
+    axes.axhline(1.0, color="black", linewidth=0.8)
+    axes.set_xticks(range(len(workloads)), [w["name"] for w in workloads], rotation=30, ha="right")
+    axes.set_ylabel("speedup over baseline (median; bars: min–max)")
+    axes.set_title(f"suite {results['suite']}: speedup vs baseline")
+    axes.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
+def latency_series(probe: object, prefix: str = "") -> list[tuple[str, list[tuple[float, float]]]]:
+    """(label, [(latency, cumulative fraction)]) series found anywhere in a probe JSON.
+
+    The probe's schema belongs to the gleaner CLI; rather than pin it, accept the two
+    shapes a latency result can take: a list of raw samples under a key mentioning
+    "samples", and an object of percentiles keyed `pNN` (e.g. p50, p99, p99_9).
+    """
+    found: list[tuple[str, list[tuple[float, float]]]] = []
+    if isinstance(probe, dict):
+        percentiles = []
+        for key, value in probe.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and _percentile_of(key) is not None:
+                percentiles.append((float(value), _percentile_of(key)))
+        if len(percentiles) >= 2:
+            found.append((prefix or "probe", sorted(percentiles)))
+        for key, value in probe.items():
+            label = f"{prefix}.{key}" if prefix else str(key)
+            numbers = _numbers(value)
+            if "sample" in str(key).lower() and numbers:
+                ordered = sorted(numbers)
+                found.append((label, [(x, (i + 1) / len(ordered)) for i, x in enumerate(ordered)]))
+            elif isinstance(value, (dict, list)):
+                found += latency_series(value, label)
+    elif isinstance(probe, list):
+        for index, item in enumerate(probe):
+            if isinstance(item, dict):
+                name = item.get("name") or item.get("label") or item.get("kind") or index
+                found += latency_series(item, f"{prefix}[{name}]" if prefix else str(name))
+    return found
+
+
+def _percentile_of(key: str) -> float | None:
+    """`p50` -> 0.5, `p99_9` -> 0.999; None for other keys."""
+    key = str(key).lower()
+    if not key.startswith("p") or len(key) < 2:
+        return None
+    digits = key[1:].replace("_", ".")
+    try:
+        value = float(digits)
+    except ValueError:
+        return None
+    return value / 100 if 0 < value <= 100 else None
+
+
+def _numbers(value: object) -> list[float]:
+    if isinstance(value, list) and value and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value):
+        return [float(x) for x in value]
+    return []
+
+
+def latency_cdf(probe: object, path: Path) -> Path | None:
+    series = latency_series(probe)
+    if not series:
+        return None
+    figure, axes = plt.subplots(figsize=(6.5, 4.5))
+    for label, points in series:
+        xs = [x for x, _ in points]
+        ys = [y for _, y in points]
+        axes.step(xs, ys, where="post", label=label, marker="." if len(points) < 20 else None)
+    axes.set_xscale("log")
+    axes.set_xlabel("wake latency (units as reported by gleaner probe)")
+    axes.set_ylabel("cumulative fraction")
+    axes.set_title("wake-latency CDF (gleaner probe)")
+    axes.legend(fontsize="x-small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
+def active_timeline(timeline: list[dict], phases: list[tuple[str, float]], path: Path) -> Path | None:
+    """Step plot of active vCPUs over time, with the workload's phase boundaries."""
+    if not timeline:
+        return None
+    figure, axes = plt.subplots(figsize=(7, 3.5))
+    axes.step([row["t_s"] for row in timeline], [row["n_active"] for row in timeline], where="post")
+    start = 0.0
+    for label, seconds in phases:
+        axes.axvspan(start, start + seconds, alpha=0.12, color="tab:orange" if label == "coarse" else "tab:blue")
+        axes.text(start + seconds / 2, 0.2, label, ha="center")
+        start += seconds
+    axes.set_ylim(bottom=0)
+    axes.set_xlabel("time since gleaner start (s)")
+    axes.set_ylabel("active vCPUs")
+    axes.set_title("gleaner active vCPUs, pipeline " + ",".join(f"{label}:{seconds:g}s" for label, seconds in phases))
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
+def idle_vs_speedup(results: dict, path: Path) -> Path | None:
+    """x: baseline idle transitions/s per vCPU; y: each configuration's speedup.
+
+    The paper's Figure 1 plots slowdown under virtualisation against idle-transition
+    frequency. Inside one guest we cannot run native, so the y axis is the
+    performance baseline leaves on the table relative to each mitigation.
+    """
+    configs = [name for name in _ran_configs(results) if name != "baseline"]
+    figure, axes = plt.subplots(figsize=(6.5, 4.5))
+    plotted = False
+    for config in configs:
+        xs, ys, names = [], [], []
+        for workload in results["workloads"]:
+            if workload.get("error"):
+                continue
+            rate = report.mean_idle_rate(workload, "baseline")
+            ratio = workload["summary"][config]["speedup"]
+            if rate is None or ratio is None:
+                continue
+            xs.append(rate)
+            ys.append(ratio)
+            names.append(workload["name"])
+        if xs:
+            plotted = True
+            axes.scatter(xs, ys, label=config)
+            for x, y, name in zip(xs, ys, names):
+                axes.annotate(name, (x, y), fontsize=6, alpha=0.7)
+    if not plotted:
+        plt.close(figure)
+        return None
+    axes.axhline(1.0, color="black", linewidth=0.8)
+    axes.set_xlabel(f"baseline idle transitions / s / vCPU ({results['idle_source']})")
+    axes.set_ylabel("speedup over baseline")
+    axes.set_title("idle-transition rate vs speedup (cf. paper Fig. 1)")
+    axes.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path

@@ -1,0 +1,145 @@
+"""Turning raw run records into summaries and the Markdown results table.
+
+Everything here is a pure function of the results dictionary (the same one written
+to `results/<suite>-<date>.json`), so the table can be regenerated from a JSON file
+and is unit-tested without running anything.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from .stats import Speedup, Summary, format_value, speedup, summarise
+
+
+def config_summary(workload: dict, config: str) -> Summary | None:
+    """Median/min/max of the successful runs of `config` for one workload record."""
+    values = [run["value"] for run in workload["runs"] if run["config"] == config and run["ok"]]
+    return summarise(values)
+
+
+def config_speedup(workload: dict, config: str) -> Speedup | None:
+    base = config_summary(workload, "baseline")
+    mine = config_summary(workload, config)
+    if base is None or mine is None:
+        return None
+    return speedup(mine, base, workload["higher_is_better"])
+
+
+def mean_idle_rate(workload: dict, config: str) -> float | None:
+    """Median over runs of the per-vCPU mean idle transitions per second."""
+    per_run = [
+        statistics.fmean(run["idle_per_s"].values())
+        for run in workload["runs"]
+        if run["config"] == config and run["ok"] and run.get("idle_per_s")
+    ]
+    return statistics.median(per_run) if per_run else None
+
+
+def summarise_workload(workload: dict, configs: list[str]) -> dict:
+    """The `summary` block stored per workload in the JSON."""
+    block = {}
+    for config in configs:
+        summary = config_summary(workload, config)
+        ratio = config_speedup(workload, config)
+        total = sum(1 for run in workload["runs"] if run["config"] == config)
+        block[config] = {
+            "runs": total,
+            "ok": summary.n if summary else 0,
+            "median": summary.median if summary else None,
+            "min": summary.min if summary else None,
+            "max": summary.max if summary else None,
+            "speedup": ratio.median if ratio else None,
+            "speedup_min": ratio.low if ratio else None,
+            "speedup_max": ratio.high if ratio else None,
+            "idle_per_s_per_vcpu": mean_idle_rate(workload, config),
+        }
+    return block
+
+
+def _cell(entry: dict) -> str:
+    if entry["ok"] == 0:
+        return f"failed ({entry['runs']} runs)" if entry["runs"] else "–"
+    text = f"{format_value(entry['median'])} [{format_value(entry['min'])}–{format_value(entry['max'])}]"
+    if entry["speedup"] is not None:
+        text += f" ×{entry['speedup']:.2f}"
+    if entry["ok"] < entry["runs"]:
+        text += f" ({entry['runs'] - entry['ok']} failed)"
+    return text
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def markdown(results: dict) -> str:
+    """The full Markdown report for one suite run."""
+    configs = [config["name"] for config in results["configs"] if config["status"] == "ran"]
+    lines = [f"# Gleaner benchmark: suite `{results['suite']}`", ""]
+    lines.append(f"Started {results['started']}, finished {results.get('finished', '(unfinished)')}; "
+                 f"{results['reps']} repetitions per configuration, interleaved.")
+    lines.append("")
+    host = results["host"]
+    lines.append(f"Host: {host['nproc']} vCPUs, kernel {host['kernel']}, cpuidle driver `{host['cpuidle_driver']}`.")
+    load = results["load"]
+    if load["warning"]:
+        lines.append(f"**WARNING: 1-minute load average was {load['before'][0]:.2f} (> {load['threshold']}) "
+                     "before the suite — the machine was busy; treat these numbers as noise, not evidence.**")
+    else:
+        lines.append(f"1-minute load average before the suite: {load['before'][0]:.2f}.")
+    if results["reps"] < 5:
+        lines.append(f"**Only {results['reps']} repetition(s): a smoke test, not a measurement.**")
+    lines.append(f"Idle transitions source: {results['idle_source']}.")
+    lines.append("")
+    lines.append("Cells: median [min–max] of the metric, ×speedup of the median over baseline "
+                 "(>1 is better, whatever the metric's direction).")
+    lines.append("")
+    rows = []
+    for workload in results["workloads"]:
+        direction = "↑" if workload["higher_is_better"] else "↓"
+        label = f"{workload['name']} ({workload['unit']} {direction})"
+        if workload.get("error"):
+            rows.append([label] + [f"not run: {workload['error']}"] + ["" for _ in configs[1:]])
+            continue
+        rows.append([label] + [_cell(workload["summary"][config]) for config in configs])
+    lines += _table(["workload"] + configs, rows)
+    lines.append("")
+    lines.append("Idle transitions per second per vCPU (median over runs of the mean over vCPUs):")
+    lines.append("")
+    idle_rows = []
+    for workload in results["workloads"]:
+        if workload.get("error"):
+            continue
+        idle_rows.append([workload["name"]] + [
+            format_value(rate) if (rate := workload["summary"][config]["idle_per_s_per_vcpu"]) is not None else "–"
+            for config in configs
+        ])
+    lines += _table(["workload"] + configs, idle_rows)
+    lines.append("")
+    lines.append("Configurations:")
+    lines.append("")
+    for config in results["configs"]:
+        status = "" if config["status"] == "ran" else f" — **{config['status']}: {config['reason']}**"
+        note = f" ({config['note']})" if config.get("note") else ""
+        lines.append(f"- `{config['name']}`: {config['description']}{note}{status}")
+    lines.append("")
+    lines.append("Workloads:")
+    lines.append("")
+    for workload in results["workloads"]:
+        lines.append(f"- `{workload['name']}`: {workload['description']}; metric {workload['metric']} "
+                     f"({workload['unit']}, {'higher' if workload['higher_is_better'] else 'lower'} is better)")
+    failures = [
+        f"- {workload['name']} / {run['config']} rep {run['rep']}: {run['error']}"
+        for workload in results["workloads"]
+        for run in workload["runs"]
+        if not run["ok"]
+    ]
+    if failures:
+        lines += ["", "Failed runs:", ""] + failures
+    if results.get("plots"):
+        lines += ["", "Plots:", ""] + [f"- `{name}`" for name in results["plots"]]
+    if results.get("notes"):
+        lines += ["", "Notes:", ""] + [f"- {note}" for note in results["notes"]]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,244 @@
+"""Running a suite end to end and writing its JSON, Markdown and PNG outputs.
+
+The runner owns the order of runs (interleaved configurations), the per-run records
+(metric, wall time, idle rates, gleaner timeline, error), progress on stderr, and the
+guarantee that every temporary change is undone: the scratch directory, the haltpoll
+parameter and any child process all sit on the cleanup stack. The JSON is rewritten
+after each workload so an interrupted suite still leaves what it measured.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import parse, proc, report
+from .cleanup import CleanupStack
+from .configs import Config, interleave
+from .haltpoll import HALT_POLL_NS, PARAM_PATH, HaltpollError, HaltpollStatus, ParamOverride
+from .idle import IdleSourceError, read_idle_counters
+from .mariadb import MariaDBError
+from .preflight import LOAD_THRESHOLD, load_check, read_loadavg
+from .suites import Suite
+from .workloads import RunContext, Workload, WorkloadError
+
+
+@dataclass
+class Options:
+    suite: Suite
+    configs: list[Config]
+    reps: int
+    gleaner: Path
+    results_dir: Path
+    haltpoll: HaltpollStatus
+    haltpoll_anyway: bool = False
+
+
+def log(message: str) -> None:
+    print(f"bench: {message}", file=sys.stderr, flush=True)
+
+
+def output_stem(results_dir: Path, suite: str, now: datetime.datetime) -> Path:
+    """results/<suite>-<date>, with the time appended if that name is taken today."""
+    stem = results_dir / f"{suite}-{now:%Y-%m-%d}"
+    if stem.with_suffix(".json").exists():
+        stem = results_dir / f"{suite}-{now:%Y-%m-%d-%H%M%S}"
+    return stem
+
+
+def config_statuses(options: Options) -> tuple[list[Config], list[dict]]:
+    """Which selected configurations actually run, with the reason for any skipped."""
+    runnable, records = [], []
+    for config in options.configs:
+        record = {"name": config.name, "description": config.description, "status": "ran", "reason": ""}
+        if config.sets_haltpoll:
+            status = options.haltpoll
+            record["note"] = status.label()
+            if not status.runnable:
+                record.update(status="skipped", reason=status.reason)
+            elif not status.effective and not options.haltpoll_anyway:
+                record.update(status="skipped", reason=f"{status.reason} (run it anyway with --haltpoll-anyway)")
+            elif not status.effective:
+                record["description"] += " — INEFFECTIVE here, effectively a second baseline"
+        if record["status"] == "ran":
+            runnable.append(config)
+        records.append(record)
+    return runnable, records
+
+
+def host_info(haltpoll: HaltpollStatus) -> dict:
+    return {
+        "nproc": os.cpu_count(),
+        "kernel": platform.release(),
+        "cpuidle_driver": haltpoll.driver,
+        "python": platform.python_version(),
+    }
+
+
+def measure_once(workload: Workload, config: Config, rep: int, ctx: RunContext, scratch: Path) -> dict:
+    """One run of `workload` under `config`; failures become records, not exceptions."""
+    timeline_path = scratch / f"timeline-{workload.name}-{config.name}-{rep}.jsonl" if config.records_timeline else None
+    record: dict = {"config": config.name, "rep": rep, "ok": False, "value": None, "wall_s": None,
+                    "idle_per_s": None, "timeline": None, "error": None}
+
+    def wrap(argv: list[str]) -> list[str]:
+        return config.wrap(argv, ctx.gleaner, timeline_path)
+
+    try:
+        if config.sets_haltpoll:
+            with ParamOverride(PARAM_PATH, str(HALT_POLL_NS), ctx.stack):
+                measurement = workload.measure(ctx, wrap)
+        else:
+            measurement = workload.measure(ctx, wrap)
+        record.update(ok=True, value=measurement.value, wall_s=measurement.wall_s,
+                      idle_per_s={str(cpu): rate for cpu, rate in (measurement.idle_per_s or {}).items()} or None)
+    except (WorkloadError, HaltpollError) as error:
+        record["error"] = str(error)
+    if timeline_path is not None:
+        try:
+            record["timeline"] = parse.read_timeline(timeline_path)
+        except parse.ParseError as error:
+            # A missing timeline makes the run incomplete even if the metric parsed.
+            record.update(ok=False, error=(record["error"] or "") + f" timeline: {error}")
+    return record
+
+
+def phase_run(options: Options, ctx: RunContext, scratch: Path) -> dict:
+    """The phase-changing pipeline under gleaner, for the active-vCPU timeline plot."""
+    phases = ",".join(f"{label}:{seconds:g}s" for label, seconds in options.suite.phase_run)
+    timeline_path = scratch / "timeline-phases.jsonl"
+    argv = [str(ctx.gleaner), "run", "--timeline", str(timeline_path), "--",
+            str(ctx.gleaner), "workload", "pipeline", "--phases", phases, "--json"]
+    total_s = sum(seconds for _, seconds in options.suite.phase_run)
+    block = {"argv": argv, "phases": [list(phase) for phase in options.suite.phase_run],
+             "timeline": None, "report": None, "error": None}
+    try:
+        result = proc.run(argv, ctx.stack, total_s * 3 + 60)
+        if result.returncode != 0:
+            block["error"] = f"exit status {result.returncode}: {proc.tail(result.output)}"
+        else:
+            block["report"] = parse.last_json_object(result.output)
+        block["timeline"] = parse.read_timeline(timeline_path)
+    except (proc.CommandError, parse.ParseError) as error:
+        block["error"] = str(error)
+    return block
+
+
+def probe(ctx: RunContext) -> dict:
+    """`gleaner probe --json`, parsed; errors are recorded, not raised."""
+    try:
+        result = proc.run([str(ctx.gleaner), "probe", "--json"], ctx.stack, 120)
+        if result.returncode != 0:
+            return {"error": f"exit status {result.returncode}: {proc.tail(result.output)}"}
+        return {"result": json.loads(result.stdout)}
+    except (proc.CommandError, json.JSONDecodeError) as error:
+        return {"error": f"gleaner probe --json: {error}"}
+
+
+def write_outputs(results: dict, stem: Path, with_plots: bool) -> list[Path]:
+    """Writes JSON + Markdown (and plots when asked); returns the files written."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    written = []
+    if with_plots:
+        from . import plots  # matplotlib is only needed once there is something to plot
+
+        made = [
+            plots.speedup_bars(results, Path(f"{stem}-speedup.png")),
+            plots.idle_vs_speedup(results, Path(f"{stem}-idle-vs-speedup.png")),
+        ]
+        if results.get("probe", {}).get("result") is not None:
+            made.append(plots.latency_cdf(results["probe"]["result"], Path(f"{stem}-wake-latency-cdf.png")))
+        phase = results.get("phase_run") or {}
+        if phase.get("timeline"):
+            made.append(plots.active_timeline(phase["timeline"], [tuple(p) for p in phase["phases"]],
+                                              Path(f"{stem}-active-vcpus.png")))
+        results["plots"] = [path.name for path in made if path is not None]
+        written += [path for path in made if path is not None]
+    json_path, md_path = stem.with_suffix(".json"), stem.with_suffix(".md")
+    json_path.write_text(json.dumps(results, indent=1) + "\n")
+    md_path.write_text(report.markdown(results))
+    return [json_path, md_path] + written
+
+
+def run_suite(options: Options, stack: CleanupStack) -> list[Path]:
+    """Runs the whole suite; returns the output files."""
+    suite = options.suite
+    started = datetime.datetime.now()
+    started_monotonic = time.monotonic()
+    stem = output_stem(options.results_dir, suite.name, started)
+    configs, config_records = config_statuses(options)
+    loadavg = read_loadavg()
+    warning = load_check(loadavg)
+    if warning:
+        log("!" * 72)
+        log(f"WARNING: {warning}")
+        log("!" * 72)
+    try:
+        idle_source = read_idle_counters().source
+        read_idle = read_idle_counters
+    except IdleSourceError as error:
+        idle_source, read_idle = f"unavailable ({error})", None
+        log(f"idle transitions will not be recorded: {error}")
+    results: dict = {
+        "suite": suite.name,
+        "description": suite.description,
+        "started": started.isoformat(timespec="seconds"),
+        "reps": options.reps,
+        "host": host_info(options.haltpoll),
+        "load": {"before": list(loadavg), "threshold": LOAD_THRESHOLD, "warning": warning},
+        "idle_source": idle_source,
+        "gleaner": str(options.gleaner),
+        "configs": config_records,
+        "workloads": [],
+        "notes": [],
+    }
+    if options.reps < 5:
+        results["notes"].append(f"only {options.reps} repetition(s): plumbing check, not a measurement")
+    uses_gleaner = any(config.uses_gleaner for config in configs)
+    scratch = Path(tempfile.mkdtemp(prefix="gleaner-bench-"))
+    ctx = RunContext(options.gleaner, stack, scratch, read_idle)
+    total_runs = len(suite.workloads) * len(configs) * options.reps
+    log(f"suite {suite.name}: {len(suite.workloads)} workloads x {len(configs)} configurations x "
+        f"{options.reps} reps = {total_runs} runs, estimated {suite.estimate_s(len(configs), options.reps) / 60:.1f} min")
+    done = 0
+    with stack.scoped(f"remove {scratch}", lambda: shutil.rmtree(scratch, ignore_errors=True)):
+        if uses_gleaner:
+            log("gleaner probe --json")
+            results["probe"] = probe(ctx)
+        for workload in suite.workloads:
+            record = workload.describe() | {"runs": [], "error": None}
+            results["workloads"].append(record)
+            log(f"{workload.name}: preparing")
+            try:
+                workload.prepare(ctx)
+                for rep, config in interleave(configs, options.reps):
+                    done += 1
+                    run = measure_once(workload, config, rep, ctx, scratch)
+                    record["runs"].append(run)
+                    outcome = (f"{run['value']:.4g} {workload.unit} in {run['wall_s']:.1f} s" if run["ok"]
+                               else f"FAILED: {run['error']}")
+                    log(f"[{done}/{total_runs}] {workload.name} {config.name} rep {rep + 1}/{options.reps}: {outcome}")
+            except (WorkloadError, MariaDBError, OSError) as error:
+                record["error"] = f"setup failed: {error}"
+                log(f"{workload.name}: {record['error']}")
+            finally:
+                try:
+                    workload.teardown(ctx)
+                except (WorkloadError, MariaDBError, OSError) as error:
+                    results["notes"].append(f"{workload.name} teardown: {error}")
+            record["summary"] = report.summarise_workload(record, [config.name for config in configs])
+            write_outputs(results, stem, with_plots=False)
+        if uses_gleaner and suite.phase_run and any(config.name == "gleaner" for config in configs):
+            log("phase-change run for the active-vCPU timeline")
+            results["phase_run"] = phase_run(options, ctx, scratch)
+    results["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
+    results["elapsed_s"] = round(time.monotonic() - started_monotonic, 1)
+    return write_outputs(results, stem, with_plots=True)
