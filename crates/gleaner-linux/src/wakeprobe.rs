@@ -1,0 +1,868 @@
+//! Wake-latency probe: the paper's Table 2 re-measured on the machine at hand.
+//!
+//! Gleaner's retention timeout is a bet whose price is the difference between waking a thread
+//! on a halted vCPU and on a busy one (`RetentionTimeout::from_wake_costs`), and those costs
+//! differ by hypervisor, host load and guest idle driver. So instead of trusting the paper's
+//! 37 µs and 17 µs, this module measures them: a wakee thread blocks in `FUTEX_WAIT` (what a
+//! contended `pthread_mutex_lock` does), a waker issues `FUTEX_WAKE` after a chosen gap, and
+//! the latency is CLOCK_MONOTONIC from just before the wake to the wakee running again.
+//!
+//! Settings (both threads pinned):
+//! * A: waker and wakee on the same vCPU (a guest context switch only).
+//! * B: different vCPUs, the wakee's vCPU kept busy by a retention thread that never times
+//!   out (wake = reschedule IPI); B-poll: the same via cpuidle polling (PM QoS), if available.
+//! * C: different vCPUs, the wakee's vCPU idle, so the guest halts it and the hypervisor has
+//!   to run it again.
+//! * D (another VM contending) cannot be produced from inside a guest; the steal time seen
+//!   during the run is reported instead.
+//!
+//! The gap between wakes is swept because hosts poll a halted vCPU for a while before really
+//! descheduling it (KVM `halt_poll_ns`): short gaps hide the cost that long gaps reveal.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gleaner_policy::{Cpuset, RetentionTimeout};
+use serde::{Deserialize, Serialize};
+
+use crate::pmqos::{PmQosError, PollRetention};
+use crate::retention::{now_ns, pin_current_thread, thread_affinity, RetentionError, RetentionMode, RetentionPool, YielderParams};
+
+/// Default gaps between wakes: 20 µs to 5 ms.
+pub const DEFAULT_GAPS_NS: [u64; 8] = [20_000, 50_000, 100_000, 200_000, 500_000, 1_000_000, 2_000_000, 5_000_000];
+/// Samples per setting and gap by default; with the default gaps a full run takes about 10 s.
+pub const DEFAULT_SAMPLES: usize = 300;
+/// Longest gap accepted: longer ones would make a run take hours without teaching more.
+pub const MAX_GAP_NS: u64 = 1_000_000_000;
+
+/// Receives a PM QoS file and its original content before the B-poll setting changes it.
+pub type PmQosHook = Arc<dyn Fn(&Path, &str) -> Result<(), Box<dyn std::error::Error + Send + Sync>> + Send + Sync>;
+
+#[derive(Clone)]
+pub struct ProbeConfig {
+    /// Gaps between consecutive wakes, i.e. how long the wakee stays blocked.
+    pub gaps_ns: Vec<u64>,
+    /// Measured wakes per setting and gap.
+    pub samples: usize,
+    /// Wakes before each measurement that are thrown away (caches, governor, host polling
+    /// settle).
+    pub warmup: usize,
+    pub sysfs_root: PathBuf,
+    pub procfs_root: PathBuf,
+    /// Measure B-poll when cpuidle polling is available. It changes a PM QoS file for the
+    /// duration of that setting (restored afterwards, and on drop).
+    pub poll_setting: bool,
+    /// Journal hook for the PM QoS originals (see [`crate::pmqos`]); `None` relies on the
+    /// in-process restore only.
+    pub on_pmqos_original: Option<PmQosHook>,
+}
+
+impl Default for ProbeConfig {
+    fn default() -> Self {
+        Self {
+            gaps_ns: DEFAULT_GAPS_NS.to_vec(),
+            samples: DEFAULT_SAMPLES,
+            warmup: 5,
+            sysfs_root: PathBuf::from("/sys"),
+            procfs_root: PathBuf::from("/proc"),
+            poll_setting: true,
+            on_pmqos_original: None,
+        }
+    }
+}
+
+impl fmt::Debug for ProbeConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProbeConfig")
+            .field("gaps_ns", &self.gaps_ns)
+            .field("samples", &self.samples)
+            .field("warmup", &self.warmup)
+            .field("sysfs_root", &self.sysfs_root)
+            .field("procfs_root", &self.procfs_root)
+            .field("poll_setting", &self.poll_setting)
+            .field("on_pmqos_original", &self.on_pmqos_original.is_some())
+            .finish()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("invalid probe configuration: {reason}")]
+    Config { reason: String },
+    #[error("this process may run on no CPU at all (empty affinity mask)")]
+    NoCpus,
+    #[error("need two CPUs for this measurement but this process may only use CPUs {allowed} (run it without a restricting taskset/cpuset)")]
+    TooFewCpus { allowed: String },
+    #[error("cannot read this process's CPU affinity: {source}")]
+    Affinity { source: io::Error },
+    #[error("cannot pin the probe's {role} thread to CPU {cpu}: {source}")]
+    Pin { role: &'static str, cpu: usize, source: io::Error },
+    #[error("cannot start the probe's {role} thread: {source}")]
+    Spawn { role: &'static str, source: io::Error },
+    #[error("cannot read {path}: {source}")]
+    Read { path: PathBuf, source: io::Error },
+    #[error("{path} lacks the expected \"cpu\" line with eight numeric columns")]
+    MalformedStat { path: PathBuf },
+    #[error(transparent)]
+    Retention(#[from] RetentionError),
+    #[error(transparent)]
+    PmQos(#[from] PmQosError),
+}
+
+/// One of Table 2's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Setting {
+    SameVcpu,
+    BusyYield,
+    BusyPoll,
+    Halted,
+}
+
+impl Setting {
+    pub const ALL: [Setting; 4] = [Setting::SameVcpu, Setting::BusyYield, Setting::BusyPoll, Setting::Halted];
+
+    /// Table 2 letter and a few words.
+    pub fn label(self) -> &'static str {
+        match self {
+            Setting::SameVcpu => "A same vCPU",
+            Setting::BusyYield => "B busy (yield thread)",
+            Setting::BusyPoll => "B-poll busy (cpuidle poll)",
+            Setting::Halted => "C idle (halts)",
+        }
+    }
+}
+
+/// Distribution of one sample set, nearest-rank percentiles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LatencyStats {
+    pub count: usize,
+    pub min_ns: u64,
+    pub p50_ns: u64,
+    pub p90_ns: u64,
+    pub p99_ns: u64,
+    pub max_ns: u64,
+    pub mean_ns: u64,
+}
+
+impl LatencyStats {
+    /// `None` for an empty set.
+    pub fn from_samples(samples: &[u64]) -> Option<Self> {
+        if samples.is_empty() {
+            return None;
+        }
+        let mut sorted = samples.to_vec();
+        sorted.sort_unstable();
+        let n = sorted.len();
+        let rank = |p: f64| sorted[((p * n as f64).ceil() as usize).clamp(1, n) - 1];
+        let sum: u128 = sorted.iter().map(|&x| u128::from(x)).sum();
+        Some(Self {
+            count: n,
+            min_ns: sorted[0],
+            p50_ns: rank(0.50),
+            p90_ns: rank(0.90),
+            p99_ns: rank(0.99),
+            max_ns: sorted[n - 1],
+            mean_ns: (sum / n as u128) as u64,
+        })
+    }
+}
+
+/// Wake latencies of one setting at one gap.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProbePoint {
+    pub setting: Setting,
+    pub gap_ns: u64,
+    pub latency: LatencyStats,
+    /// Mean time the wakee actually stayed blocked: the gap plus the waker's own wake-up.
+    pub blocked_mean_ns: u64,
+    /// Rounds dropped because the wake came before the wakee had blocked.
+    pub not_blocked: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkippedSetting {
+    pub setting: Setting,
+    pub reason: String,
+}
+
+/// What the machine looks like to the guest, for reading the numbers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MachineFacts {
+    pub kernel: Option<String>,
+    /// Online CPUs.
+    pub vcpus: usize,
+    /// CPUs this process may use.
+    pub allowed_cpus: Cpuset,
+    /// The `hypervisor` CPU flag; `None` where /proc/cpuinfo has no flags line.
+    pub hypervisor_flag: Option<bool>,
+    pub cpuidle_driver: Option<String>,
+    pub cpuidle_governor: Option<String>,
+    /// `/sys/module/haltpoll/parameters/*`, empty when the module is absent.
+    pub haltpoll_params: BTreeMap<String, String>,
+}
+
+/// Setting D stand-in: how much CPU the host took from this guest during the run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StealReport {
+    /// Steal / all CPU time over the run, summed over CPUs (0..1).
+    pub fraction: f64,
+    pub note: String,
+}
+
+/// How busy the wakee's vCPU was during one setting. In C it must be near zero: if other
+/// work kept the vCPU from halting, C measured a busy wake and understates the halted cost.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct WakeeLoad {
+    pub setting: Setting,
+    pub cpu: usize,
+    /// Non-idle share of the vCPU's time over the setting (0..1), from /proc/stat.
+    pub busy_fraction: f64,
+}
+
+/// The retention timeout Gleaner would derive from this run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DerivedTimeout {
+    pub gap_ns: u64,
+    pub halted_p50_ns: u64,
+    pub busy_p50_ns: u64,
+    pub timeout: RetentionTimeout,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProbeReport {
+    pub machine: MachineFacts,
+    pub waker_cpu: usize,
+    pub wakee_cpu: Option<usize>,
+    pub samples_per_point: usize,
+    pub points: Vec<ProbePoint>,
+    pub skipped: Vec<SkippedSetting>,
+    pub steal: Option<StealReport>,
+    pub wakee_load: Vec<WakeeLoad>,
+    pub derived_timeout: Option<DerivedTimeout>,
+    pub duration_ms: u64,
+}
+
+impl ProbeReport {
+    pub fn point(&self, setting: Setting, gap_ns: u64) -> Option<&ProbePoint> {
+        self.points.iter().find(|p| p.setting == setting && p.gap_ns == gap_ns)
+    }
+}
+
+/// Result of [`quick_calibration`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuickCalibration {
+    pub busy_p50_ns: u64,
+    pub halted_p50_ns: u64,
+    pub timeout: RetentionTimeout,
+}
+
+/// Runs the full probe. `progress(done, total)` is called from the calling thread a few times
+/// a second with the number of wakes done so far.
+pub fn measure(cfg: &ProbeConfig, mut progress: impl FnMut(u64, u64)) -> Result<ProbeReport, ProbeError> {
+    validate(cfg)?;
+    let started = Instant::now();
+    let machine = machine_facts(&cfg.sysfs_root, &cfg.procfs_root)?;
+    let allowed: Vec<usize> = machine.allowed_cpus.iter().collect();
+    let waker_cpu = *allowed.first().ok_or(ProbeError::NoCpus)?;
+    let wakee_cpu = allowed.get(1).copied();
+
+    let mut plan = vec![Setting::SameVcpu];
+    let mut skipped = Vec::new();
+    match wakee_cpu {
+        None => {
+            for setting in [Setting::BusyYield, Setting::BusyPoll, Setting::Halted] {
+                skipped.push(SkippedSetting {
+                    setting,
+                    reason: format!("needs two vCPUs; this process may only use CPU {waker_cpu}"),
+                });
+            }
+        }
+        Some(wakee) => {
+            plan.push(Setting::BusyYield);
+            if !cfg.poll_setting {
+                skipped.push(SkippedSetting { setting: Setting::BusyPoll, reason: "disabled".into() });
+            } else if let Err(e) = open_poll(cfg, wakee) {
+                skipped.push(SkippedSetting { setting: Setting::BusyPoll, reason: e.to_string() });
+            } else {
+                plan.push(Setting::BusyPoll);
+            }
+            plan.push(Setting::Halted);
+        }
+    }
+
+    let rounds = (cfg.warmup + cfg.samples) as u64;
+    let total = plan.len() as u64 * cfg.gaps_ns.len() as u64 * rounds;
+    let mut done = 0u64;
+    progress(0, total);
+    let stat_path = cfg.procfs_root.join("stat");
+    let steal_before = read_cpu_times(&stat_path, None).ok();
+    let mut points = Vec::new();
+    let mut wakee_load = Vec::new();
+    for &setting in &plan {
+        let wakee = if setting == Setting::SameVcpu { waker_cpu } else { wakee_cpu.unwrap_or(waker_cpu) };
+        let env = SettingEnv::enter(setting, wakee, cfg)?;
+        let load_before = read_cpu_times(&stat_path, Some(wakee)).ok();
+        for &gap_ns in &cfg.gaps_ns {
+            let point = run_point(setting, waker_cpu, wakee, gap_ns, cfg, |d| progress(done + d, total))?;
+            done += rounds;
+            points.push(point);
+        }
+        if let (Some(before), Ok(after)) = (load_before, read_cpu_times(&stat_path, Some(wakee))) {
+            wakee_load.push(WakeeLoad { setting, cpu: wakee, busy_fraction: after.busy_fraction_since(&before) });
+        }
+        env.leave()?;
+    }
+    progress(total, total);
+    let steal = match (steal_before, read_cpu_times(&stat_path, None).ok()) {
+        (Some(before), Some(after)) => Some(StealReport {
+            fraction: after.steal_fraction_since(&before),
+            note: "setting D (another VM contending for the host CPUs) cannot be created from inside a guest; \
+                   this is the share of CPU time the host took from this guest during the run"
+                .into(),
+        }),
+        _ => None,
+    };
+    let derived_timeout = derive_timeout(&points);
+    Ok(ProbeReport {
+        machine,
+        waker_cpu,
+        wakee_cpu,
+        samples_per_point: cfg.samples,
+        points,
+        skipped,
+        steal,
+        wakee_load,
+        derived_timeout,
+        duration_ms: started.elapsed().as_millis() as u64,
+    })
+}
+
+/// A short B and C measurement (≈ 0.2 s) for the daemon's start-up: the break-even retention
+/// timeout from the median busy and halted wake costs.
+pub fn quick_calibration() -> Result<QuickCalibration, ProbeError> {
+    let allowed: Vec<usize> = thread_affinity(0).map_err(|source| ProbeError::Affinity { source })?.iter().collect();
+    let (&waker, &wakee) = match (allowed.first(), allowed.get(1)) {
+        (Some(a), Some(b)) => (a, b),
+        _ => return Err(ProbeError::TooFewCpus { allowed: allowed.iter().copied().collect::<Cpuset>().to_string() }),
+    };
+    let cfg = ProbeConfig { warmup: 3, ..ProbeConfig::default() };
+    // A busy wake does not depend on the gap; a halted one only shows its full cost once the
+    // host has stopped polling the halted vCPU, hence the longer gap.
+    let busy = {
+        let cfg = ProbeConfig { samples: 80, ..cfg.clone() };
+        let env = SettingEnv::enter(Setting::BusyYield, wakee, &cfg)?;
+        let point = run_point(Setting::BusyYield, waker, wakee, 200_000, &cfg, |_| {})?;
+        env.leave()?;
+        point
+    };
+    let halted_cfg = ProbeConfig { samples: 50, ..cfg };
+    let halted = run_point(Setting::Halted, waker, wakee, 2_000_000, &halted_cfg, |_| {})?;
+    let (busy_p50_ns, halted_p50_ns) = (busy.latency.p50_ns, halted.latency.p50_ns);
+    Ok(QuickCalibration {
+        busy_p50_ns,
+        halted_p50_ns,
+        timeout: RetentionTimeout::from_wake_costs(halted_p50_ns, busy_p50_ns),
+    })
+}
+
+fn validate(cfg: &ProbeConfig) -> Result<(), ProbeError> {
+    let bad = |reason: String| Err(ProbeError::Config { reason });
+    if cfg.samples == 0 {
+        return bad("samples must be at least 1".into());
+    }
+    if cfg.samples > 1_000_000 {
+        return bad(format!("{} samples per point is more than the 1000000 allowed", cfg.samples));
+    }
+    if cfg.gaps_ns.is_empty() {
+        return bad("no gaps given".into());
+    }
+    if let Some(&gap) = cfg.gaps_ns.iter().find(|&&g| g < 1_000 || g > MAX_GAP_NS) {
+        return bad(format!("gap {gap} ns is outside 1 µs ..= 1 s"));
+    }
+    Ok(())
+}
+
+/// The break-even hold from C and B medians at the largest gap measured for both.
+fn derive_timeout(points: &[ProbePoint]) -> Option<DerivedTimeout> {
+    let at = |setting: Setting, gap: u64| points.iter().find(|p| p.setting == setting && p.gap_ns == gap);
+    let gap_ns = points
+        .iter()
+        .filter(|p| p.setting == Setting::Halted && at(Setting::BusyYield, p.gap_ns).is_some())
+        .map(|p| p.gap_ns)
+        .max()?;
+    let halted_p50_ns = at(Setting::Halted, gap_ns)?.latency.p50_ns;
+    let busy_p50_ns = at(Setting::BusyYield, gap_ns)?.latency.p50_ns;
+    Some(DerivedTimeout {
+        gap_ns,
+        halted_p50_ns,
+        busy_p50_ns,
+        timeout: RetentionTimeout::from_wake_costs(halted_p50_ns, busy_p50_ns),
+    })
+}
+
+fn open_poll(cfg: &ProbeConfig, cpu: usize) -> Result<PollRetention, PmQosError> {
+    let hook = cfg.on_pmqos_original.clone();
+    PollRetention::new(
+        &cfg.sysfs_root,
+        &[cpu].into_iter().collect(),
+        Box::new(move |path: &Path, original: &str| match &hook {
+            Some(hook) => hook(path, original),
+            None => Ok(()),
+        }),
+    )
+}
+
+/// What keeps the wakee's vCPU busy during a setting; dropping it restores the vCPU.
+enum SettingEnv {
+    Nothing,
+    Yield(RetentionPool),
+    Poll(PollRetention),
+}
+
+impl SettingEnv {
+    fn enter(setting: Setting, wakee_cpu: usize, cfg: &ProbeConfig) -> Result<Self, ProbeError> {
+        Ok(match setting {
+            Setting::SameVcpu | Setting::Halted => SettingEnv::Nothing,
+            Setting::BusyYield => {
+                let pool = RetentionPool::start(&[wakee_cpu].into_iter().collect(), YielderParams::default())?;
+                pool.set_mode(wakee_cpu, RetentionMode::HOLD_FOREVER)?;
+                SettingEnv::Yield(pool)
+            }
+            Setting::BusyPoll => {
+                let mut poll = open_poll(cfg, wakee_cpu)?;
+                poll.set(wakee_cpu, true)?;
+                SettingEnv::Poll(poll)
+            }
+        })
+    }
+
+    fn leave(self) -> Result<(), ProbeError> {
+        match self {
+            SettingEnv::Nothing => Ok(()),
+            SettingEnv::Yield(pool) => {
+                pool.stop();
+                Ok(())
+            }
+            SettingEnv::Poll(mut poll) => Ok(poll.restore()?),
+        }
+    }
+}
+
+/// The two futex words and the wake timestamp shared by waker and wakee.
+///
+/// Round `i`: the wakee sets `armed = i + 1` and blocks on `seq == i`; the waker waits for
+/// `armed`, sleeps the gap, stamps `wake_ts` and bumps `seq` with a `FUTEX_WAKE`. Waiting for
+/// `armed` first makes the gap the time the wakee stays blocked, however slow its last wake was.
+struct Handshake {
+    seq: AtomicU32,
+    armed: AtomicU32,
+    wake_ts: AtomicU64,
+    stop: AtomicBool,
+    done: AtomicU64,
+}
+
+struct WakeeResult {
+    latencies: Vec<u64>,
+    blocked: Vec<u64>,
+    not_blocked: usize,
+}
+
+fn run_point(
+    setting: Setting,
+    waker_cpu: usize,
+    wakee_cpu: usize,
+    gap_ns: u64,
+    cfg: &ProbeConfig,
+    mut progress: impl FnMut(u64),
+) -> Result<ProbePoint, ProbeError> {
+    let rounds = (cfg.warmup + cfg.samples) as u32;
+    let hs = Handshake {
+        seq: AtomicU32::new(0),
+        armed: AtomicU32::new(0),
+        wake_ts: AtomicU64::new(0),
+        stop: AtomicBool::new(false),
+        done: AtomicU64::new(0),
+    };
+    // Safety net for the futex waits: never reached in a healthy run, it only bounds a hang.
+    let wait_limit_ns = 1_000_000_000 + 2 * gap_ns;
+    let (wakee, waker) = std::thread::scope(|s| {
+        let hs = &hs;
+        let wakee = std::thread::Builder::new()
+            .name("gleaner-wakee".into())
+            .spawn_scoped(s, move || wakee_side(hs, wakee_cpu, rounds, wait_limit_ns))
+            .map_err(|source| ProbeError::Spawn { role: "wakee", source })?;
+        let waker = match std::thread::Builder::new()
+            .name("gleaner-waker".into())
+            .spawn_scoped(s, move || waker_side(hs, waker_cpu, rounds, gap_ns, wait_limit_ns))
+        {
+            Ok(handle) => handle,
+            Err(source) => {
+                hs.stop.store(true, Ordering::Release);
+                futex_wake(&hs.seq);
+                return Err(ProbeError::Spawn { role: "waker", source });
+            }
+        };
+        while !waker.is_finished() {
+            std::thread::sleep(Duration::from_millis(50));
+            progress(hs.done.load(Ordering::Relaxed));
+        }
+        // Neither side panics; a join error could only come from a bug, reported as a hang would be.
+        let waker = waker.join().unwrap_or(Err(ProbeError::Spawn {
+            role: "waker",
+            source: io::Error::other("thread panicked"),
+        }));
+        let wakee = wakee.join().unwrap_or(Err(ProbeError::Spawn {
+            role: "wakee",
+            source: io::Error::other("thread panicked"),
+        }));
+        Ok((wakee, waker))
+    })?;
+    waker?;
+    let wakee = wakee?;
+    let skip = cfg.warmup.min(wakee.latencies.len());
+    let latency = LatencyStats::from_samples(&wakee.latencies[skip..]).ok_or_else(|| ProbeError::Config {
+        reason: format!("no wake at gap {gap_ns} ns found the wakee blocked; use a longer gap"),
+    })?;
+    let blocked = &wakee.blocked[skip..];
+    let blocked_mean_ns = (blocked.iter().map(|&b| u128::from(b)).sum::<u128>() / blocked.len().max(1) as u128) as u64;
+    Ok(ProbePoint { setting, gap_ns, latency, blocked_mean_ns, not_blocked: wakee.not_blocked })
+}
+
+fn wakee_side(hs: &Handshake, cpu: usize, rounds: u32, wait_limit_ns: u64) -> Result<WakeeResult, ProbeError> {
+    if let Err(source) = pin_current_thread(cpu) {
+        hs.stop.store(true, Ordering::Release);
+        futex_wake(&hs.armed);
+        return Err(ProbeError::Pin { role: "wakee", cpu, source });
+    }
+    let mut result = WakeeResult {
+        latencies: Vec::with_capacity(rounds as usize),
+        blocked: Vec::with_capacity(rounds as usize),
+        not_blocked: 0,
+    };
+    for i in 0..rounds {
+        let blocked_at = now_ns();
+        hs.armed.store(i + 1, Ordering::Release);
+        futex_wake(&hs.armed);
+        let mut slept = false;
+        while hs.seq.load(Ordering::Acquire) == i {
+            if hs.stop.load(Ordering::Acquire) {
+                return Ok(result);
+            }
+            futex_wait(&hs.seq, i, wait_limit_ns);
+            slept = true;
+        }
+        let running = now_ns();
+        let wake_ts = hs.wake_ts.load(Ordering::Relaxed);
+        if slept {
+            result.latencies.push(running.saturating_sub(wake_ts));
+            result.blocked.push(wake_ts.saturating_sub(blocked_at));
+        } else {
+            result.not_blocked += 1;
+        }
+    }
+    Ok(result)
+}
+
+fn waker_side(hs: &Handshake, cpu: usize, rounds: u32, gap_ns: u64, wait_limit_ns: u64) -> Result<(), ProbeError> {
+    let fail = |e| {
+        hs.stop.store(true, Ordering::Release);
+        futex_wake(&hs.seq);
+        Err(e)
+    };
+    if let Err(source) = pin_current_thread(cpu) {
+        return fail(ProbeError::Pin { role: "waker", cpu, source });
+    }
+    // The default 50 µs timer slack would blur the shorter gaps. Per-thread, gone with the thread.
+    // SAFETY: PR_SET_TIMERSLACK takes one integer argument.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0) };
+    for i in 0..rounds {
+        loop {
+            let armed = hs.armed.load(Ordering::Acquire);
+            if armed > i {
+                break;
+            }
+            if hs.stop.load(Ordering::Acquire) {
+                return Ok(()); // the wakee failed and reports why
+            }
+            futex_wait(&hs.armed, armed, wait_limit_ns);
+        }
+        sleep_ns(gap_ns);
+        hs.wake_ts.store(now_ns(), Ordering::Relaxed);
+        hs.seq.store(i + 1, Ordering::Release);
+        futex_wake(&hs.seq);
+        hs.done.fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(())
+}
+
+/// FUTEX_WAIT while `*word == expected`, at most `timeout_ns`. Spurious and early returns are
+/// fine: callers re-check the word.
+fn futex_wait(word: &AtomicU32, expected: u32, timeout_ns: u64) {
+    let timeout = libc::timespec {
+        tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: `word` is a live, aligned u32 for the duration of the call; `timeout` is a valid
+    // relative timespec; the remaining arguments are ignored by FUTEX_WAIT.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            expected,
+            &timeout as *const libc::timespec,
+            std::ptr::null::<u32>(),
+            0u32,
+        );
+    }
+}
+
+fn futex_wake(word: &AtomicU32) {
+    // SAFETY: `word` is a live, aligned u32; FUTEX_WAKE only reads the count argument.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, i32::MAX);
+    }
+}
+
+/// clock_nanosleep on CLOCK_MONOTONIC, resumed after signals.
+fn sleep_ns(ns: u64) {
+    let mut request = libc::timespec { tv_sec: (ns / 1_000_000_000) as libc::time_t, tv_nsec: (ns % 1_000_000_000) as libc::c_long };
+    loop {
+        let mut remaining = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: both pointers refer to valid timespecs that outlive the call.
+        let rc = unsafe { libc::clock_nanosleep(libc::CLOCK_MONOTONIC, 0, &request, &mut remaining) };
+        if rc != libc::EINTR {
+            return;
+        }
+        request = remaining;
+    }
+}
+
+/// CPU times from one /proc/stat line, in USER_HZ ticks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct CpuTimes {
+    total: u64,
+    /// idle + iowait
+    idle: u64,
+    steal: u64,
+}
+
+impl CpuTimes {
+    fn busy_fraction_since(&self, before: &CpuTimes) -> f64 {
+        let total = self.total.saturating_sub(before.total);
+        if total == 0 {
+            return 0.0;
+        }
+        (1.0 - self.idle.saturating_sub(before.idle) as f64 / total as f64).clamp(0.0, 1.0)
+    }
+
+    fn steal_fraction_since(&self, before: &CpuTimes) -> f64 {
+        let total = self.total.saturating_sub(before.total);
+        if total == 0 {
+            return 0.0;
+        }
+        self.steal.saturating_sub(before.steal) as f64 / total as f64
+    }
+}
+
+/// The aggregate line (`cpu: None`) or one CPU's line of /proc/stat.
+fn read_cpu_times(path: &Path, cpu: Option<usize>) -> Result<CpuTimes, ProbeError> {
+    let text = fs::read_to_string(path).map_err(|source| ProbeError::Read { path: path.to_path_buf(), source })?;
+    parse_cpu_times(&text, cpu).ok_or_else(|| ProbeError::MalformedStat { path: path.to_path_buf() })
+}
+
+/// A `cpu`/`cpuN` line: user nice system idle iowait irq softirq steal [guest guest_nice].
+/// Guest time is already inside user/nice, so only the first eight columns add up.
+fn parse_cpu_times(stat: &str, cpu: Option<usize>) -> Option<CpuTimes> {
+    let name = match cpu {
+        None => "cpu".to_string(),
+        Some(n) => format!("cpu{n}"),
+    };
+    let line = stat.lines().find(|l| l.split_whitespace().next() == Some(name.as_str()))?;
+    let fields: Vec<u64> = line.split_whitespace().skip(1).take(8).map(|f| f.parse().ok()).collect::<Option<_>>()?;
+    if fields.len() < 8 {
+        return None;
+    }
+    Some(CpuTimes { total: fields.iter().sum(), idle: fields[3] + fields[4], steal: fields[7] })
+}
+
+fn read_trimmed(path: &Path) -> Option<String> {
+    fs::read_to_string(path).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
+}
+
+/// Reads the facts that explain the numbers; absent files become `None` or empty.
+pub fn machine_facts(sysfs_root: &Path, procfs_root: &Path) -> Result<MachineFacts, ProbeError> {
+    let allowed_cpus = thread_affinity(0).map_err(|source| ProbeError::Affinity { source })?;
+    let cpu_dir = sysfs_root.join("devices/system/cpu");
+    let vcpus = read_trimmed(&cpu_dir.join("online"))
+        .and_then(|s| s.parse::<Cpuset>().ok())
+        .map(|c| c.len())
+        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(allowed_cpus.len()));
+    let hypervisor_flag = fs::read_to_string(procfs_root.join("cpuinfo")).ok().and_then(|info| {
+        info.lines()
+            .find(|l| l.starts_with("flags"))
+            .map(|l| l.split_whitespace().any(|flag| flag == "hypervisor"))
+    });
+    let cpuidle_governor = read_trimmed(&cpu_dir.join("cpuidle/current_governor_ro"))
+        .or_else(|| read_trimmed(&cpu_dir.join("cpuidle/current_governor")));
+    let mut haltpoll_params = BTreeMap::new();
+    if let Ok(entries) = fs::read_dir(sysfs_root.join("module/haltpoll/parameters")) {
+        for entry in entries.flatten() {
+            if let Some(value) = read_trimmed(&entry.path()) {
+                haltpoll_params.insert(entry.file_name().to_string_lossy().into_owned(), value);
+            }
+        }
+    }
+    Ok(MachineFacts {
+        kernel: read_trimmed(&procfs_root.join("sys/kernel/osrelease")),
+        vcpus,
+        allowed_cpus,
+        hypervisor_flag,
+        cpuidle_driver: read_trimmed(&cpu_dir.join("cpuidle/current_driver")),
+        cpuidle_governor,
+        haltpoll_params,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_use_nearest_rank() {
+        let samples: Vec<u64> = (1..=100).rev().collect();
+        let s = LatencyStats::from_samples(&samples).unwrap();
+        assert_eq!((s.count, s.min_ns, s.p50_ns, s.p90_ns, s.p99_ns, s.max_ns), (100, 1, 50, 90, 99, 100));
+        assert_eq!(s.mean_ns, 50);
+        let one = LatencyStats::from_samples(&[7]).unwrap();
+        assert_eq!((one.p50_ns, one.p99_ns), (7, 7));
+        assert!(LatencyStats::from_samples(&[]).is_none());
+    }
+
+    #[test]
+    fn steal_fraction_from_proc_stat() {
+        let before = parse_cpu_times("cpu  100 0 50 800 0 0 0 50 0 0\ncpu0 1 2 3 4 5 6 7 8\n", None).unwrap();
+        let after = parse_cpu_times("cpu  200 0 100 1400 100 0 0 200 30 0\n", None).unwrap();
+        assert_eq!(before, CpuTimes { total: 1000, idle: 800, steal: 50 });
+        assert!((after.steal_fraction_since(&before) - 0.15).abs() < 1e-9);
+        assert!((after.busy_fraction_since(&before) - 0.3).abs() < 1e-9);
+        assert_eq!(after.steal_fraction_since(&after), 0.0);
+        let cpu1 = parse_cpu_times("cpu  9 9 9 9 9 9 9 9\ncpu1 1 2 3 4 5 6 7 8\n", Some(1)).unwrap();
+        assert_eq!(cpu1, CpuTimes { total: 36, idle: 9, steal: 8 });
+        assert!(parse_cpu_times("cpu0 1 2 3 4 5 6 7 8\n", None).is_none());
+        assert!(parse_cpu_times("cpu  1 2 3 4 5 6 7 8\n", Some(10)).is_none());
+        assert!(parse_cpu_times("cpu  1 2 3 x 5 6 7 8\n", None).is_none());
+        assert!(parse_cpu_times("cpu  1 2 3\n", None).is_none());
+    }
+
+    #[test]
+    fn rejects_bad_configs() {
+        for cfg in [
+            ProbeConfig { samples: 0, ..Default::default() },
+            ProbeConfig { gaps_ns: vec![], ..Default::default() },
+            ProbeConfig { gaps_ns: vec![500], ..Default::default() },
+            ProbeConfig { gaps_ns: vec![2_000_000_000], ..Default::default() },
+        ] {
+            let err = measure(&cfg, |_, _| {}).unwrap_err();
+            assert!(matches!(err, ProbeError::Config { .. }), "{err}");
+        }
+    }
+
+    fn point(setting: Setting, gap_ns: u64, p50_ns: u64) -> ProbePoint {
+        let latency = LatencyStats::from_samples(&[p50_ns]).unwrap();
+        ProbePoint { setting, gap_ns, latency, blocked_mean_ns: gap_ns, not_blocked: 0 }
+    }
+
+    #[test]
+    fn timeout_comes_from_the_largest_gap_with_b_and_c() {
+        let points = vec![
+            point(Setting::BusyYield, 20_000, 18_000),
+            point(Setting::Halted, 20_000, 20_000),
+            point(Setting::BusyYield, 1_000_000, 17_000),
+            point(Setting::Halted, 1_000_000, 50_000),
+            point(Setting::Halted, 5_000_000, 60_000), // no B at this gap
+        ];
+        let d = derive_timeout(&points).unwrap();
+        assert_eq!((d.gap_ns, d.halted_p50_ns, d.busy_p50_ns, d.timeout.ns), (1_000_000, 50_000, 17_000, 33_000));
+        assert!(derive_timeout(&points[..1]).is_none());
+    }
+
+    #[test]
+    fn machine_facts_from_a_fake_tree() {
+        let sys = tempfile::tempdir().unwrap();
+        let proc_ = tempfile::tempdir().unwrap();
+        let cpu = sys.path().join("devices/system/cpu");
+        fs::create_dir_all(cpu.join("cpuidle")).unwrap();
+        fs::write(cpu.join("online"), "0-3\n").unwrap();
+        fs::write(cpu.join("cpuidle/current_driver"), "haltpoll\n").unwrap();
+        fs::write(cpu.join("cpuidle/current_governor_ro"), "haltpoll\n").unwrap();
+        fs::create_dir_all(sys.path().join("module/haltpoll/parameters")).unwrap();
+        fs::write(sys.path().join("module/haltpoll/parameters/guest_halt_poll_ns"), "200000\n").unwrap();
+        fs::write(proc_.path().join("cpuinfo"), "processor : 0\nflags\t\t: fpu vme hypervisor lahf_lm\n").unwrap();
+        let f = machine_facts(sys.path(), proc_.path()).unwrap();
+        assert_eq!(f.vcpus, 4);
+        assert_eq!(f.hypervisor_flag, Some(true));
+        assert_eq!(f.cpuidle_driver.as_deref(), Some("haltpoll"));
+        assert_eq!(f.cpuidle_governor.as_deref(), Some("haltpoll"));
+        assert_eq!(f.haltpoll_params.get("guest_halt_poll_ns").map(String::as_str), Some("200000"));
+        assert_eq!(f.kernel, None);
+        assert!(!f.allowed_cpus.is_empty());
+
+        // A bare tree: nothing known, nothing fails.
+        let empty = tempfile::tempdir().unwrap();
+        let f = machine_facts(empty.path(), empty.path()).unwrap();
+        assert_eq!((f.hypervisor_flag, f.cpuidle_driver, f.haltpoll_params.len()), (None, None, 0));
+        assert!(f.vcpus >= 1);
+    }
+
+    /// A short real run on this machine: every setting that can run produces sane numbers,
+    /// the ones that cannot say why, and B-poll is skipped against a sysfs without cpuidle.
+    #[test]
+    fn short_real_run() {
+        let fake_sys = tempfile::tempdir().unwrap();
+        let cfg = ProbeConfig {
+            gaps_ns: vec![50_000, 1_000_000],
+            samples: 20,
+            warmup: 2,
+            sysfs_root: fake_sys.path().to_path_buf(),
+            ..Default::default()
+        };
+        let mut calls = Vec::new();
+        let report = measure(&cfg, |done, total| calls.push((done, total))).unwrap();
+        let (last_done, total) = *calls.last().unwrap();
+        assert_eq!(last_done, total);
+        assert!(calls.windows(2).all(|w| w[0].0 <= w[1].0), "progress is monotonic");
+        let expected: Vec<Setting> = if report.wakee_cpu.is_some() {
+            vec![Setting::SameVcpu, Setting::BusyYield, Setting::Halted]
+        } else {
+            vec![Setting::SameVcpu]
+        };
+        for setting in &expected {
+            for &gap in &cfg.gaps_ns {
+                let p = report.point(*setting, gap).unwrap_or_else(|| panic!("{setting:?} at {gap}"));
+                assert_eq!(p.latency.count + p.not_blocked, 20, "{p:?}");
+                assert!(p.latency.min_ns > 0 && p.latency.min_ns <= p.latency.p50_ns);
+                assert!(p.latency.p50_ns <= p.latency.p90_ns && p.latency.p90_ns <= p.latency.p99_ns);
+                // The wakee stayed blocked at least for the gap.
+                assert!(p.blocked_mean_ns >= gap, "{p:?}");
+            }
+        }
+        assert_eq!(report.points.len(), expected.len() * cfg.gaps_ns.len());
+        let poll = report.skipped.iter().find(|s| s.setting == Setting::BusyPoll).unwrap();
+        assert!(!poll.reason.is_empty());
+        assert!(report.steal.as_ref().is_some_and(|s| (0.0..=1.0).contains(&s.fraction)));
+        assert_eq!(report.derived_timeout.is_some(), report.wakee_cpu.is_some());
+        assert_eq!(report.wakee_load.len(), expected.len());
+        assert!(report.wakee_load.iter().all(|l| (0.0..=1.0).contains(&l.busy_fraction)));
+        let json = serde_json::to_string(&report).unwrap();
+        let back: ProbeReport = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.points, report.points);
+    }
+}
