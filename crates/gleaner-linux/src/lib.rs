@@ -1,1 +1,21 @@
-//! placeholder, being written
+//! Gleaner's Linux side: raw readers of `/proc` and `/sys`, CPU placement back ends
+//! (cgroup v2/v1 cpusets, per-thread affinity) and the crash-recovery journal.
+//!
+//! Every reader and writer takes a root path (`ProcFs::new("/proc")`, `SysFs::new("/sys")`,
+//! cgroup mount points), so the tests run against fake trees in temp dirs and nothing here
+//! assumes the machine it runs on. Readers only read; decisions live in `gleaner-policy`.
+
+pub mod cgroup;
+pub mod error;
+pub mod journal;
+pub mod pmqos;
+pub mod procfs;
+pub mod retention;
+pub mod sysfs;
+pub mod wakeprobe;
+
+pub use cgroup::{detect, Detection, Placement, PlacementEnv, PlacementKind};
+pub use error::{Error, Result};
+pub use journal::{Journal, SharedJournal, UndoAction};
+pub use procfs::ProcFs;
+pub use sysfs::SysFs;

@@ -1,0 +1,254 @@
+//! The placement back end that needs neither root nor a cpuset controller.
+//!
+//! Exists for unprivileged runs and kernels without usable cpusets: it walks the workload's
+//! process tree and calls `sched_setaffinity` on every thread, remembering (and journaling)
+//! each thread's original mask the first time it sees it. Threads that exit are skipped;
+//! threads born since the last call are picked up on the next one. Threads are identified
+//! by tid plus start time so a reused tid is never "restored" to someone else's mask.
+
+use std::collections::HashMap;
+
+use gleaner_policy::Cpuset;
+use nix::errno::Errno;
+use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
+use nix::unistd::Pid;
+
+use super::{check_active, Placement, PlacementEnv, PlacementKind};
+use crate::error::{Error, Result};
+use crate::journal::{UndoAction, UndoLog};
+
+/// The two affinity syscalls, behind a trait so tests can run against fake threads.
+pub trait AffinityOps: Send + Sync {
+    /// The thread's mask; `None` if the thread no longer exists.
+    fn get(&self, tid: u32) -> Result<Option<Cpuset>>;
+    /// Sets the thread's mask; `false` if the thread no longer exists.
+    fn set(&self, tid: u32, cpus: &Cpuset) -> Result<bool>;
+}
+
+/// The real `sched_getaffinity` / `sched_setaffinity`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SchedAffinity;
+
+impl AffinityOps for SchedAffinity {
+    fn get(&self, tid: u32) -> Result<Option<Cpuset>> {
+        match sched_getaffinity(pid_of(tid)) {
+            Ok(set) => Ok(Some((0..CpuSet::count()).filter(|&c| set.is_set(c).unwrap_or(false)).collect())),
+            Err(Errno::ESRCH) => Ok(None),
+            Err(errno) => Err(Error::Affinity { tid, op: "sched_getaffinity", errno }),
+        }
+    }
+
+    fn set(&self, tid: u32, cpus: &Cpuset) -> Result<bool> {
+        let mut set = CpuSet::new();
+        for cpu in cpus.iter() {
+            set.set(cpu).map_err(|errno| Error::Affinity { tid, op: "CPU_SET", errno })?;
+        }
+        match sched_setaffinity(pid_of(tid), &set) {
+            Ok(()) => Ok(true),
+            Err(Errno::ESRCH) => Ok(false),
+            Err(errno) => Err(Error::Affinity { tid, op: "sched_setaffinity", errno }),
+        }
+    }
+}
+
+fn pid_of(tid: u32) -> Pid {
+    Pid::from_raw(i32::try_from(tid).unwrap_or(i32::MAX))
+}
+
+/// Confines a process tree by per-thread affinity.
+pub struct AffinityPlacement {
+    env: PlacementEnv,
+    root_pid: u32,
+    allowed: Cpuset,
+    log: UndoLog,
+    /// tid → start time of each thread whose original mask is recorded.
+    recorded: HashMap<u32, u64>,
+}
+
+impl AffinityPlacement {
+    /// Tracks `root_pid` and its descendants; `allowed` is the root thread's mask now.
+    pub fn new(env: PlacementEnv, root_pid: u32) -> Result<Self> {
+        let allowed = env
+            .affinity
+            .get(root_pid)?
+            .ok_or_else(|| Error::NotFound { path: env.proc.root().join(root_pid.to_string()) })?;
+        let log = UndoLog::new(env.journal.clone());
+        Ok(Self { env, root_pid, allowed, log, recorded: HashMap::new() })
+    }
+
+    /// Threads of the tree with their start times; threads that exit meanwhile are skipped.
+    fn live_threads(&self) -> Result<Vec<(u32, u32, u64)>> {
+        let proc = &self.env.proc;
+        let mut out = vec![];
+        for pid in proc.process_tree(self.root_pid)? {
+            let tids = match proc.threads(pid) {
+                Ok(t) => t,
+                Err(e) if e.is_not_found() => continue,
+                Err(e) => return Err(e),
+            };
+            for tid in tids {
+                match proc.task_stat(pid, tid) {
+                    Ok(st) => out.push((pid, tid, st.start_ticks)),
+                    Err(e) if e.is_not_found() => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Placement for AffinityPlacement {
+    fn kind(&self) -> PlacementKind {
+        PlacementKind::Affinity
+    }
+
+    fn allowed(&self) -> &Cpuset {
+        &self.allowed
+    }
+
+    fn set_active(&mut self, cpus: &Cpuset) -> Result<()> {
+        check_active(cpus, &self.allowed)?;
+        for (pid, tid, start) in self.live_threads()? {
+            if self.recorded.get(&tid) != Some(&start) {
+                let Some(original) = self.env.affinity.get(tid)? else { continue };
+                self.log.record(UndoAction::ThreadAffinity { pid, tid, start_ticks: start, original })?;
+                self.recorded.insert(tid, start);
+            }
+            self.env.affinity.set(tid, cpus)?;
+        }
+        Ok(())
+    }
+
+    fn workload_tids(&self) -> Result<Vec<(u32, u32)>> {
+        Ok(self.live_threads()?.into_iter().map(|(pid, tid, _)| (pid, tid)).collect())
+    }
+
+    fn per_cpu_work_ns(&self) -> Result<Option<Vec<u64>>> {
+        Ok(None)
+    }
+
+    fn restore(&mut self) -> Result<()> {
+        let result = self.log.undo_all(&self.env.proc, self.env.affinity.as_ref());
+        if self.log.is_empty() {
+            self.recorded.clear();
+        }
+        result
+    }
+}
+
+impl Drop for AffinityPlacement {
+    fn drop(&mut self) {
+        if let Err(e) = self.restore() {
+            tracing::warn!("affinity restore on drop: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::cgroup::test_tree::{add_process, set_children};
+    use crate::journal::Journal;
+    use crate::procfs::ProcFs;
+    use std::collections::BTreeMap;
+    use std::path::Path;
+    use std::sync::{Arc, Mutex};
+
+    /// Threads with masks in memory; a thread absent from the map behaves as exited.
+    #[derive(Default)]
+    pub struct FakeAffinity {
+        masks: Mutex<BTreeMap<u32, Cpuset>>,
+    }
+
+    impl FakeAffinity {
+        pub fn new(threads: &[(u32, &str)]) -> Self {
+            let masks = threads.iter().map(|(t, m)| (*t, m.parse().unwrap())).collect();
+            Self { masks: Mutex::new(masks) }
+        }
+        pub fn mask(&self, tid: u32) -> Option<Cpuset> {
+            self.masks.lock().unwrap().get(&tid).cloned()
+        }
+        pub fn add(&self, tid: u32, mask: &str) {
+            self.masks.lock().unwrap().insert(tid, mask.parse().unwrap());
+        }
+        pub fn remove(&self, tid: u32) {
+            self.masks.lock().unwrap().remove(&tid);
+        }
+    }
+
+    impl AffinityOps for FakeAffinity {
+        fn get(&self, tid: u32) -> Result<Option<Cpuset>> {
+            Ok(self.mask(tid))
+        }
+        fn set(&self, tid: u32, cpus: &Cpuset) -> Result<bool> {
+            Ok(self.masks.lock().unwrap().get_mut(&tid).map(|m| *m = cpus.clone()).is_some())
+        }
+    }
+
+    fn env(proc_root: &Path, ops: Arc<FakeAffinity>, journal: Option<crate::journal::SharedJournal>) -> PlacementEnv {
+        PlacementEnv { proc: ProcFs::with_clock_ticks(proc_root, 100), affinity: ops, journal }
+    }
+
+    #[test]
+    fn confines_tree_tracks_new_threads_and_restores_originals() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("proc");
+        add_process(&p, 100, 1, &[100, 101], 10, "0::/\n");
+        add_process(&p, 200, 100, &[200], 20, "0::/\n");
+        set_children(&p, 100, &[200]);
+        let ops = Arc::new(FakeAffinity::new(&[(100, "0-3"), (101, "2-3"), (200, "0-3")]));
+        let journal = Journal::create(&dir.path().join("run"), &ProcFs::new("/proc")).unwrap().into_shared();
+        let mut place = AffinityPlacement::new(env(&p, ops.clone(), Some(journal.clone())), 100).unwrap();
+        assert_eq!(place.allowed().to_string(), "0-3");
+        assert!(place.set_active(&"4".parse().unwrap()).is_err());
+
+        place.set_active(&"0-1".parse().unwrap()).unwrap();
+        for t in [100, 101, 200] {
+            assert_eq!(ops.mask(t).unwrap().to_string(), "0-1");
+        }
+        assert_eq!(journal.lock().unwrap().entries().len(), 3);
+
+        // A new thread appears, one exits: the next call records/applies only what exists.
+        add_process(&p, 100, 1, &[100, 101, 102], 10, "0::/\n");
+        set_children(&p, 100, &[200]);
+        ops.add(102, "3");
+        ops.remove(200);
+        place.set_active(&"0".parse().unwrap()).unwrap();
+        assert_eq!(ops.mask(102).unwrap().to_string(), "0");
+        assert_eq!(place.workload_tids().unwrap(), vec![(100, 100), (100, 101), (100, 102), (200, 200)]);
+
+        place.restore().unwrap();
+        assert_eq!(ops.mask(100).unwrap().to_string(), "0-3");
+        assert_eq!(ops.mask(101).unwrap().to_string(), "2-3");
+        assert_eq!(ops.mask(102).unwrap().to_string(), "3");
+        assert!(journal.lock().unwrap().entries().is_empty());
+        place.restore().unwrap(); // idempotent
+        assert_eq!(ops.mask(101).unwrap().to_string(), "2-3");
+    }
+
+    #[test]
+    fn drop_restores() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("proc");
+        add_process(&p, 100, 1, &[100], 10, "0::/\n");
+        let ops = Arc::new(FakeAffinity::new(&[(100, "0-1")]));
+        {
+            let mut place = AffinityPlacement::new(env(&p, ops.clone(), None), 100).unwrap();
+            place.set_active(&"1".parse().unwrap()).unwrap();
+            assert_eq!(ops.mask(100).unwrap().to_string(), "1");
+        }
+        assert_eq!(ops.mask(100).unwrap().to_string(), "0-1");
+    }
+
+    #[test]
+    fn real_syscalls_on_this_thread_round_trip() {
+        // Reads and rewrites our own mask unchanged: exercises the nix conversion both ways.
+        let me = nix::unistd::gettid().as_raw() as u32;
+        let mask = SchedAffinity.get(me).unwrap().unwrap();
+        assert!(!mask.is_empty());
+        assert!(SchedAffinity.set(me, &mask).unwrap());
+        assert_eq!(SchedAffinity.get(me).unwrap().unwrap(), mask);
+        assert_eq!(SchedAffinity.get(i32::MAX as u32).unwrap(), None, "no such thread");
+    }
+}

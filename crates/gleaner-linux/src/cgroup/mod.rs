@@ -1,0 +1,400 @@
+//! CPU placement back ends: how Gleaner confines a workload to its active vCPUs.
+//!
+//! Exists because the same policy decision ("run on CPUs 0-3") is carried out three ways
+//! depending on the machine: a cgroup v2 cpuset, a cgroup v1 cpuset (+cpuacct for per-CPU
+//! work), or per-thread `sched_setaffinity` when there is no root or no cpuset controller.
+//! All three sit behind [`Placement`], journal every change before making it, and give back
+//! exactly what was there on `restore()` (also run on drop).
+
+pub mod affinity;
+pub mod v1;
+pub mod v2;
+
+use std::ffi::CString;
+use std::fmt;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use gleaner_policy::Cpuset;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{read_file, write_file, Error, Result};
+use crate::journal::SharedJournal;
+use crate::procfs::ProcFs;
+
+pub use affinity::{AffinityOps, AffinityPlacement, SchedAffinity};
+pub use v1::CgroupV1;
+pub use v2::CgroupV2;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PlacementKind {
+    CgroupV2,
+    CgroupV1,
+    Affinity,
+}
+
+impl fmt::Display for PlacementKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PlacementKind::CgroupV2 => "cgroup-v2",
+            PlacementKind::CgroupV1 => "cgroup-v1",
+            PlacementKind::Affinity => "affinity",
+        })
+    }
+}
+
+/// Confines a workload to a subset of the CPUs it was allowed.
+pub trait Placement {
+    fn kind(&self) -> PlacementKind;
+    /// What the workload was allowed before Gleaner.
+    fn allowed(&self) -> &Cpuset;
+    /// Confine the workload to `cpus`, a non-empty subset of `allowed()`.
+    fn set_active(&mut self, cpus: &Cpuset) -> Result<()>;
+    /// (pid, tid) of every thread of the workload now.
+    fn workload_tids(&self) -> Result<Vec<(u32, u32)>>;
+    /// Per-CPU ns of work done by the workload (v1 `cpuacct.usage_percpu`), if available.
+    fn per_cpu_work_ns(&self) -> Result<Option<Vec<u64>>>;
+    /// Give back exactly what was there. Idempotent; failed items stay for a retry.
+    fn restore(&mut self) -> Result<()>;
+}
+
+/// What the back ends read and call: `/proc`, the affinity syscalls and the journal.
+/// Tests substitute a fake `/proc` tree and fake affinity calls.
+#[derive(Clone)]
+pub struct PlacementEnv {
+    pub proc: ProcFs,
+    pub affinity: Arc<dyn AffinityOps>,
+    pub journal: Option<SharedJournal>,
+}
+
+impl PlacementEnv {
+    /// The real `/proc` and real `sched_{get,set}affinity`.
+    pub fn real(journal: Option<SharedJournal>) -> Self {
+        Self { proc: ProcFs::new("/proc"), affinity: Arc::new(SchedAffinity), journal }
+    }
+}
+
+/// Where the cgroup hierarchies are mounted (already joined under the file-system root).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CgroupMounts {
+    pub v2: Option<PathBuf>,
+    pub v1_cpuset: Option<PathBuf>,
+    pub v1_cpuacct: Option<PathBuf>,
+}
+
+impl CgroupMounts {
+    /// Reads `proc`'s `self/mountinfo`; mount points are joined under `fs_root` (`/` on a
+    /// real system, a temp dir for fake trees).
+    pub fn from_mountinfo(proc: &ProcFs, fs_root: &Path) -> Result<Self> {
+        let mut mounts = CgroupMounts::default();
+        for m in proc.mountinfo()? {
+            let at = fs_root.join(m.mount_point.strip_prefix("/").unwrap_or(&m.mount_point));
+            let has = |c: &str| m.super_options.iter().any(|o| o == c);
+            match m.fs_type.as_str() {
+                "cgroup2" if mounts.v2.is_none() => mounts.v2 = Some(at),
+                "cgroup" if has("cpuset") && mounts.v1_cpuset.is_none() => mounts.v1_cpuset = Some(at),
+                "cgroup" if has("cpuacct") && mounts.v1_cpuacct.is_none() => mounts.v1_cpuacct = Some(at),
+                _ => {}
+            }
+        }
+        Ok(mounts)
+    }
+
+    /// A cgroup directory for a path as written in `/proc/PID/cgroup` (`/a/b`).
+    pub fn dir_for(mount: &Path, cgroup_path: &str) -> PathBuf {
+        mount.join(cgroup_path.trim_start_matches('/'))
+    }
+}
+
+/// The back end `detect` chose, and why each better one was skipped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Detection {
+    pub kind: PlacementKind,
+    pub mounts: CgroupMounts,
+    pub skipped: Vec<(PlacementKind, String)>,
+}
+
+/// Chooses cgroup v2 (with cpuset), else v1 cpuset, else affinity.
+pub fn detect(proc: &ProcFs, fs_root: &Path) -> Result<Detection> {
+    let mounts = CgroupMounts::from_mountinfo(proc, fs_root)?;
+    let mut skipped = vec![];
+    match v2_unusable_reason(&mounts) {
+        None => return Ok(Detection { kind: PlacementKind::CgroupV2, mounts, skipped }),
+        Some(why) => skipped.push((PlacementKind::CgroupV2, why)),
+    }
+    match v1_unusable_reason(&mounts) {
+        None => return Ok(Detection { kind: PlacementKind::CgroupV1, mounts, skipped }),
+        Some(why) => skipped.push((PlacementKind::CgroupV1, why)),
+    }
+    Ok(Detection { kind: PlacementKind::Affinity, mounts, skipped })
+}
+
+fn v2_unusable_reason(m: &CgroupMounts) -> Option<String> {
+    let Some(root) = &m.v2 else { return Some("no cgroup2 mount".into()) };
+    let path = root.join("cgroup.controllers");
+    match read_file(&path) {
+        Ok(c) if c.split_whitespace().any(|w| w == "cpuset") => {}
+        Ok(c) => {
+            return Some(format!(
+                "{} lists no cpuset controller (has: {:?}); it is bound to a v1 hierarchy or disabled",
+                path.display(),
+                c.trim()
+            ))
+        }
+        Err(e) => return Some(e.to_string()),
+    }
+    not_writable(&root.join("cgroup.subtree_control"))
+}
+
+fn v1_unusable_reason(m: &CgroupMounts) -> Option<String> {
+    let Some(root) = &m.v1_cpuset else { return Some("no cgroup v1 cpuset mount".into()) };
+    if let Err(e) = read_file(&root.join("cpuset.cpus")) {
+        return Some(e.to_string());
+    }
+    not_writable(root)
+}
+
+fn not_writable(path: &Path) -> Option<String> {
+    match nix::unistd::access(path, nix::unistd::AccessFlags::W_OK) {
+        Ok(()) => None,
+        Err(e) => Some(format!("{} is not writable ({e}); run as root", path.display())),
+    }
+}
+
+/// Fails unless `cpus` is a non-empty subset of `allowed`.
+pub(crate) fn check_active(cpus: &Cpuset, allowed: &Cpuset) -> Result<()> {
+    if cpus.is_empty() || !cpus.is_subset(allowed) {
+        return Err(Error::InvalidCpuset { requested: cpus.clone(), allowed: allowed.clone() });
+    }
+    Ok(())
+}
+
+/// Writes a recorded cgroup value back; an empty value (v2 "inherit from parent") is
+/// written as a lone newline, since a zero-length write may not reach the kernel handler.
+pub(crate) fn write_cgroup_value(file: &Path, value: &str) -> Result<()> {
+    write_file(file, if value.trim().is_empty() { "\n" } else { value.trim() })
+}
+
+/// Moves process `pid` into the cgroup whose `cgroup.procs` is `procs_file`.
+/// Returns false if the process no longer exists (ESRCH), which is not an error.
+pub(crate) fn move_process(procs_file: &Path, pid: u32) -> Result<bool> {
+    match write_file(procs_file, &pid.to_string()) {
+        Ok(()) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// The pids listed in a `cgroup.procs` file.
+pub(crate) fn read_procs(dir: &Path) -> Result<Vec<u32>> {
+    let path = dir.join("cgroup.procs");
+    let text = read_file(&path)?;
+    text.split_whitespace().map(|w| w.parse().map_err(|_| Error::parse(&path, "pid", w))).collect()
+}
+
+/// Removes a cgroup directory Gleaner created. A missing directory is already removed.
+/// EBUSY (tasks still exiting) is retried for about half a second.
+///
+/// On cgroupfs, control files vanish with the rmdir. A plain directory standing in for a
+/// cgroup (a fake tree in a temp dir) holds them as real files, so there — and only when
+/// the directory is not on a cgroup file system — its plain files are removed first.
+pub(crate) fn remove_cgroup_dir(dir: &Path) -> Result<()> {
+    for attempt in 0..20u64 {
+        match std::fs::remove_dir(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => std::thread::sleep(Duration::from_millis(5 + attempt * 2)),
+            Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) && !on_cgroupfs(dir) => remove_plain_files(dir)?,
+            Err(e) => return Err(Error::io(dir, e)),
+        }
+    }
+    std::fs::remove_dir(dir).map_err(|e| Error::io(dir, e))
+}
+
+fn on_cgroupfs(dir: &Path) -> bool {
+    use nix::sys::statfs::{statfs, CGROUP2_SUPER_MAGIC, CGROUP_SUPER_MAGIC};
+    statfs(dir).map(|s| [CGROUP_SUPER_MAGIC, CGROUP2_SUPER_MAGIC].contains(&s.filesystem_type())).unwrap_or(true)
+}
+
+fn remove_plain_files(dir: &Path) -> Result<()> {
+    let rd = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
+    for entry in rd.filter_map(|e| e.ok()) {
+        if entry.file_type().is_ok_and(|t| t.is_file()) {
+            std::fs::remove_file(entry.path()).map_err(|e| Error::io(entry.path(), e))?;
+        }
+    }
+    Ok(())
+}
+
+/// Builds a `pre_exec` hook that moves the freshly forked child into the given cgroups
+/// (writes "0", meaning "the writing process", to each `cgroup.procs`/`tasks` file) before
+/// it execs, so not one instruction of the workload runs outside them.
+///
+/// ```no_run
+/// # use std::os::unix::process::CommandExt;
+/// # fn f(files: Vec<std::path::PathBuf>) -> gleaner_linux::Result<()> {
+/// let hook = gleaner_linux::cgroup::enter_cgroup_pre_exec(&files)?;
+/// let mut cmd = std::process::Command::new("sleep");
+/// // SAFETY: the hook only calls open/write/close, which are async-signal-safe.
+/// unsafe { cmd.pre_exec(hook) };
+/// # Ok(()) }
+/// ```
+///
+/// The paths are converted to C strings here, before the fork, because the hook itself
+/// must not allocate.
+pub fn enter_cgroup_pre_exec(procs_files: &[PathBuf]) -> Result<impl Fn() -> io::Result<()> + Send + Sync + 'static> {
+    let paths = procs_files
+        .iter()
+        .map(|p| {
+            CString::new(p.as_os_str().as_bytes()).map_err(|_| Error::parse(p, "path without NUL bytes", ""))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(move || {
+        for path in &paths {
+            // SAFETY: `path` is a valid NUL-terminated string; open/write/close are
+            // async-signal-safe and touch no Rust-managed memory.
+            unsafe {
+                let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+                let err = io::Error::last_os_error();
+                libc::close(fd);
+                if written != 1 {
+                    return Err(err);
+                }
+            }
+        }
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod test_tree {
+    //! Fake `/proc` and cgroup trees shared by the back ends' unit tests.
+    use super::*;
+    use std::fs;
+
+    pub fn put(path: &Path, text: &str) {
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, text).unwrap();
+    }
+
+    /// Adds a process with the given threads, start time and `/proc/PID/cgroup` text.
+    pub fn add_process(proc_root: &Path, pid: u32, ppid: u32, tids: &[u32], start: u64, cgroup: &str) {
+        for &tid in tids {
+            let stat = format!(
+                "{tid} (work er) S {ppid} 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 {} 0 {start} 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 17 0 0 0\n",
+                tids.len()
+            );
+            let dir = proc_root.join(format!("{pid}/task/{tid}"));
+            put(&dir.join("stat"), &stat);
+            put(&dir.join("children"), "");
+            if tid == pid {
+                put(&proc_root.join(format!("{pid}/stat")), &stat);
+            }
+        }
+        put(&proc_root.join(format!("{pid}/cgroup")), cgroup);
+    }
+
+    pub fn set_children(proc_root: &Path, pid: u32, kids: &[u32]) {
+        let text: Vec<String> = kids.iter().map(|k| k.to_string()).collect();
+        put(&proc_root.join(format!("{pid}/task/{pid}/children")), &text.join(" "));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_tree::put;
+    use super::*;
+
+    const MOUNTINFO: &str = "22 27 0:21 / /proc rw,relatime - proc proc rw
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+33 31 0:30 / /sys/fs/cgroup/cpuacct rw,relatime - cgroup cgroup rw,cpuacct
+34 31 0:31 / /sys/fs/cgroup/cpuset rw,relatime - cgroup cgroup rw,cpuset
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+";
+
+    fn tree(v2_controllers: &str) -> (tempfile::TempDir, ProcFs) {
+        let dir = tempfile::tempdir().unwrap();
+        let r = dir.path();
+        put(&r.join("proc/self/mountinfo"), MOUNTINFO);
+        put(&r.join("sys/fs/cgroup/unified/cgroup.controllers"), v2_controllers);
+        put(&r.join("sys/fs/cgroup/unified/cgroup.subtree_control"), "");
+        put(&r.join("sys/fs/cgroup/cpuset/cpuset.cpus"), "0-1\n");
+        let proc = ProcFs::with_clock_ticks(r.join("proc"), 100);
+        (dir, proc)
+    }
+
+    #[test]
+    fn detect_prefers_v2_with_cpuset() {
+        let (dir, proc) = tree("cpuset cpu hugetlb\n");
+        let d = detect(&proc, dir.path()).unwrap();
+        assert_eq!(d.kind, PlacementKind::CgroupV2);
+        assert_eq!(d.mounts.v2, Some(dir.path().join("sys/fs/cgroup/unified")));
+        assert_eq!(d.mounts.v1_cpuacct, Some(dir.path().join("sys/fs/cgroup/cpuacct")));
+    }
+
+    #[test]
+    fn detect_falls_back_to_v1_like_this_machine() {
+        let (dir, proc) = tree("hugetlb\n");
+        let d = detect(&proc, dir.path()).unwrap();
+        assert_eq!(d.kind, PlacementKind::CgroupV1);
+        assert_eq!(d.skipped.len(), 1);
+        assert!(d.skipped[0].1.contains("no cpuset controller"), "{}", d.skipped[0].1);
+    }
+
+    #[test]
+    fn detect_falls_back_to_affinity_with_reasons() {
+        let (dir, proc) = tree("hugetlb\n");
+        std::fs::remove_file(dir.path().join("sys/fs/cgroup/cpuset/cpuset.cpus")).unwrap();
+        let d = detect(&proc, dir.path()).unwrap();
+        assert_eq!(d.kind, PlacementKind::Affinity);
+        assert_eq!(d.skipped.iter().map(|s| s.0).collect::<Vec<_>>(), [PlacementKind::CgroupV2, PlacementKind::CgroupV1]);
+        assert!(d.skipped[1].1.contains("cpuset.cpus"), "{}", d.skipped[1].1);
+    }
+
+    #[test]
+    fn check_active_requires_nonempty_subset() {
+        let allowed: Cpuset = "0-3".parse().unwrap();
+        assert!(check_active(&"1-2".parse().unwrap(), &allowed).is_ok());
+        assert!(check_active(&Cpuset::new(), &allowed).is_err());
+        let err = check_active(&"3-4".parse().unwrap(), &allowed).unwrap_err();
+        assert!(err.to_string().contains("0-3"), "{err}");
+    }
+
+    #[test]
+    fn removes_fake_cgroup_dir_but_not_one_with_children() {
+        let dir = tempfile::tempdir().unwrap();
+        let cg = dir.path().join("gleaner-1");
+        put(&cg.join("cpuset.cpus"), "0");
+        remove_cgroup_dir(&cg).unwrap();
+        assert!(!cg.exists());
+        remove_cgroup_dir(&cg).unwrap(); // already gone: fine
+        put(&cg.join("child/cgroup.procs"), "");
+        assert!(remove_cgroup_dir(&cg).is_err());
+        assert!(cg.join("child/cgroup.procs").exists());
+    }
+
+    #[test]
+    fn pre_exec_hook_writes_zero_to_each_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = [dir.path().join("a"), dir.path().join("b")];
+        for f in &files {
+            put(f, "");
+        }
+        let hook = enter_cgroup_pre_exec(&files).unwrap();
+        hook().unwrap();
+        for f in &files {
+            assert_eq!(std::fs::read_to_string(f).unwrap(), "0");
+        }
+        let missing = enter_cgroup_pre_exec(&[dir.path().join("none/cgroup.procs")]).unwrap();
+        assert_eq!(missing().unwrap_err().kind(), io::ErrorKind::NotFound);
+    }
+}

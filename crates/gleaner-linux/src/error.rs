@@ -1,0 +1,183 @@
+//! One error type for every Linux reader and writer in this crate.
+//!
+//! Exists so that each failure names the file involved and, where there is one, the fix: a
+//! user who sees "permission denied" must also learn which file and what to do instead.
+//! Also holds the two file helpers (`read_file`, `write_file`) that turn `io::Error`s into
+//! these variants, so every module maps errno values the same way.
+
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use gleaner_policy::Cpuset;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What to do when a write to a cgroup or sysfs file is refused.
+pub const FIX_PERMISSION: &str = "run as root or use --backend affinity";
+/// What to do when the cpuset controller is missing in a cgroup v2 tree.
+pub const FIX_CPUSET_V2: &str = "enable +cpuset in the parent's cgroup.subtree_control";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+
+    #[error("{path}: cannot parse {what} from {snippet:?}")]
+    Parse { path: PathBuf, what: String, snippet: String },
+
+    #[error("{path} does not exist")]
+    NotFound { path: PathBuf },
+
+    #[error("permission denied on {path}; {fix}")]
+    PermissionDenied { path: PathBuf, fix: &'static str },
+
+    #[error("cpuset controller not available at {path}; {fix}")]
+    CgroupNotEnabled { path: PathBuf, fix: String },
+
+    #[error("{path} is on a read-only file system; remount it read-write or use --backend affinity")]
+    ReadOnly { path: PathBuf },
+
+    #[error("{path} already exists; remove the stale cgroup (see `gleaner recover`) or pick another id")]
+    AlreadyExists { path: PathBuf },
+
+    #[error("CPU set {requested:?} must be a non-empty subset of the allowed CPUs {allowed:?}")]
+    InvalidCpuset { requested: Cpuset, allowed: Cpuset },
+
+    #[error("no {what} mount found in {path}; {fix}")]
+    NoMount { path: PathBuf, what: &'static str, fix: &'static str },
+
+    #[error("thread {tid}: {op} failed: {errno}")]
+    Affinity { tid: u32, op: &'static str, errno: nix::errno::Errno },
+
+    #[error("{path}: {source}")]
+    Json { path: PathBuf, source: serde_json::Error },
+
+    #[error("{}", RestoreList(.errors))]
+    Restore { errors: Vec<Error> },
+}
+
+impl Error {
+    /// Maps an `io::Error` on `path` to the most specific variant.
+    pub fn io(path: impl Into<PathBuf>, source: io::Error) -> Error {
+        let path = path.into();
+        match source.kind() {
+            io::ErrorKind::NotFound => Error::NotFound { path },
+            io::ErrorKind::PermissionDenied => Error::PermissionDenied { path, fix: FIX_PERMISSION },
+            io::ErrorKind::AlreadyExists => Error::AlreadyExists { path },
+            _ if source.raw_os_error() == Some(libc::EROFS) => Error::ReadOnly { path },
+            _ => Error::Io { path, source },
+        }
+    }
+
+    pub fn parse(path: impl Into<PathBuf>, what: impl Into<String>, content: &str) -> Error {
+        Error::Parse { path: path.into(), what: what.into(), snippet: snippet(content) }
+    }
+
+    /// True when the thing read no longer exists (a process or thread that exited).
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Error::NotFound { .. })
+    }
+
+    /// The raw errno of an I/O failure, if this is one.
+    pub fn raw_os_error(&self) -> Option<i32> {
+        match self {
+            Error::Io { source, .. } => source.raw_os_error(),
+            Error::NotFound { .. } => Some(libc::ENOENT),
+            Error::PermissionDenied { .. } => Some(libc::EACCES),
+            Error::ReadOnly { .. } => Some(libc::EROFS),
+            Error::AlreadyExists { .. } => Some(libc::EEXIST),
+            _ => None,
+        }
+    }
+}
+
+struct RestoreList<'a>(&'a [Error]);
+
+impl fmt::Display for RestoreList<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} item(s) could not be restored (run `gleaner recover` to retry): ", self.0.len())?;
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+/// At most 80 characters of the offending content, so an error stays one line.
+fn snippet(content: &str) -> String {
+    let line = content.trim();
+    let cut: String = line.chars().take(80).collect();
+    if cut.len() < line.len() {
+        format!("{cut}...")
+    } else {
+        cut
+    }
+}
+
+pub(crate) fn read_file(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|e| Error::io(path, e))
+}
+
+/// Writes `content` in one `write(2)`, as kernel control files expect. The file is created
+/// if missing so fake trees in tests behave like the kernel's always-present files.
+pub(crate) fn write_file(path: &Path, content: &str) -> Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)
+        .map_err(|e| Error::io(path, e))?;
+    f.write_all(content.as_bytes()).map_err(|e| Error::io(path, e))
+}
+
+/// Parses one trimmed number from a small file, naming the file on failure.
+pub(crate) fn parse_num<T: std::str::FromStr>(path: &Path, what: &str, text: &str) -> Result<T> {
+    text.trim().parse().map_err(|_| Error::parse(path, what, text))
+}
+
+pub(crate) fn read_num<T: std::str::FromStr>(path: &Path, what: &str) -> Result<T> {
+    parse_num(path, what, &read_file(path)?)
+}
+
+pub(crate) fn read_cpuset(path: &Path) -> Result<Cpuset> {
+    let text = read_file(path)?;
+    text.parse().map_err(|_| Error::parse(path, "CPU list", &text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn io_errors_map_to_specific_variants() {
+        let p = Path::new("/x");
+        assert!(matches!(Error::io(p, io::Error::from(io::ErrorKind::NotFound)), Error::NotFound { .. }));
+        let denied = Error::io(p, io::Error::from_raw_os_error(libc::EACCES));
+        assert!(denied.to_string().contains("--backend affinity"), "{denied}");
+        assert!(matches!(Error::io(p, io::Error::from_raw_os_error(libc::EROFS)), Error::ReadOnly { .. }));
+        let busy = Error::io(p, io::Error::from_raw_os_error(libc::EBUSY));
+        assert_eq!(busy.raw_os_error(), Some(libc::EBUSY));
+    }
+
+    #[test]
+    fn parse_error_snippet_is_short_and_one_line() {
+        let long = "x".repeat(500);
+        let msg = Error::parse("/proc/stat", "cpu line", &long).to_string();
+        assert!(msg.len() < 200, "{msg}");
+        assert!(!msg.contains('\n'));
+    }
+
+    #[test]
+    fn restore_error_lists_each_failure() {
+        let e = Error::Restore {
+            errors: vec![Error::NotFound { path: "/a".into() }, Error::ReadOnly { path: "/b".into() }],
+        };
+        let msg = e.to_string();
+        assert!(msg.starts_with("2 item(s)") && msg.contains("/a") && msg.contains("/b"), "{msg}");
+    }
+}

@@ -1,0 +1,852 @@
+//! Raw readers for the `/proc` files Gleaner samples and walks.
+//!
+//! Exists so the sampler, the placement back ends and the journal read processes and CPU
+//! counters one way, from a root path that tests point at a fake tree. Readers return plain
+//! structs with kernel units converted (ticks to ns); they hold no state and make no
+//! decisions. Malformed or truncated content is a `Parse` error naming the file, never a panic.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::path::{Path, PathBuf};
+
+use gleaner_policy::Cpuset;
+
+use crate::error::{parse_num, read_file, Error, Result};
+
+const NS_PER_SEC: u128 = 1_000_000_000;
+
+/// A `/proc` mount, e.g. `ProcFs::new("/proc")`.
+#[derive(Debug, Clone)]
+pub struct ProcFs {
+    root: PathBuf,
+    clock_ticks_per_sec: u64,
+}
+
+/// Per-CPU (or aggregate) times from one `cpu` line of `/proc/stat`, in nanoseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CpuTimes {
+    pub user_ns: u64,
+    pub nice_ns: u64,
+    pub system_ns: u64,
+    pub idle_ns: u64,
+    pub iowait_ns: u64,
+    pub irq_ns: u64,
+    pub softirq_ns: u64,
+    pub steal_ns: u64,
+}
+
+impl CpuTimes {
+    /// Time the guest spent running something (not idle, not iowait, not stolen).
+    pub fn busy_ns(&self) -> u64 {
+        self.user_ns + self.nice_ns + self.system_ns + self.irq_ns + self.softirq_ns
+    }
+
+    pub fn total_ns(&self) -> u64 {
+        self.busy_ns() + self.idle_ns + self.iowait_ns + self.steal_ns
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CpuStat {
+    pub cpu: usize,
+    pub times: CpuTimes,
+}
+
+/// The parts of `/proc/stat` Gleaner uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcStat {
+    pub total: CpuTimes,
+    pub per_cpu: Vec<CpuStat>,
+    /// Context switches since boot, all CPUs.
+    pub ctxt: u64,
+    pub procs_running: u32,
+    pub procs_blocked: u32,
+}
+
+/// One CPU's idle accounting from `/proc/timer_list` (NO_HZ tick_sched fields).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimerListCpu {
+    pub cpu: usize,
+    /// Times the CPU entered the idle loop.
+    pub idle_calls: u64,
+    /// Times the idle loop actually stopped the tick and slept.
+    pub idle_sleeps: u64,
+    pub idle_sleeptime_ns: u64,
+    pub iowait_sleeptime_ns: u64,
+}
+
+/// Pressure-stall totals from `/proc/pressure/cpu` or a cgroup's `cpu.pressure`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Pressure {
+    /// Cumulative µs in which at least one task was runnable but not running.
+    pub some_total_us: u64,
+    pub some_avg10: f64,
+    /// Absent for system-wide CPU pressure on kernels before 5.13.
+    pub full_total_us: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LoadAvg {
+    pub one: f64,
+    pub five: f64,
+    pub fifteen: f64,
+    pub runnable: u32,
+    pub total_tasks: u32,
+}
+
+/// The fields of `/proc/PID/task/TID/stat` Gleaner uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskStat {
+    pub tid: u32,
+    pub comm: String,
+    pub state: char,
+    pub ppid: u32,
+    pub utime_ns: u64,
+    pub stime_ns: u64,
+    pub num_threads: u32,
+    /// Start time in clock ticks since boot; with the tid it identifies a task across reuse.
+    pub start_ticks: u64,
+    /// CPU the task last ran on.
+    pub processor: usize,
+}
+
+/// The fields of `/proc/PID/task/TID/status` Gleaner uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskStatus {
+    pub tgid: u32,
+    pub voluntary_ctxt_switches: u64,
+    pub nonvoluntary_ctxt_switches: u64,
+    pub cpus_allowed: Cpuset,
+}
+
+/// One line of `/proc/PID/cgroup`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CgroupLine {
+    pub hierarchy_id: u32,
+    /// Empty for the cgroup v2 line (`0::/path`).
+    pub controllers: Vec<String>,
+    /// Path relative to the hierarchy's mount root, starting with `/`.
+    pub path: String,
+}
+
+/// All lines of `/proc/PID/cgroup`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessCgroups(pub Vec<CgroupLine>);
+
+impl ProcessCgroups {
+    /// The unified (v2) hierarchy path.
+    pub fn v2(&self) -> Option<&str> {
+        self.0.iter().find(|l| l.hierarchy_id == 0 && l.controllers.is_empty()).map(|l| l.path.as_str())
+    }
+
+    /// The v1 hierarchy path that carries `controller` (e.g. "cpuset").
+    pub fn v1(&self, controller: &str) -> Option<&str> {
+        self.0.iter().find(|l| l.controllers.iter().any(|c| c == controller)).map(|l| l.path.as_str())
+    }
+}
+
+/// One line of `/proc/self/mountinfo`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mount {
+    /// Root of the mount within its file system (e.g. `/` or a cgroup namespace path).
+    pub root: String,
+    pub mount_point: PathBuf,
+    pub fs_type: String,
+    pub super_options: Vec<String>,
+}
+
+impl ProcFs {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        // SAFETY: sysconf has no preconditions; it only reads a constant.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        Self::with_clock_ticks(root, if hz > 0 { hz as u64 } else { 100 })
+    }
+
+    /// For fake trees whose tick values were sampled with a known USER_HZ.
+    pub fn with_clock_ticks(root: impl Into<PathBuf>, clock_ticks_per_sec: u64) -> Self {
+        Self { root: root.into(), clock_ticks_per_sec: clock_ticks_per_sec.max(1) }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn clock_ticks_per_sec(&self) -> u64 {
+        self.clock_ticks_per_sec
+    }
+
+    pub fn ticks_to_ns(&self, ticks: u64) -> u64 {
+        (ticks as u128 * NS_PER_SEC / self.clock_ticks_per_sec as u128).min(u64::MAX as u128) as u64
+    }
+
+    fn path(&self, rel: impl AsRef<Path>) -> PathBuf {
+        self.root.join(rel)
+    }
+
+    fn task_dir(&self, pid: u32, tid: u32) -> PathBuf {
+        self.path(format!("{pid}/task/{tid}"))
+    }
+
+    pub fn stat(&self) -> Result<ProcStat> {
+        let path = self.path("stat");
+        parse_stat(&path, &read_file(&path)?, self)
+    }
+
+    /// CPUs listed in `/proc/stat`, which shows exactly the online ones.
+    pub fn online_cpus(&self) -> Result<Cpuset> {
+        Ok(self.stat()?.per_cpu.iter().map(|c| c.cpu).collect())
+    }
+
+    /// Per-CPU idle entries and idle ns. `Ok(None)` when the file cannot be read (non-root)
+    /// or the kernel prints no NO_HZ idle fields.
+    pub fn timer_list(&self) -> Result<Option<Vec<TimerListCpu>>> {
+        let path = self.path("timer_list");
+        match read_file(&path) {
+            Ok(text) => parse_timer_list(&path, &text),
+            Err(Error::NotFound { .. } | Error::PermissionDenied { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub fn pressure_cpu(&self) -> Result<Pressure> {
+        read_pressure(&self.path("pressure/cpu"))
+    }
+
+    pub fn loadavg(&self) -> Result<LoadAvg> {
+        let path = self.path("loadavg");
+        parse_loadavg(&path, &read_file(&path)?)
+    }
+
+    /// Whether `/proc/cpuinfo` has the x86 `hypervisor` flag (we run in a VM).
+    pub fn cpuinfo_has_hypervisor(&self) -> Result<bool> {
+        let text = read_file(&self.path("cpuinfo"))?;
+        Ok(text
+            .lines()
+            .filter(|l| l.starts_with("flags"))
+            .any(|l| l.split_whitespace().any(|w| w == "hypervisor")))
+    }
+
+    pub fn mountinfo(&self) -> Result<Vec<Mount>> {
+        let path = self.path("self/mountinfo");
+        parse_mountinfo(&path, &read_file(&path)?)
+    }
+
+    /// All numeric entries of the proc root (process ids).
+    pub fn pids(&self) -> Result<Vec<u32>> {
+        numeric_entries(&self.root)
+    }
+
+    /// Thread ids of `pid`. `NotFound` when the process is gone.
+    pub fn threads(&self, pid: u32) -> Result<Vec<u32>> {
+        numeric_entries(&self.path(format!("{pid}/task")))
+    }
+
+    pub fn task_stat(&self, pid: u32, tid: u32) -> Result<TaskStat> {
+        let path = self.task_dir(pid, tid).join("stat");
+        parse_task_stat(&path, &read_file(&path)?, self)
+    }
+
+    pub fn task_status(&self, pid: u32, tid: u32) -> Result<TaskStatus> {
+        let path = self.task_dir(pid, tid).join("status");
+        parse_task_status(&path, &read_file(&path)?)
+    }
+
+    /// Start time (ticks since boot) of `pid`; a different value later means the pid was reused.
+    pub fn process_start_time(&self, pid: u32) -> Result<u64> {
+        let path = self.path(format!("{pid}/stat"));
+        Ok(parse_task_stat(&path, &read_file(&path)?, self)?.start_ticks)
+    }
+
+    /// Direct children of `pid`: from `task/*/children` when the kernel has it
+    /// (CONFIG_PROC_CHILDREN), else by scanning every process's ppid.
+    pub fn children(&self, pid: u32) -> Result<Vec<u32>> {
+        let mut kids = BTreeSet::new();
+        let mut have_children_files = false;
+        for tid in self.threads(pid)? {
+            let path = self.task_dir(pid, tid).join("children");
+            match read_file(&path) {
+                Ok(text) => {
+                    have_children_files = true;
+                    for word in text.split_whitespace() {
+                        kids.insert(parse_num::<u32>(&path, "child pid", word)?);
+                    }
+                }
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if !have_children_files {
+            for other in self.pids()? {
+                match self.task_stat(other, other) {
+                    Ok(st) if st.ppid == pid => {
+                        kids.insert(other);
+                    }
+                    Ok(_) => {}
+                    Err(e) if e.is_not_found() => {} // exited while we scanned
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(kids.into_iter().collect())
+    }
+
+    /// `pid` and all its descendants, breadth first. Processes that exit during the walk are
+    /// skipped; only a missing `pid` itself is an error.
+    pub fn process_tree(&self, pid: u32) -> Result<Vec<u32>> {
+        let mut seen = BTreeSet::from([pid]);
+        let mut order = vec![];
+        let mut queue = VecDeque::from([pid]);
+        while let Some(p) = queue.pop_front() {
+            let kids = match self.children(p) {
+                Ok(k) => k,
+                Err(e) if e.is_not_found() && p != pid => continue,
+                Err(e) => return Err(e),
+            };
+            order.push(p);
+            for k in kids {
+                if seen.insert(k) {
+                    queue.push_back(k);
+                }
+            }
+        }
+        Ok(order)
+    }
+
+    pub fn cgroup_of(&self, pid: u32) -> Result<ProcessCgroups> {
+        let path = self.path(format!("{pid}/cgroup"));
+        parse_proc_cgroup(&path, &read_file(&path)?)
+    }
+
+    /// The cgroups of the calling process.
+    pub fn own_cgroup(&self) -> Result<ProcessCgroups> {
+        let path = self.path("self/cgroup");
+        parse_proc_cgroup(&path, &read_file(&path)?)
+    }
+}
+
+fn numeric_entries(dir: &Path) -> Result<Vec<u32>> {
+    let rd = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
+    let mut ids: Vec<u32> = rd
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse().ok()))
+        .collect();
+    ids.sort_unstable();
+    Ok(ids)
+}
+
+pub fn read_pressure(path: &Path) -> Result<Pressure> {
+    parse_pressure(path, &read_file(path)?)
+}
+
+pub fn parse_pressure(path: &Path, text: &str) -> Result<Pressure> {
+    let mut some = None;
+    let mut full_total_us = None;
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        let kind = words.next();
+        let mut avg10 = None;
+        let mut total = None;
+        for w in words {
+            match w.split_once('=') {
+                Some(("avg10", v)) => avg10 = Some(parse_num::<f64>(path, "PSI avg10", v)?),
+                Some(("total", v)) => total = Some(parse_num::<u64>(path, "PSI total", v)?),
+                _ => {}
+            }
+        }
+        match kind {
+            Some("some") => {
+                let total = total.ok_or_else(|| Error::parse(path, "PSI some total=", line))?;
+                some = Some((total, avg10.unwrap_or(0.0)));
+            }
+            Some("full") => full_total_us = total,
+            _ => {}
+        }
+    }
+    let (some_total_us, some_avg10) = some.ok_or_else(|| Error::parse(path, "PSI 'some' line", text))?;
+    Ok(Pressure { some_total_us, some_avg10, full_total_us })
+}
+
+fn parse_stat(path: &Path, text: &str, proc: &ProcFs) -> Result<ProcStat> {
+    let mut total = None;
+    let mut per_cpu = vec![];
+    let (mut ctxt, mut running, mut blocked) = (None, None, None);
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        let Some(key) = words.next() else { continue };
+        if let Some(id) = key.strip_prefix("cpu") {
+            let mut ticks = [0u64; 8];
+            for slot in ticks.iter_mut() {
+                let w = words.next().ok_or_else(|| Error::parse(path, "8 cpu time fields", line))?;
+                *slot = parse_num(path, "cpu time", w)?;
+            }
+            let [user, nice, system, idle, iowait, irq, softirq, steal] = ticks.map(|t| proc.ticks_to_ns(t));
+            let times = CpuTimes {
+                user_ns: user,
+                nice_ns: nice,
+                system_ns: system,
+                idle_ns: idle,
+                iowait_ns: iowait,
+                irq_ns: irq,
+                softirq_ns: softirq,
+                steal_ns: steal,
+            };
+            if id.is_empty() {
+                total = Some(times);
+            } else {
+                per_cpu.push(CpuStat { cpu: parse_num(path, "cpu id", id)?, times });
+            }
+            continue;
+        }
+        let value = || words.clone().next().ok_or_else(|| Error::parse(path, key.to_string(), line));
+        match key {
+            "ctxt" => ctxt = Some(parse_num(path, "ctxt", value()?)?),
+            "procs_running" => running = Some(parse_num(path, "procs_running", value()?)?),
+            "procs_blocked" => blocked = Some(parse_num(path, "procs_blocked", value()?)?),
+            _ => {}
+        }
+    }
+    let missing = |what: &str| Error::parse(path, format!("{what} line"), text);
+    if per_cpu.is_empty() {
+        return Err(missing("cpuN"));
+    }
+    Ok(ProcStat {
+        total: total.ok_or_else(|| missing("cpu"))?,
+        per_cpu,
+        ctxt: ctxt.ok_or_else(|| missing("ctxt"))?,
+        procs_running: running.ok_or_else(|| missing("procs_running"))?,
+        procs_blocked: blocked.ok_or_else(|| missing("procs_blocked"))?,
+    })
+}
+
+fn parse_timer_list(path: &Path, text: &str) -> Result<Option<Vec<TimerListCpu>>> {
+    #[derive(Default)]
+    struct Partial {
+        cpu: usize,
+        calls: Option<u64>,
+        sleeps: Option<u64>,
+        sleeptime: Option<u64>,
+        iowait: Option<u64>,
+    }
+    let mut sections: Vec<Partial> = vec![];
+    for line in text.lines() {
+        if let Some(id) = line.strip_prefix("cpu: ") {
+            sections.push(Partial { cpu: parse_num(path, "timer_list cpu id", id)?, ..Default::default() });
+            continue;
+        }
+        if line.starts_with("Tick Device") {
+            break; // the per-CPU tick_sched sections are over
+        }
+        let Some(cur) = sections.last_mut() else { continue };
+        let Some((key, value)) = line.trim().split_once(':') else { continue };
+        let slot = match key.trim() {
+            ".idle_calls" => &mut cur.calls,
+            ".idle_sleeps" => &mut cur.sleeps,
+            ".idle_sleeptime" => &mut cur.sleeptime,
+            ".iowait_sleeptime" => &mut cur.iowait,
+            _ => continue,
+        };
+        let number = value.trim().trim_end_matches("nsecs").trim();
+        *slot = Some(parse_num(path, key.trim(), number)?);
+    }
+    if sections.is_empty() || sections.iter().all(|s| s.calls.is_none() && s.sleeptime.is_none()) {
+        return Ok(None); // kernel without NO_HZ idle accounting
+    }
+    sections
+        .into_iter()
+        .map(|s| match (s.calls, s.sleeps, s.sleeptime, s.iowait) {
+            (Some(idle_calls), Some(idle_sleeps), Some(idle_sleeptime_ns), Some(iowait_sleeptime_ns)) => {
+                Ok(TimerListCpu { cpu: s.cpu, idle_calls, idle_sleeps, idle_sleeptime_ns, iowait_sleeptime_ns })
+            }
+            _ => Err(Error::parse(path, format!("idle fields of cpu {}", s.cpu), text)),
+        })
+        .collect::<Result<Vec<_>>>()
+        .map(Some)
+}
+
+fn parse_loadavg(path: &Path, text: &str) -> Result<LoadAvg> {
+    let w: Vec<&str> = text.split_whitespace().collect();
+    let bad = || Error::parse(path, "loadavg", text);
+    if w.len() < 4 {
+        return Err(bad());
+    }
+    let (runnable, total) = w[3].split_once('/').ok_or_else(bad)?;
+    Ok(LoadAvg {
+        one: parse_num(path, "load average", w[0])?,
+        five: parse_num(path, "load average", w[1])?,
+        fifteen: parse_num(path, "load average", w[2])?,
+        runnable: parse_num(path, "runnable tasks", runnable)?,
+        total_tasks: parse_num(path, "total tasks", total)?,
+    })
+}
+
+/// Parses `tid (comm) S ppid ...`. The comm may hold spaces and parentheses, so it is taken
+/// between the first `(` and the last `)`.
+fn parse_task_stat(path: &Path, text: &str, proc: &ProcFs) -> Result<TaskStat> {
+    let bad = |what: &str| Error::parse(path, what.to_string(), text);
+    let open = text.find('(').ok_or_else(|| bad("'(' before comm"))?;
+    let close = text.rfind(')').filter(|&c| c > open).ok_or_else(|| bad("')' after comm"))?;
+    let tid = parse_num(path, "tid", &text[..open])?;
+    let comm = text[open + 1..close].to_string();
+    // Fields after the comm, numbered as in proc(5) minus 3: state is field 3.
+    let rest: Vec<&str> = text[close + 1..].split_whitespace().collect();
+    let field = |n: usize, what: &str| rest.get(n - 3).copied().ok_or_else(|| bad(what));
+    let state_field = field(3, "state")?;
+    let mut state_chars = state_field.chars();
+    let state = match (state_chars.next(), state_chars.next()) {
+        (Some(c), None) => c,
+        _ => return Err(bad("one-letter state")),
+    };
+    Ok(TaskStat {
+        tid,
+        comm,
+        state,
+        ppid: parse_num(path, "ppid", field(4, "ppid")?)?,
+        utime_ns: proc.ticks_to_ns(parse_num(path, "utime", field(14, "utime")?)?),
+        stime_ns: proc.ticks_to_ns(parse_num(path, "stime", field(15, "stime")?)?),
+        num_threads: parse_num(path, "num_threads", field(20, "num_threads")?)?,
+        start_ticks: parse_num(path, "starttime", field(22, "starttime")?)?,
+        processor: parse_num(path, "processor", field(39, "processor")?)?,
+    })
+}
+
+fn parse_task_status(path: &Path, text: &str) -> Result<TaskStatus> {
+    let (mut tgid, mut vol, mut nonvol, mut allowed) = (None, None, None, None);
+    for line in text.lines() {
+        let Some((key, value)) = line.split_once(':') else { continue };
+        let value = value.trim();
+        match key {
+            "Tgid" => tgid = Some(parse_num(path, "Tgid", value)?),
+            "voluntary_ctxt_switches" => vol = Some(parse_num(path, key, value)?),
+            "nonvoluntary_ctxt_switches" => nonvol = Some(parse_num(path, key, value)?),
+            "Cpus_allowed_list" => {
+                allowed = Some(value.parse::<Cpuset>().map_err(|_| Error::parse(path, "Cpus_allowed_list", line))?)
+            }
+            _ => {}
+        }
+    }
+    let missing = |what: &str| Error::parse(path, format!("{what} line"), text);
+    Ok(TaskStatus {
+        tgid: tgid.ok_or_else(|| missing("Tgid"))?,
+        voluntary_ctxt_switches: vol.ok_or_else(|| missing("voluntary_ctxt_switches"))?,
+        nonvoluntary_ctxt_switches: nonvol.ok_or_else(|| missing("nonvoluntary_ctxt_switches"))?,
+        cpus_allowed: allowed.ok_or_else(|| missing("Cpus_allowed_list"))?,
+    })
+}
+
+pub fn parse_proc_cgroup(path: &Path, text: &str) -> Result<ProcessCgroups> {
+    let mut lines = vec![];
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let mut parts = line.splitn(3, ':');
+        let (Some(id), Some(ctrl), Some(cg_path)) = (parts.next(), parts.next(), parts.next()) else {
+            return Err(Error::parse(path, "id:controllers:path", line));
+        };
+        if !cg_path.starts_with('/') {
+            return Err(Error::parse(path, "absolute cgroup path", line));
+        }
+        lines.push(CgroupLine {
+            hierarchy_id: parse_num(path, "hierarchy id", id)?,
+            controllers: ctrl.split(',').filter(|c| !c.is_empty()).map(str::to_string).collect(),
+            path: cg_path.to_string(),
+        });
+    }
+    Ok(ProcessCgroups(lines))
+}
+
+pub fn parse_mountinfo(path: &Path, text: &str) -> Result<Vec<Mount>> {
+    let mut mounts = vec![];
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let bad = || Error::parse(path, "mountinfo line", line);
+        let (before, after) = line.split_once(" - ").ok_or_else(bad)?;
+        let pre: Vec<&str> = before.split_whitespace().collect();
+        let post: Vec<&str> = after.split_whitespace().collect();
+        if pre.len() < 6 || post.len() < 3 {
+            return Err(bad());
+        }
+        mounts.push(Mount {
+            root: unescape_octal(pre[3]),
+            mount_point: PathBuf::from(unescape_octal(pre[4])),
+            fs_type: post[0].to_string(),
+            super_options: post[2].split(',').map(str::to_string).collect(),
+        });
+    }
+    Ok(mounts)
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape_octal(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' && i + 3 < bytes.len() && bytes[i + 1..i + 4].iter().all(|b| (b'0'..=b'7').contains(b)) {
+            let v = (bytes[i + 1] - b'0') as u32 * 64 + (bytes[i + 2] - b'0') as u32 * 8 + (bytes[i + 3] - b'0') as u32;
+            if let Ok(b) = u8::try_from(v) {
+                out.push(b);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::fs;
+
+    /// Sampled from this project's 2-vCPU Firecracker guest.
+    pub const STAT: &str = "cpu  9702 0 1190 71728 482 0 81 7 0 0
+cpu0 4478 0 501 36502 63 0 44 4 0 0
+cpu1 5224 0 689 35226 418 0 37 3 0 0
+intr 159197 0 0 0 0 0 0 0
+ctxt 263776
+btime 1795416734
+processes 6818
+procs_running 1
+procs_blocked 0
+softirq 89693 0 10239 4 3960 31627 0 72 21209 0 22582
+";
+
+    /// The layout of this guest's `/proc/timer_list`, trimmed to the parts we read.
+    pub const TIMER_LIST: &str = "Timer List Version: v0.10
+HRTIMER_MAX_CLOCK_BASES: 8
+now at 416539269679 nsecs
+
+cpu: 0
+ clock 0:
+  .base:       000000007d3bd0ad
+  .index:      0
+active timers:
+ #0: <000000000d487392>, tick_nohz_handler, S:01
+ # expires at 416540000000-416540000000 nsecs [in 730321 to 730321 nsecs]
+  .expires_next   : 416540000000 nsecs
+  .nohz           : 1
+  .idle_jiffies   : 4294996383
+  .idle_calls     : 7063
+  .idle_sleeps    : 4403
+  .idle_entrytime : 416538856192 nsecs
+  .idle_sleeptime : 366579232318 nsecs
+  .iowait_sleeptime: 636760392 nsecs
+jiffies: 4294996832
+
+cpu: 1
+ clock 0:
+active timers:
+  .idle_calls     : 5251
+  .idle_sleeps    : 3003
+  .idle_sleeptime : 353662878656 nsecs
+  .iowait_sleeptime: 4243087387 nsecs
+jiffies: 4294996832
+
+Tick Device: mode:     1
+Per CPU device: 0
+Clock Event Device: lapic-deadline
+";
+
+    const TASK_STAT: &str = "7185 (cat) R 7182 7182 4858 0 -1 4194304 100 0 0 0 250 50 0 0 20 0 1 0 41988 3133440 406 18446744073709551615 94882161831936 94882161851817 140722090590192 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0 94882161867824 94882161869440 94882889904128 140722090592964 140722090592984 140722090592984 140722090594283 0\n";
+
+    const STATUS: &str = "Name:\tcat\nUmask:\t0022\nState:\tR (running)\nTgid:\t7184\nPid:\t7184\nPPid:\t7182\nThreads:\t1\nCpus_allowed:\t3\nCpus_allowed_list:\t0-1\nvoluntary_ctxt_switches:\t12\nnonvoluntary_ctxt_switches:\t3\n";
+
+    fn proc100(dir: &Path) -> ProcFs {
+        ProcFs::with_clock_ticks(dir, 100)
+    }
+
+    #[test]
+    fn stat_converts_ticks_to_ns() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("stat"), STAT).unwrap();
+        let s = proc100(dir.path()).stat().unwrap();
+        assert_eq!(s.per_cpu.len(), 2);
+        assert_eq!(s.per_cpu[1].cpu, 1);
+        assert_eq!(s.per_cpu[1].times.user_ns, 52_240_000_000);
+        assert_eq!(s.per_cpu[0].times.steal_ns, 40_000_000);
+        assert_eq!(s.total.idle_ns, 717_280_000_000);
+        assert_eq!(s.ctxt, 263_776);
+        assert_eq!((s.procs_running, s.procs_blocked), (1, 0));
+        assert_eq!(proc100(dir.path()).online_cpus().unwrap().to_string(), "0-1");
+    }
+
+    #[test]
+    fn stat_rejects_truncated_cpu_line() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("stat"), "cpu  1 2 3\nctxt 1\n").unwrap();
+        let err = proc100(dir.path()).stat().unwrap_err();
+        assert!(matches!(err, Error::Parse { .. }), "{err}");
+        assert!(err.to_string().contains("stat"), "{err}");
+    }
+
+    #[test]
+    fn timer_list_reads_per_cpu_idle() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = proc100(dir.path());
+        assert_eq!(p.timer_list().unwrap(), None, "absent file is None");
+        fs::write(dir.path().join("timer_list"), TIMER_LIST).unwrap();
+        let cpus = p.timer_list().unwrap().unwrap();
+        assert_eq!(cpus.len(), 2);
+        assert_eq!(
+            cpus[0],
+            TimerListCpu {
+                cpu: 0,
+                idle_calls: 7063,
+                idle_sleeps: 4403,
+                idle_sleeptime_ns: 366_579_232_318,
+                iowait_sleeptime_ns: 636_760_392
+            }
+        );
+        assert_eq!(cpus[1].idle_calls, 5251);
+    }
+
+    #[test]
+    fn timer_list_truncated_mid_cpu_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let cut = &TIMER_LIST[..TIMER_LIST.find("  .idle_sleeps    : 3003").unwrap()];
+        fs::write(dir.path().join("timer_list"), cut).unwrap();
+        assert!(matches!(proc100(dir.path()).timer_list(), Err(Error::Parse { .. })));
+    }
+
+    #[test]
+    fn pressure_and_loadavg() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir(dir.path().join("pressure")).unwrap();
+        fs::write(
+            dir.path().join("pressure/cpu"),
+            "some avg10=2.68 avg60=0.82 avg300=0.73 total=4992723\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n",
+        )
+        .unwrap();
+        fs::write(dir.path().join("loadavg"), "0.07 0.21 0.11 1/89 6822\n").unwrap();
+        let p = proc100(dir.path());
+        let psi = p.pressure_cpu().unwrap();
+        assert_eq!(psi.some_total_us, 4_992_723);
+        assert_eq!(psi.full_total_us, Some(0));
+        assert!((psi.some_avg10 - 2.68).abs() < 1e-9);
+        let la = p.loadavg().unwrap();
+        assert_eq!((la.runnable, la.total_tasks), (1, 89));
+        assert!(parse_pressure(Path::new("x"), "full total=3\n").is_err());
+    }
+
+    #[test]
+    fn task_stat_handles_hostile_comm() {
+        let p = ProcFs::with_clock_ticks("/nonexistent", 100);
+        let text = TASK_STAT.replace("(cat)", "(a) b (c) 9 9)");
+        let st = parse_task_stat(Path::new("s"), &text, &p).unwrap();
+        assert_eq!(st.comm, "a) b (c) 9 9");
+        assert_eq!((st.tid, st.state, st.ppid), (7185, 'R', 7182));
+        assert_eq!((st.utime_ns, st.stime_ns), (2_500_000_000, 500_000_000));
+        assert_eq!((st.num_threads, st.start_ticks, st.processor), (1, 41988, 1));
+    }
+
+    #[test]
+    fn task_status_and_cgroup_lines() {
+        let st = parse_task_status(Path::new("s"), STATUS).unwrap();
+        assert_eq!(st.tgid, 7184);
+        assert_eq!((st.voluntary_ctxt_switches, st.nonvoluntary_ctxt_switches), (12, 3));
+        assert_eq!(st.cpus_allowed.to_string(), "0-1");
+        let cg = parse_proc_cgroup(
+            Path::new("c"),
+            "9:name=systemd:/\n4:memory:/process_api/9a42\n3:cpuset:/gleaner-1\n2:cpu,cpuacct:/a:b\n0::/user.slice\n",
+        )
+        .unwrap();
+        assert_eq!(cg.v2(), Some("/user.slice"));
+        assert_eq!(cg.v1("cpuset"), Some("/gleaner-1"));
+        assert_eq!(cg.v1("cpuacct"), Some("/a:b"));
+        assert_eq!(cg.v1("pids"), None);
+        assert!(parse_proc_cgroup(Path::new("c"), "garbage\n").is_err());
+    }
+
+    #[test]
+    fn mountinfo_finds_cgroup_mounts() {
+        let text = "34 31 0:31 / /sys/fs/cgroup/cpuset rw,relatime - cgroup cgroup rw,cpuset\n\
+                    41 31 0:38 / /sys/fs/cgroup/unified rw,relatime shared:5 - cgroup2 cgroup2 rw\n\
+                    50 27 0:40 / /mnt/with\\040space rw - tmpfs tmpfs rw\n";
+        let m = parse_mountinfo(Path::new("m"), text).unwrap();
+        assert_eq!(m[0].super_options, vec!["rw", "cpuset"]);
+        assert_eq!(m[1].fs_type, "cgroup2");
+        assert_eq!(m[1].mount_point, PathBuf::from("/sys/fs/cgroup/unified"));
+        assert_eq!(m[2].mount_point, PathBuf::from("/mnt/with space"));
+        assert!(parse_mountinfo(Path::new("m"), "1 2 3\n").is_err());
+    }
+
+    fn fake_process(root: &Path, pid: u32, ppid: u32, threads: &[u32], children_file: Option<&[u32]>) {
+        for &tid in threads {
+            let dir = root.join(format!("{pid}/task/{tid}"));
+            fs::create_dir_all(&dir).unwrap();
+            let stat = TASK_STAT.replacen("7185", &tid.to_string(), 1).replacen("7182", &ppid.to_string(), 1);
+            fs::write(dir.join("stat"), &stat).unwrap();
+            if tid == pid {
+                fs::write(root.join(format!("{pid}/stat")), &stat).unwrap();
+            }
+            if let Some(kids) = children_file {
+                let text: Vec<String> = if tid == pid { kids.iter().map(|k| k.to_string()).collect() } else { vec![] };
+                fs::write(dir.join("children"), text.join(" ")).unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn process_tree_from_children_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = dir.path();
+        fake_process(r, 10, 1, &[10, 11], Some(&[20, 30]));
+        fake_process(r, 20, 10, &[20], Some(&[40]));
+        fake_process(r, 30, 10, &[30], Some(&[]));
+        fake_process(r, 40, 20, &[40, 41, 42], Some(&[10])); // a bogus cycle back to the root
+        let p = proc100(r);
+        assert_eq!(p.threads(40).unwrap(), vec![40, 41, 42]);
+        assert_eq!(p.process_tree(10).unwrap(), vec![10, 20, 30, 40]);
+        assert_eq!(p.process_start_time(20).unwrap(), 41988);
+        assert!(p.process_tree(99).unwrap_err().is_not_found());
+    }
+
+    #[test]
+    fn process_tree_by_ppid_scan_without_children_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = dir.path();
+        fake_process(r, 10, 1, &[10], None);
+        fake_process(r, 20, 10, &[20], None);
+        fake_process(r, 30, 20, &[30], None);
+        fake_process(r, 50, 1, &[50], None);
+        assert_eq!(proc100(r).process_tree(10).unwrap(), vec![10, 20, 30]);
+    }
+
+    #[test]
+    fn reads_this_machines_proc() {
+        // The real /proc always has these for our own process; checks the parsers on live text.
+        let p = ProcFs::new("/proc");
+        let me = std::process::id();
+        assert!(!p.stat().unwrap().per_cpu.is_empty());
+        assert!(p.threads(me).unwrap().contains(&me));
+        assert_eq!(p.task_status(me, me).unwrap().tgid, me);
+        assert!(p.task_stat(me, me).unwrap().start_ticks > 0);
+        assert!(!p.cgroup_of(me).unwrap().0.is_empty());
+        assert!(!p.mountinfo().unwrap().is_empty());
+    }
+
+    proptest! {
+        #[test]
+        fn parsers_never_panic(text in "(?s).{0,300}") {
+            let p = ProcFs::with_clock_ticks("/x", 100);
+            let path = Path::new("f");
+            let _ = parse_stat(path, &text, &p);
+            let _ = parse_timer_list(path, &text);
+            let _ = parse_pressure(path, &text);
+            let _ = parse_loadavg(path, &text);
+            let _ = parse_task_stat(path, &text, &p);
+            let _ = parse_task_status(path, &text);
+            let _ = parse_proc_cgroup(path, &text);
+            let _ = parse_mountinfo(path, &text);
+        }
+
+        #[test]
+        fn truncated_real_samples_never_panic(cut in 0usize..600) {
+            let p = ProcFs::with_clock_ticks("/x", 100);
+            let path = Path::new("f");
+            let _ = parse_stat(path, &STAT[..cut.min(STAT.len())], &p);
+            let _ = parse_timer_list(path, &TIMER_LIST[..cut.min(TIMER_LIST.len())]);
+            let _ = parse_task_stat(path, &TASK_STAT[..cut.min(TASK_STAT.len())], &p);
+            let _ = parse_task_status(path, &STATUS[..cut.min(STATUS.len())]);
+        }
+    }
+}

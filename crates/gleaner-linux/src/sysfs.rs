@@ -1,0 +1,296 @@
+//! Readers and writers for the `/sys` knobs Gleaner looks at or turns.
+//!
+//! Exists so CPU topology, the guest's idle machinery (cpuidle states, the haltpoll
+//! governor's parameters) and per-CPU PM QoS resume latency are read and written one way,
+//! under a root path tests point at a fake tree. Writers only write; remembering the old
+//! value for restore is the caller's job (see `journal`).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use gleaner_policy::Cpuset;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{read_cpuset, read_file, read_num, write_file, Error, Result};
+
+/// A sysfs mount, e.g. `SysFs::new("/sys")`.
+#[derive(Debug, Clone)]
+pub struct SysFs {
+    root: PathBuf,
+}
+
+/// One `cpuN/cpuidle/stateK` directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CpuidleState {
+    pub index: usize,
+    pub name: String,
+    /// Times this state was entered.
+    pub usage: u64,
+    pub time_us: u64,
+    pub latency_us: u64,
+    pub disabled: bool,
+}
+
+/// The value of `cpuN/power/pm_qos_resume_latency_us`.
+///
+/// The kernel prints the "no constraint" sentinel as `0` and a requested 0 µs (no idle
+/// state may be used) as `n/a`; writing the same strings back sets the same values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum PmQosLatency {
+    NoConstraint,
+    /// 0 µs: the CPU must not enter any idle state with exit latency.
+    ZeroLatency,
+    Us(u32),
+}
+
+impl fmt::Display for PmQosLatency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PmQosLatency::NoConstraint => f.write_str("0"),
+            PmQosLatency::ZeroLatency => f.write_str("n/a"),
+            PmQosLatency::Us(us) => write!(f, "{us}"),
+        }
+    }
+}
+
+impl FromStr for PmQosLatency {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.trim() {
+            "n/a" => Ok(PmQosLatency::ZeroLatency),
+            "0" => Ok(PmQosLatency::NoConstraint),
+            t => t
+                .parse::<u32>()
+                .ok()
+                .filter(|&us| us <= i32::MAX as u32)
+                .map(PmQosLatency::Us)
+                .ok_or_else(|| format!("bad PM QoS latency {t:?} (expected µs, 0 or n/a)")),
+        }
+    }
+}
+
+impl TryFrom<String> for PmQosLatency {
+    type Error = String;
+    fn try_from(s: String) -> std::result::Result<Self, String> {
+        s.parse()
+    }
+}
+
+impl From<PmQosLatency> for String {
+    fn from(v: PmQosLatency) -> String {
+        v.to_string()
+    }
+}
+
+impl SysFs {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into() }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn cpu_dir(&self) -> PathBuf {
+        self.root.join("devices/system/cpu")
+    }
+
+    pub fn online_cpus(&self) -> Result<Cpuset> {
+        read_cpuset(&self.cpu_dir().join("online"))
+    }
+
+    pub fn possible_cpus(&self) -> Result<Cpuset> {
+        read_cpuset(&self.cpu_dir().join("possible"))
+    }
+
+    /// The cpuidle driver, `None` when there is none (`none` or no cpuidle directory).
+    pub fn cpuidle_driver(&self) -> Result<Option<String>> {
+        self.optional_word(&self.cpu_dir().join("cpuidle/current_driver"))
+    }
+
+    pub fn cpuidle_governor(&self) -> Result<Option<String>> {
+        self.optional_word(&self.cpu_dir().join("cpuidle/current_governor"))
+    }
+
+    fn optional_word(&self, path: &Path) -> Result<Option<String>> {
+        match read_file(path) {
+            Ok(t) if t.trim().is_empty() || t.trim() == "none" => Ok(None),
+            Ok(t) => Ok(Some(t.trim().to_string())),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Idle states of `cpu`, by index; empty when the CPU has no cpuidle directory
+    /// (no cpuidle driver, as in many guests).
+    pub fn cpuidle_states(&self, cpu: usize) -> Result<Vec<CpuidleState>> {
+        let dir = self.cpu_dir().join(format!("cpu{cpu}/cpuidle"));
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
+            Err(e) => return Err(Error::io(&dir, e)),
+        };
+        let mut states = vec![];
+        for entry in entries.filter_map(|e| e.ok()) {
+            let name = entry.file_name();
+            let Some(index) = name.to_str().and_then(|n| n.strip_prefix("state")).and_then(|i| i.parse().ok())
+            else {
+                continue;
+            };
+            let d = entry.path();
+            states.push(CpuidleState {
+                index,
+                name: read_file(&d.join("name"))?.trim().to_string(),
+                usage: read_num(&d.join("usage"), "usage")?,
+                time_us: read_num(&d.join("time"), "time")?,
+                latency_us: read_num(&d.join("latency"), "latency")?,
+                disabled: read_num::<u8>(&d.join("disable"), "disable")? != 0,
+            });
+        }
+        states.sort_by_key(|s| s.index);
+        Ok(states)
+    }
+
+    fn haltpoll_dir(&self) -> PathBuf {
+        self.root.join("module/haltpoll/parameters")
+    }
+
+    /// Path of one haltpoll parameter; refuses names that would leave the directory.
+    pub fn haltpoll_param_path(&self, name: &str) -> Result<PathBuf> {
+        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+            return Err(Error::parse(self.haltpoll_dir(), "haltpoll parameter name", name));
+        }
+        Ok(self.haltpoll_dir().join(name))
+    }
+
+    /// All haltpoll parameters (name → value as printed); empty when the module is absent.
+    pub fn haltpoll_params(&self) -> Result<BTreeMap<String, String>> {
+        let dir = self.haltpoll_dir();
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
+            Err(e) => return Err(Error::io(&dir, e)),
+        };
+        let mut params = BTreeMap::new();
+        for entry in entries.filter_map(|e| e.ok()) {
+            if let Some(name) = entry.file_name().to_str() {
+                params.insert(name.to_string(), read_file(&entry.path())?.trim().to_string());
+            }
+        }
+        Ok(params)
+    }
+
+    pub fn haltpoll_param(&self, name: &str) -> Result<String> {
+        Ok(read_file(&self.haltpoll_param_path(name)?)?.trim().to_string())
+    }
+
+    pub fn set_haltpoll_param(&self, name: &str, value: &str) -> Result<()> {
+        write_file(&self.haltpoll_param_path(name)?, value)
+    }
+
+    pub fn pm_qos_path(&self, cpu: usize) -> PathBuf {
+        self.cpu_dir().join(format!("cpu{cpu}/power/pm_qos_resume_latency_us"))
+    }
+
+    pub fn pm_qos_resume_latency(&self, cpu: usize) -> Result<PmQosLatency> {
+        let path = self.pm_qos_path(cpu);
+        let text = read_file(&path)?;
+        text.parse().map_err(|_| Error::parse(&path, "PM QoS resume latency", &text))
+    }
+
+    pub fn set_pm_qos_resume_latency(&self, cpu: usize, value: PmQosLatency) -> Result<()> {
+        write_file(&self.pm_qos_path(cpu), &value.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    fn put(root: &Path, rel: &str, text: &str) {
+        let p = root.join(rel);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(p, text).unwrap();
+    }
+
+    /// Like this guest: cpuidle dir with driver "none", no per-CPU states, haltpoll loaded.
+    fn this_guest() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let r = dir.path();
+        put(r, "devices/system/cpu/online", "0-1\n");
+        put(r, "devices/system/cpu/possible", "0-1\n");
+        put(r, "devices/system/cpu/cpuidle/current_driver", "none\n");
+        put(r, "devices/system/cpu/cpuidle/current_governor", "menu\n");
+        for cpu in 0..2 {
+            put(r, &format!("devices/system/cpu/cpu{cpu}/power/pm_qos_resume_latency_us"), "0\n");
+        }
+        for (name, v) in [("guest_halt_poll_ns", "200000"), ("guest_halt_poll_grow", "2"), ("guest_halt_poll_allow_shrink", "Y")] {
+            put(r, &format!("module/haltpoll/parameters/{name}"), &format!("{v}\n"));
+        }
+        dir
+    }
+
+    #[test]
+    fn reads_a_guest_without_cpuidle_driver() {
+        let dir = this_guest();
+        let s = SysFs::new(dir.path());
+        assert_eq!(s.online_cpus().unwrap().to_string(), "0-1");
+        assert_eq!(s.possible_cpus().unwrap().len(), 2);
+        assert_eq!(s.cpuidle_driver().unwrap(), None);
+        assert_eq!(s.cpuidle_governor().unwrap().as_deref(), Some("menu"));
+        assert!(s.cpuidle_states(0).unwrap().is_empty());
+    }
+
+    #[test]
+    fn reads_cpuidle_states_in_index_order() {
+        let dir = this_guest();
+        let r = dir.path();
+        for (i, name, lat) in [(1, "HALT", "1"), (0, "POLL", "0"), (10, "C6", "100")] {
+            let d = format!("devices/system/cpu/cpu0/cpuidle/state{i}");
+            put(r, &format!("{d}/name"), &format!("{name}\n"));
+            put(r, &format!("{d}/usage"), "42\n");
+            put(r, &format!("{d}/time"), "1000\n");
+            put(r, &format!("{d}/latency"), &format!("{lat}\n"));
+            put(r, &format!("{d}/disable"), if i == 10 { "1\n" } else { "0\n" });
+        }
+        let st = SysFs::new(r).cpuidle_states(0).unwrap();
+        assert_eq!(st.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), vec!["POLL", "HALT", "C6"]);
+        assert_eq!((st[2].latency_us, st[2].disabled, st[0].usage), (100, true, 42));
+        put(r, "devices/system/cpu/cpu0/cpuidle/state1/usage", "lots\n");
+        assert!(matches!(SysFs::new(r).cpuidle_states(0), Err(Error::Parse { .. })));
+    }
+
+    #[test]
+    fn haltpoll_params_round_trip() {
+        let dir = this_guest();
+        let s = SysFs::new(dir.path());
+        let params = s.haltpoll_params().unwrap();
+        assert_eq!(params.get("guest_halt_poll_ns").map(String::as_str), Some("200000"));
+        s.set_haltpoll_param("guest_halt_poll_ns", "50000").unwrap();
+        assert_eq!(s.haltpoll_param("guest_halt_poll_ns").unwrap(), "50000");
+        assert!(s.set_haltpoll_param("../../evil", "1").is_err());
+        assert!(s.haltpoll_param("guest_halt_poll_missing").unwrap_err().is_not_found());
+        assert!(SysFs::new("/nonexistent-root").haltpoll_params().unwrap().is_empty());
+    }
+
+    #[test]
+    fn pm_qos_values_round_trip_kernel_strings() {
+        let dir = this_guest();
+        let s = SysFs::new(dir.path());
+        assert_eq!(s.pm_qos_resume_latency(1).unwrap(), PmQosLatency::NoConstraint);
+        for v in [PmQosLatency::ZeroLatency, PmQosLatency::Us(20), PmQosLatency::NoConstraint] {
+            s.set_pm_qos_resume_latency(1, v).unwrap();
+            assert_eq!(s.pm_qos_resume_latency(1).unwrap(), v);
+        }
+        assert_eq!(fs::read_to_string(s.pm_qos_path(1)).unwrap(), "0");
+        for bad in ["", "-1", "abc", "3000000000"] {
+            assert!(bad.parse::<PmQosLatency>().is_err(), "{bad}");
+        }
+        let json = serde_json::to_string(&PmQosLatency::ZeroLatency).unwrap();
+        assert_eq!(json, "\"n/a\"");
+    }
+}
