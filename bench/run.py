@@ -30,7 +30,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("suite", choices=sorted(SUITES), help="which suite to run")
     parser.add_argument("--reps", type=int, help="repetitions per configuration (default: the suite's, 5)")
     parser.add_argument("--workloads", help="comma-separated subset of the suite's workloads")
-    parser.add_argument("--configs", help=f"comma-separated subset of: {','.join(CONFIG_NAMES)} (must include baseline)")
+    parser.add_argument("--configs",
+                        help=f"comma-separated subset of: {','.join(CONFIG_NAMES)} (must include baseline)")
     parser.add_argument("--gleaner", type=Path, default=preflight.DEFAULT_GLEANER, help="gleaner CLI binary")
     parser.add_argument("--results-dir", type=Path, default=preflight.REPO_ROOT / "results")
     parser.add_argument("--no-setup", action="store_true", help="never run bench/setup.sh; just say what is missing")

@@ -79,6 +79,14 @@ def json_number(report: dict, key: str) -> float:
     return float(value)
 
 
+TIMELINE_FIELDS = ("t_s", "active", "n_active")
+
+
+def compact_timeline(rows: list[dict]) -> list[dict]:
+    """Only the documented fields: per-run timelines stay small in the results JSON."""
+    return [{key: row[key] for key in TIMELINE_FIELDS} for row in rows]
+
+
 def read_timeline(path: Path) -> list[dict]:
     """Rows of a `gleaner run --timeline` JSONL file: t_s, n_active, active (+ extras).
 
@@ -97,7 +105,7 @@ def read_timeline(path: Path) -> list[dict]:
             row = json.loads(line)
         except json.JSONDecodeError as error:
             raise ParseError(f"{path}:{number}: not JSON ({error.msg})") from error
-        if not isinstance(row, dict) or not all(key in row for key in ("t_s", "active", "n_active")):
+        if not isinstance(row, dict) or not all(key in row for key in TIMELINE_FIELDS):
             raise ParseError(f"{path}:{number}: expected an object with t_s, active, n_active")
         rows.append(row)
     return rows

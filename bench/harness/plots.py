@@ -9,6 +9,7 @@ returns the path written, or None with the reason when there is nothing to plot.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import matplotlib
@@ -53,23 +54,41 @@ def speedup_bars(results: dict, path: Path) -> Path | None:
     return path
 
 
+# Keys that name a list item in a series label (e.g. a probe point's setting and gap).
+LABEL_KEYS = ("name", "label", "kind", "setting", "gap_ns")
+_QUANTILE_KEY = re.compile(r"^(?:p(\d+(?:_\d+)?)|min|max)(?:_(ns|us|ms))?$")
+
+
+def quantile_of(key: str) -> float | None:
+    """`p50`/`p50_ns` -> 0.5, `p99_9` -> 0.999, `min` -> 0, `max_ns` -> 1; else None."""
+    match = _QUANTILE_KEY.match(str(key).lower())
+    if not match:
+        return None
+    if match.group(1) is None:
+        return 0.0 if str(key).lower().startswith("min") else 1.0
+    value = float(match.group(1).replace("_", "."))
+    return value / 100 if 0 < value <= 100 else None
+
+
 def latency_series(probe: object, prefix: str = "") -> list[tuple[str, list[tuple[float, float]]]]:
     """(label, [(latency, cumulative fraction)]) series found anywhere in a probe JSON.
 
-    The probe's schema belongs to the gleaner CLI; rather than pin it, accept the two
-    shapes a latency result can take: a list of raw samples under a key mentioning
-    "samples", and an object of percentiles keyed `pNN` (e.g. p50, p99, p99_9).
+    `gleaner probe --json` reports, per (setting, gap) point, nearest-rank percentiles
+    (`min_ns`, `p50_ns`, `p90_ns`, `p99_ns`, `max_ns`); an object with at least two
+    such keys becomes one series. A list of raw numbers under a key mentioning
+    "samples" becomes an empirical CDF, should the probe ever include raw samples.
     """
     found: list[tuple[str, list[tuple[float, float]]]] = []
     if isinstance(probe, dict):
-        percentiles = []
+        quantiles = [
+            (float(value), quantile_of(key))
+            for key, value in probe.items()
+            if _is_number(value) and quantile_of(key) is not None
+        ]
+        if len(quantiles) >= 2:
+            found.append((prefix or "probe", sorted(quantiles)))
         for key, value in probe.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and _percentile_of(key) is not None:
-                percentiles.append((float(value), _percentile_of(key)))
-        if len(percentiles) >= 2:
-            found.append((prefix or "probe", sorted(percentiles)))
-        for key, value in probe.items():
-            label = f"{prefix}.{key}" if prefix else str(key)
+            label = f"{prefix} {key}".strip() if key != "latency" else prefix
             numbers = _numbers(value)
             if "sample" in str(key).lower() and numbers:
                 ordered = sorted(numbers)
@@ -79,26 +98,18 @@ def latency_series(probe: object, prefix: str = "") -> list[tuple[str, list[tupl
     elif isinstance(probe, list):
         for index, item in enumerate(probe):
             if isinstance(item, dict):
-                name = item.get("name") or item.get("label") or item.get("kind") or index
-                found += latency_series(item, f"{prefix}[{name}]" if prefix else str(name))
+                name = " ".join(f"{item[key]}" if key != "gap_ns" else f"gap {item[key] / 1000:g}us"
+                                for key in LABEL_KEYS if key in item) or str(index)
+                found += latency_series(item, name)
     return found
 
 
-def _percentile_of(key: str) -> float | None:
-    """`p50` -> 0.5, `p99_9` -> 0.999; None for other keys."""
-    key = str(key).lower()
-    if not key.startswith("p") or len(key) < 2:
-        return None
-    digits = key[1:].replace("_", ".")
-    try:
-        value = float(digits)
-    except ValueError:
-        return None
-    return value / 100 if 0 < value <= 100 else None
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _numbers(value: object) -> list[float]:
-    if isinstance(value, list) and value and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value):
+    if isinstance(value, list) and value and all(_is_number(x) for x in value):
         return [float(x) for x in value]
     return []
 
@@ -113,7 +124,7 @@ def latency_cdf(probe: object, path: Path) -> Path | None:
         ys = [y for _, y in points]
         axes.step(xs, ys, where="post", label=label, marker="." if len(points) < 20 else None)
     axes.set_xscale("log")
-    axes.set_xlabel("wake latency (units as reported by gleaner probe)")
+    axes.set_xlabel("wake latency (ns; points are min, p50, p90, p99, max)")
     axes.set_ylabel("cumulative fraction")
     axes.set_title("wake-latency CDF (gleaner probe)")
     axes.legend(fontsize="x-small")
@@ -169,7 +180,7 @@ def idle_vs_speedup(results: dict, path: Path) -> Path | None:
         if xs:
             plotted = True
             axes.scatter(xs, ys, label=config)
-            for x, y, name in zip(xs, ys, names):
+            for x, y, name in zip(xs, ys, names, strict=True):
                 axes.annotate(name, (x, y), fontsize=6, alpha=0.7)
     if not plotted:
         plt.close(figure)

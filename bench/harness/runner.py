@@ -40,6 +40,7 @@ class Options:
     results_dir: Path
     haltpoll: HaltpollStatus
     haltpoll_anyway: bool = False
+    haltpoll_param: Path = PARAM_PATH  # tests point this at a fake file
 
 
 def log(message: str) -> None:
@@ -83,7 +84,9 @@ def host_info(haltpoll: HaltpollStatus) -> dict:
     }
 
 
-def measure_once(workload: Workload, config: Config, rep: int, ctx: RunContext, scratch: Path) -> dict:
+def measure_once(
+    workload: Workload, config: Config, rep: int, ctx: RunContext, scratch: Path, haltpoll_param: Path = PARAM_PATH
+) -> dict:
     """One run of `workload` under `config`; failures become records, not exceptions."""
     timeline_path = scratch / f"timeline-{workload.name}-{config.name}-{rep}.jsonl" if config.records_timeline else None
     record: dict = {"config": config.name, "rep": rep, "ok": False, "value": None, "wall_s": None,
@@ -94,7 +97,7 @@ def measure_once(workload: Workload, config: Config, rep: int, ctx: RunContext, 
 
     try:
         if config.sets_haltpoll:
-            with ParamOverride(PARAM_PATH, str(HALT_POLL_NS), ctx.stack):
+            with ParamOverride(haltpoll_param, str(HALT_POLL_NS), ctx.stack):
                 measurement = workload.measure(ctx, wrap)
         else:
             measurement = workload.measure(ctx, wrap)
@@ -104,7 +107,7 @@ def measure_once(workload: Workload, config: Config, rep: int, ctx: RunContext, 
         record["error"] = str(error)
     if timeline_path is not None:
         try:
-            record["timeline"] = parse.read_timeline(timeline_path)
+            record["timeline"] = parse.compact_timeline(parse.read_timeline(timeline_path))
         except parse.ParseError as error:
             # A missing timeline makes the run incomplete even if the metric parsed.
             record.update(ok=False, error=(record["error"] or "") + f" timeline: {error}")
@@ -206,8 +209,9 @@ def run_suite(options: Options, stack: CleanupStack) -> list[Path]:
     scratch = Path(tempfile.mkdtemp(prefix="gleaner-bench-"))
     ctx = RunContext(options.gleaner, stack, scratch, read_idle)
     total_runs = len(suite.workloads) * len(configs) * options.reps
+    estimate_min = suite.estimate_s(len(configs), options.reps) / 60
     log(f"suite {suite.name}: {len(suite.workloads)} workloads x {len(configs)} configurations x "
-        f"{options.reps} reps = {total_runs} runs, estimated {suite.estimate_s(len(configs), options.reps) / 60:.1f} min")
+        f"{options.reps} reps = {total_runs} runs, estimated {estimate_min:.1f} min")
     done = 0
     with stack.scoped(f"remove {scratch}", lambda: shutil.rmtree(scratch, ignore_errors=True)):
         if uses_gleaner:
@@ -221,7 +225,7 @@ def run_suite(options: Options, stack: CleanupStack) -> list[Path]:
                 workload.prepare(ctx)
                 for rep, config in interleave(configs, options.reps):
                     done += 1
-                    run = measure_once(workload, config, rep, ctx, scratch)
+                    run = measure_once(workload, config, rep, ctx, scratch, options.haltpoll_param)
                     record["runs"].append(run)
                     outcome = (f"{run['value']:.4g} {workload.unit} in {run['wall_s']:.1f} s" if run["ok"]
                                else f"FAILED: {run['error']}")

@@ -96,8 +96,8 @@ class Suite:
 
 def _pipeline(label: str, work: int, seconds: float) -> Workload:
     return bundled(
-        f"pipeline-{label}", "pipeline", "items/s", seconds, ["--phases", f"{label}:{seconds:g}s"],
-        f"work {work} per item",
+        f"pipeline-{label}", "pipeline", "items/s", seconds, ["--work", str(work), "--duration", f"{seconds:g}s"],
+        f"{label}-grained: {work} hash iterations per item per stage",
     )
 
 

@@ -111,7 +111,9 @@ def _substitute(argv: list[str], ctx: RunContext) -> list[str]:
 class CommandWorkload(Workload):
     """A single command whose output (or wall time) yields the metric."""
 
-    def __init__(self, *args, argv: list[str], metric_of: Callable[[str, float], float], capture: bool = True, **kwargs):
+    def __init__(
+        self, *args, argv: list[str], metric_of: Callable[[str, float], float], capture: bool = True, **kwargs
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.argv = argv  # may contain {gleaner} and {workdir}
         self.metric_of = metric_of  # (output, wall seconds) -> metric

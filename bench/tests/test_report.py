@@ -1,0 +1,85 @@
+"""Summaries and the Markdown table, built from a hand-made results dictionary."""
+
+import pytest
+
+from harness import report
+
+
+def run(config, rep, value, idle=None, ok=True, error=None):
+    return {"config": config, "rep": rep, "ok": ok, "value": value, "wall_s": 1.0,
+            "idle_per_s": idle, "timeline": None, "error": error}
+
+
+@pytest.fixture
+def results():
+    workload = {
+        "name": "sysbench-threads", "description": "threads", "metric": "events", "unit": "events/s",
+        "higher_is_better": True, "error": None,
+        "runs": [
+            run("baseline", 0, 100.0, {"0": 10.0, "1": 30.0}),
+            run("gleaner", 0, 150.0, {"0": 1.0, "1": 3.0}),
+            run("baseline", 1, 120.0, {"0": 20.0, "1": 40.0}),
+            run("gleaner", 1, 0.0, ok=False, error="exit status 1: boom"),
+            run("baseline", 2, 110.0, {"0": 15.0, "1": 35.0}),
+            run("gleaner", 2, 165.0, {"0": 2.0, "1": 4.0}),
+        ],
+    }
+    timed = {
+        "name": "sysbench-mutex", "description": "mutex", "metric": "total time", "unit": "s",
+        "higher_is_better": False, "error": None,
+        "runs": [run("baseline", 0, 2.0), run("gleaner", 0, 1.0)],
+    }
+    broken = {"name": "oltp-c4", "description": "oltp", "metric": "transactions", "unit": "tx/s",
+              "higher_is_better": True, "error": "setup failed: no mysql user", "runs": []}
+    for entry in (workload, timed, broken):
+        entry["summary"] = report.summarise_workload(entry, ["baseline", "gleaner"])
+    return {
+        "suite": "quick", "started": "2026-01-01T00:00:00", "finished": "2026-01-01T00:05:00", "reps": 3,
+        "host": {"nproc": 2, "kernel": "6.18", "cpuidle_driver": "none"},
+        "load": {"before": [0.9, 0.5, 0.2], "threshold": 0.3, "warning": "busy"},
+        "idle_source": "timer_list",
+        "configs": [
+            {"name": "baseline", "description": "as is", "status": "ran", "reason": ""},
+            {"name": "gleaner", "description": "gleaner run", "status": "ran", "reason": ""},
+            {"name": "haltpoll", "description": "halt poll", "status": "skipped",
+             "reason": "cpuidle driver is 'none'", "note": "ineffective"},
+        ],
+        "workloads": [workload, timed, broken],
+        "notes": [],
+    }
+
+
+def test_summary_ignores_failed_runs_and_computes_speedup(results):
+    summary = results["workloads"][0]["summary"]
+    baseline = summary["baseline"]
+    assert (baseline["median"], baseline["min"], baseline["max"]) == (110.0, 100.0, 120.0)
+    assert summary["gleaner"]["runs"] == 3 and summary["gleaner"]["ok"] == 2
+    assert summary["gleaner"]["median"] == pytest.approx(157.5)
+    assert summary["gleaner"]["speedup"] == pytest.approx(157.5 / 110.0)
+    assert summary["baseline"]["idle_per_s_per_vcpu"] == pytest.approx(25.0)  # median of 20, 30, 25
+    assert summary["gleaner"]["idle_per_s_per_vcpu"] == pytest.approx(2.5)
+
+
+def test_lower_is_better_speedup(results):
+    assert results["workloads"][1]["summary"]["gleaner"]["speedup"] == pytest.approx(2.0)
+
+
+def test_markdown_table_rows_and_warnings(results):
+    text = report.markdown(results)
+    assert "| workload | baseline | gleaner |" in text
+    assert "| sysbench-threads (events/s ↑) | 110 [100–120] ×1.00 | 158 [150–165] ×1.43 (1 failed) |" in text
+    assert "| sysbench-mutex (s ↓) | 2.00 [2.00–2.00] ×1.00 | 1.00 [1.00–1.00] ×2.00 |" in text
+    assert "not run: setup failed: no mysql user" in text
+    assert "WARNING: 1-minute load average was 0.90" in text
+    assert "`haltpoll`: halt poll (ineffective) — **skipped: cpuidle driver is 'none'**" in text
+    assert "sysbench-threads / gleaner rep 1: exit status 1: boom" in text
+    assert "Only 3 repetition(s)" in text
+    assert "| sysbench-threads | 25.0 | 2.50 |" in text
+
+
+def test_markdown_quiet_machine_has_no_warning(results):
+    results["load"] = {"before": [0.05, 0.1, 0.1], "threshold": 0.3, "warning": None}
+    results["reps"] = 5
+    text = report.markdown(results)
+    assert "WARNING" not in text and "Only" not in text
+    assert "1-minute load average before the suite: 0.05." in text

@@ -1,0 +1,47 @@
+"""Medians, ranges, speedup direction and number formatting."""
+
+import pytest
+
+from harness.stats import Summary, format_value, speedup, summarise
+
+
+def test_summarise_odd_and_even_counts():
+    assert summarise([3.0, 1.0, 2.0]) == Summary(3, 2.0, 1.0, 3.0)
+    assert summarise([4.0, 1.0, 2.0, 3.0]) == Summary(4, 2.5, 1.0, 4.0)
+
+
+def test_summarise_empty_is_none():
+    assert summarise([]) is None
+
+
+def test_speedup_higher_is_better_uses_config_range():
+    base = Summary(5, 100.0, 90.0, 110.0)
+    mine = Summary(5, 150.0, 120.0, 160.0)
+    result = speedup(mine, base, higher_is_better=True)
+    assert result.median == pytest.approx(1.5)
+    assert result.low == pytest.approx(1.2)
+    assert result.high == pytest.approx(1.6)
+
+
+def test_speedup_lower_is_better_inverts_and_swaps_range():
+    base = Summary(5, 10.0, 9.0, 11.0)
+    mine = Summary(5, 5.0, 4.0, 8.0)
+    result = speedup(mine, base, higher_is_better=False)
+    assert result.median == pytest.approx(2.0)
+    assert result.low == pytest.approx(10.0 / 8.0)  # slowest run is the worst speedup
+    assert result.high == pytest.approx(2.5)
+
+
+def test_speedup_with_zero_is_none():
+    zero = Summary(1, 0.0, 0.0, 0.0)
+    some = Summary(1, 1.0, 1.0, 1.0)
+    assert speedup(some, zero, higher_is_better=True) is None
+    assert speedup(zero, some, higher_is_better=False) is None
+
+
+@pytest.mark.parametrize(
+    "value, text",
+    [(1234567.0, "1,234,567"), (123.4, "123"), (12.34, "12.3"), (1.234, "1.23"), (0.01234, "0.0123"), (0.0, "0")],
+)
+def test_format_value(value, text):
+    assert format_value(value) == text
