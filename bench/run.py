@@ -98,6 +98,7 @@ def main(argv: list[str]) -> int:
                 run_timeline=any(config.records_timeline for config in runnable),
                 modes=tuple(mode for config in runnable for mode in preflight.GLEANER_MODES if mode in config.prefix),
                 probe=uses_gleaner,
+                probe_flags=tuple(preflight.long_flags(list(suite.probe_args))),
                 workloads=bundled + phase,
             )
             preflight.check_gleaner(args.gleaner, needs)

@@ -83,6 +83,7 @@ class GleanerNeeds:
     run_timeline: bool = False
     modes: tuple[str, ...] = ()
     probe: bool = False
+    probe_flags: tuple[str, ...] = ()
     workloads: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (subcommand, flags)
 
 
@@ -106,8 +107,10 @@ def check_gleaner(gleaner: Path, needs: GleanerNeeds) -> None:
             problems += [f"`gleaner run --mode {mode}`" for mode in needs.modes if mode not in run_help]
     if needs.probe:
         probe_help = _help(gleaner, "probe")
-        if probe_help is None or "--json" not in probe_help:
-            problems.append("`gleaner probe --json`")
+        if probe_help is None:
+            problems.append("`gleaner probe`")
+        else:
+            problems += [f"`gleaner probe {flag}`" for flag in ("--json", *needs.probe_flags) if flag not in probe_help]
     for subcommand, flags in needs.workloads:
         workload_help = _help(gleaner, "workload", subcommand)
         if workload_help is None:

@@ -135,15 +135,16 @@ def phase_run(options: Options, ctx: RunContext, scratch: Path) -> dict:
     return block
 
 
-def probe(ctx: RunContext) -> dict:
+def probe(ctx: RunContext, extra_args: tuple[str, ...]) -> dict:
     """`gleaner probe --json`, parsed; errors are recorded, not raised."""
+    argv = [str(ctx.gleaner), "probe", "--json", *extra_args]
     try:
-        result = proc.run([str(ctx.gleaner), "probe", "--json"], ctx.stack, 120)
+        result = proc.run(argv, ctx.stack, 300)
         if result.returncode != 0:
-            return {"error": f"exit status {result.returncode}: {proc.tail(result.output)}"}
-        return {"result": json.loads(result.stdout)}
+            return {"argv": argv, "error": f"exit status {result.returncode}: {proc.tail(result.output)}"}
+        return {"argv": argv, "result": json.loads(result.stdout)}
     except (proc.CommandError, json.JSONDecodeError) as error:
-        return {"error": f"gleaner probe --json: {error}"}
+        return {"argv": argv, "error": f"gleaner probe --json: {error}"}
 
 
 def write_outputs(results: dict, stem: Path, with_plots: bool) -> list[Path]:
@@ -215,8 +216,10 @@ def run_suite(options: Options, stack: CleanupStack) -> list[Path]:
     done = 0
     with stack.scoped(f"remove {scratch}", lambda: shutil.rmtree(scratch, ignore_errors=True)):
         if uses_gleaner:
-            log("gleaner probe --json")
-            results["probe"] = probe(ctx)
+            log("gleaner probe --json (wake-latency table)")
+            results["probe"] = probe(ctx, suite.probe_args)
+            if results["probe"].get("error"):
+                log(f"probe failed: {results['probe']['error']}")
         for workload in suite.workloads:
             record = workload.describe() | {"runs": [], "error": None}
             results["workloads"].append(record)

@@ -49,13 +49,15 @@ def test_capable_gleaner_passes(fake_gleaner):
 
 def test_missing_mode_subcommand_and_flag_are_all_listed(fake_gleaner):
     needs = preflight.GleanerNeeds(
-        modes=("always-yield",), workloads=(("pipeline", ("--phases",)), ("matmul", ("--duration",))))
+        modes=("always-yield",), probe=True, probe_flags=("--samples",),
+        workloads=(("pipeline", ("--phases",)), ("matmul", ("--duration",))))
     with pytest.raises(preflight.PreflightError) as error:
         preflight.check_gleaner(fake_gleaner, needs)
     message = str(error.value)
     assert "`gleaner run --mode always-yield`" in message
     assert "`gleaner workload pipeline --phases`" in message
     assert "`gleaner workload matmul`" in message
+    assert "`gleaner probe --samples`" in message and "`gleaner probe --json`" not in message
     assert "cargo build --release -p gleaner" in message
 
 
