@@ -1,0 +1,240 @@
+//! `pingpong`: two threads passing a token through a raw futex.
+//!
+//! This isolates the cost the paper is about: one thread blocks in
+//! `FUTEX_WAIT`, the other wakes it with `FUTEX_WAKE`, and in a VM the wakeup
+//! of an idle vCPU costs an IPI plus a VM exit/entry. Each round trip (ping
+//! hands the token over and waits for it to come back) is timed, so the report
+//! carries p50/p90/p99 round-trip latency. The futex is used directly (not a
+//! std primitive) so no spinning hides the blocking.
+
+use std::io;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::thread;
+use std::time::Instant;
+
+use crate::harness::{join, spawn_gated, StartGate};
+use crate::phase::Length;
+use crate::report::{rate, LatencySummary, PhaseReport, Report};
+use crate::WorkloadError;
+
+/// Parameters of a pingpong run.
+#[derive(Debug, Clone)]
+pub struct PingpongConfig {
+    /// Number of round trips, or how long to keep bouncing.
+    pub length: Length,
+}
+
+/// Token values stored in the futex word.
+const PING_TURN: u32 = 0;
+const PONG_TURN: u32 = 1;
+const STOP: u32 = 2;
+
+/// Blocks while `word == expected`. Spurious returns (value already changed,
+/// signal) are not errors: callers re-check the word in a loop.
+fn futex_wait(word: &AtomicU32, expected: u32) -> Result<(), WorkloadError> {
+    // SAFETY: `word` is a valid, aligned u32 for the duration of the call; a
+    // null timeout means wait without a deadline.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            expected,
+            std::ptr::null::<libc::timespec>(),
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let error = io::Error::last_os_error();
+    match error.raw_os_error() {
+        Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(()),
+        _ => Err(WorkloadError::Futex {
+            operation: "FUTEX_WAIT",
+            source: error,
+        }),
+    }
+}
+
+/// Wakes one waiter on `word` (if any).
+fn futex_wake(word: &AtomicU32) -> Result<(), WorkloadError> {
+    // SAFETY: `word` is a valid, aligned u32; FUTEX_WAKE only uses its address.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            1,
+        )
+    };
+    if rc < 0 {
+        return Err(WorkloadError::Futex {
+            operation: "FUTEX_WAKE",
+            source: io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}
+
+/// Sets the word to STOP and wakes the partner when a side leaves, on every
+/// exit path, so an error on one side cannot leave the other blocked forever.
+struct StopOnDrop<'a>(&'a AtomicU32);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(STOP, Ordering::Release);
+        // Nothing useful can be done with a failed wake while unwinding out.
+        let _ = futex_wake(self.0);
+    }
+}
+
+/// The measuring side: hands the token over and times until it returns.
+fn ping(word: &AtomicU32, length: Length) -> Result<Vec<u64>, WorkloadError> {
+    let _stop = StopOnDrop(word);
+    let deadline = match length {
+        Length::Duration(duration) => Some(Instant::now() + duration),
+        Length::Count(_) => None,
+    };
+    let rounds = match length {
+        Length::Count(n) => n,
+        Length::Duration(_) => u64::MAX,
+    };
+    let mut samples = Vec::with_capacity(rounds.min(1 << 20) as usize);
+    for _ in 0..rounds {
+        let sent = Instant::now();
+        if deadline.is_some_and(|d| sent >= d) {
+            break;
+        }
+        // Compare-exchange rather than store, so a STOP written by a failing
+        // partner is never overwritten.
+        if word
+            .compare_exchange(PING_TURN, PONG_TURN, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return Err(WorkloadError::PartnerStopped);
+        }
+        futex_wake(word)?;
+        loop {
+            match word.load(Ordering::Acquire) {
+                PING_TURN => break,
+                PONG_TURN => futex_wait(word, PONG_TURN)?,
+                _ => return Err(WorkloadError::PartnerStopped),
+            }
+        }
+        samples.push(u64::try_from(sent.elapsed().as_nanos()).unwrap_or(u64::MAX));
+    }
+    Ok(samples)
+}
+
+/// The echoing side: returns the token each time it arrives; counts hand-backs.
+fn pong(word: &AtomicU32) -> Result<u64, WorkloadError> {
+    let _stop = StopOnDrop(word);
+    let mut returned = 0u64;
+    loop {
+        match word.load(Ordering::Acquire) {
+            PONG_TURN => {
+                if word
+                    .compare_exchange(PONG_TURN, PING_TURN, Ordering::AcqRel, Ordering::Acquire)
+                    .is_err()
+                {
+                    return Ok(returned); // ping stopped meanwhile
+                }
+                futex_wake(word)?;
+                returned += 1;
+            }
+            PING_TURN => futex_wait(word, PING_TURN)?,
+            _ => return Ok(returned),
+        }
+    }
+}
+
+/// Runs the pingpong workload and returns its report.
+pub fn pingpong(cfg: &PingpongConfig) -> Result<Report, WorkloadError> {
+    if cfg.length == Length::Count(0) {
+        return Err(WorkloadError::ZeroParameter { name: "rounds" });
+    }
+    let word = AtomicU32::new(PING_TURN);
+    let gate = StartGate::new();
+
+    thread::scope(|scope| {
+        let word = &word;
+        let length = cfg.length;
+        let pong_handle = spawn_gated(scope, &gate, "gw-pong".into(), move || pong(word))?;
+        let ping_handle = spawn_gated(scope, &gate, "gw-ping".into(), move || ping(word, length))?;
+        gate.open();
+        let start = Instant::now();
+        let samples = join(ping_handle)?;
+        let returned = join(pong_handle)?;
+        let elapsed = start.elapsed();
+        // Pong's own error explains a PartnerStopped from ping, so report it first.
+        let returned = returned?;
+        let samples = samples?;
+        let rounds = samples.len() as u64;
+        if returned != rounds {
+            return Err(WorkloadError::PingpongMismatch {
+                sent: rounds,
+                returned,
+            });
+        }
+
+        Ok(Report {
+            workload: "pingpong".into(),
+            threads: 2,
+            unit: "round_trips".into(),
+            ops: rounds,
+            elapsed_s: elapsed.as_secs_f64(),
+            throughput_per_s: rate(rounds, elapsed),
+            checksum: None,
+            phases: vec![PhaseReport {
+                label: "run".into(),
+                work: None,
+                ops: rounds,
+                elapsed_s: elapsed.as_secs_f64(),
+                throughput_per_s: rate(rounds, elapsed),
+            }],
+            stage_items: None,
+            latency_ns: LatencySummary::from_samples(samples),
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn counted_run_does_exact_round_trips_with_ordered_percentiles() {
+        let report = pingpong(&PingpongConfig {
+            length: Length::Count(300),
+        })
+        .unwrap();
+        assert_eq!(report.ops, 300);
+        let latency = report.latency_ns.unwrap();
+        assert_eq!(latency.samples, 300);
+        assert!(latency.p50 > 0);
+        assert!(
+            latency.p50 <= latency.p90 && latency.p90 <= latency.p99 && latency.p99 <= latency.max
+        );
+    }
+
+    #[test]
+    fn timed_run_stops() {
+        let report = pingpong(&PingpongConfig {
+            length: Length::Duration(Duration::from_millis(30)),
+        })
+        .unwrap();
+        assert!(report.elapsed_s >= 0.030);
+        assert_eq!(report.latency_ns.map(|l| l.samples), Some(report.ops));
+    }
+
+    #[test]
+    fn rejects_zero_rounds() {
+        assert!(matches!(
+            pingpong(&PingpongConfig {
+                length: Length::Count(0)
+            }),
+            Err(WorkloadError::ZeroParameter { name: "rounds" })
+        ));
+    }
+}
