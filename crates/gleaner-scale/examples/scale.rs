@@ -1,0 +1,21 @@
+//! Stand-alone `gleaner scale` for trying the crate before the CLI wires it in:
+//! `cargo run -p gleaner-scale --example scale -- --cpus 1,2 -- sh -c '...'`.
+
+use clap::Parser;
+
+#[derive(Parser)]
+#[command(name = "gleaner-scale", about = "Diagnose why a program stops scaling")]
+struct Cli {
+    #[command(flatten)]
+    args: gleaner_scale::ScaleArgs,
+}
+
+fn main() -> std::process::ExitCode {
+    match gleaner_scale::run(Cli::parse().args) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

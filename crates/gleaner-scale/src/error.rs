@@ -1,0 +1,39 @@
+//! Errors of `gleaner scale`, each a one-line message naming the problem and the fix.
+
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum ScaleError {
+    #[error("no command to measure: put it after `--`, e.g. `gleaner scale -- ./my-benchmark --threads 8`")]
+    MissingCommand,
+    #[error("--cpus 0 is not a CPU count: use counts from 1 up to {available}")]
+    ZeroCpus { available: usize },
+    #[error("--cpus {requested} exceeds the {available} CPUs this process may use: use counts up to {available}")]
+    TooManyCpus { requested: usize, available: usize },
+    #[error("--repeat 0 would measure nothing: use --repeat 1 or more")]
+    ZeroRepeat,
+    #[error("command not found: {program:?} is not an executable file nor on PATH; check the spelling or give a path")]
+    CommandNotFound { program: String },
+    #[error("argument {argument:?} contains a NUL byte; remove it")]
+    NulInArgument { argument: String },
+    #[error("cannot start {program:?}: {source}; check that it is executable")]
+    Exec { program: String, source: std::io::Error },
+    #[error("{what} failed: {source}")]
+    Io { what: &'static str, source: std::io::Error },
+    #[error("{what} failed: {source}")]
+    Os { what: &'static str, source: nix::Error },
+    #[error("the command exited with {status} at {cpus} CPU(s), run {run}; fix the command (its stderr is shown above) before measuring it")]
+    CommandFailed { cpus: usize, run: u32, status: String },
+    #[error("cannot read the CPU affinity of this process: {0}")]
+    Affinity(nix::Error),
+    #[error("cannot read {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("cannot parse {path}: {detail}")]
+    Parse { path: PathBuf, detail: String },
+    #[error("{path} has no entry for CPU {cpu}")]
+    MissingCpu { path: PathBuf, cpu: usize },
+    #[error("cannot write the plot {path}: {detail}; check that the directory exists and is writable")]
+    Plot { path: PathBuf, detail: String },
+}

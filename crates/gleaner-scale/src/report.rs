@@ -1,0 +1,601 @@
+//! Turns raw runs into the scaling report and shows it as a table, JSON or a PNG plot.
+//!
+//! Repeats are summarised by their median (robust to one disturbed run on a
+//! shared host); speedup is the 1-CPU median wall time over each count's.
+//! The same [`ScaleReport`] value feeds all three outputs, so the table, the
+//! JSON and the plot can never disagree.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use plotters::prelude::*;
+use serde::Serialize;
+
+use crate::classify::{classify, Diagnosis, ScalingPoint};
+use crate::error::ScaleError;
+use crate::fit::{fit_amdahl, fit_usl, AmdahlFit, SpeedupPoint, UslFit};
+use crate::run::{CounterPlan, EventRole, HardwareEvent, Measurement, SoftwareEvent};
+use crate::system::IdleCounterSource;
+
+/// How the measurement was set up (what the report's numbers mean).
+#[derive(Debug, Clone, Serialize)]
+pub struct Setup {
+    pub command: String,
+    pub allowed_cpus: Vec<usize>,
+    pub repeat: u32,
+    pub idle_source: IdleCounterSource,
+    pub counters: CounterPlan,
+}
+
+/// The summary of all runs at one CPU count. Counts are medians per run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub cpus: usize,
+    pub cpu_list: Vec<usize>,
+    pub wall_s: f64,
+    pub wall_s_min: f64,
+    pub wall_s_max: f64,
+    pub speedup: f64,
+    pub efficiency: f64,
+    /// Program CPU time over the vCPU time it was given (`wall * cpus`).
+    pub utilization: f64,
+    pub idle_entries_per_run: Option<f64>,
+    pub idle_entries_per_s: Option<f64>,
+    pub voluntary_switches: f64,
+    pub involuntary_switches: f64,
+    pub context_switches: Option<f64>,
+    pub migrations: Option<f64>,
+    pub task_clock_s: Option<f64>,
+    pub steal_fraction: Option<f64>,
+    pub hardware: BTreeMap<HardwareEvent, f64>,
+    /// Sum of payload hardware events (data misses) per run.
+    pub payload_events: Option<f64>,
+    /// Sum of overhead hardware events (instruction and TLB misses) per run.
+    pub overhead_events: Option<f64>,
+    pub runs: Vec<Measurement>,
+}
+
+/// A speedup the fitted USL predicts beyond the measured range.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelPrediction {
+    pub cpus: usize,
+    pub speedup: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Fits {
+    pub amdahl: Option<AmdahlFit>,
+    pub usl: Option<UslFit>,
+    /// CPU count where the USL speedup peaks, if it does.
+    pub usl_peak_cpus: Option<f64>,
+    /// Says that `predictions` come from the model, not from measurements.
+    pub predictions_note: &'static str,
+    pub predictions: Vec<ModelPrediction>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ScaleReport {
+    pub setup: Setup,
+    pub rows: Vec<Row>,
+    pub fits: Fits,
+    pub diagnosis: Diagnosis,
+}
+
+const PREDICTIONS_NOTE: &str = "USL model predictions, not measurements";
+
+/// Builds the report from `(cpus used, runs)` per CPU count, sorted by count
+/// with the 1-CPU baseline first.
+pub fn build(setup: Setup, per_count: Vec<(Vec<usize>, Vec<Measurement>)>) -> ScaleReport {
+    let baseline_wall = per_count
+        .first()
+        .map(|(_, runs)| median(runs.iter().map(|run| run.wall_s)).unwrap_or(f64::NAN))
+        .unwrap_or(f64::NAN);
+    let rows: Vec<Row> = per_count.into_iter().map(|(cpu_list, runs)| summarise(cpu_list, runs, baseline_wall)).collect();
+
+    let speedups: Vec<SpeedupPoint> =
+        rows.iter().map(|row| SpeedupPoint { cpus: row.cpus as f64, speedup: row.speedup }).collect();
+    let amdahl = fit_amdahl(&speedups);
+    let usl = fit_usl(&speedups);
+    let largest = rows.iter().map(|row| row.cpus).max().unwrap_or(1);
+    let predictions = usl
+        .map(|fit| {
+            [2, 4, 8]
+                .iter()
+                .map(|factor| ModelPrediction { cpus: largest * factor, speedup: fit.speedup((largest * factor) as f64) })
+                .collect()
+        })
+        .unwrap_or_default();
+    let fits = Fits {
+        amdahl,
+        usl,
+        usl_peak_cpus: usl.and_then(|fit| fit.peak_cpus()),
+        predictions_note: PREDICTIONS_NOTE,
+        predictions,
+    };
+
+    let points: Vec<ScalingPoint> = rows
+        .iter()
+        .map(|row| ScalingPoint {
+            cpus: row.cpus,
+            speedup: row.speedup,
+            idle_entries_per_s: row.idle_entries_per_s,
+            idle_entries_per_run: row.idle_entries_per_run,
+            payload_events: row.payload_events,
+            overhead_events: row.overhead_events,
+            steal_fraction: row.steal_fraction,
+            utilization: row.utilization,
+        })
+        .collect();
+    let diagnosis = classify(&points, fits.amdahl.as_ref(), fits.usl.as_ref());
+    ScaleReport { setup, rows, fits, diagnosis }
+}
+
+fn summarise(cpu_list: Vec<usize>, runs: Vec<Measurement>, baseline_wall: f64) -> Row {
+    let cpus = cpu_list.len();
+    let walls = || runs.iter().map(|run| run.wall_s);
+    let wall_s = median(walls()).unwrap_or(f64::NAN);
+    let all = |value: &dyn Fn(&Measurement) -> Option<f64>| -> Option<f64> {
+        let values: Option<Vec<f64>> = runs.iter().map(value).collect();
+        median(values?.into_iter())
+    };
+    let software = |event: SoftwareEvent| all(&|run: &Measurement| run.software.get(&event).map(|&v| v as f64));
+    let hardware: BTreeMap<HardwareEvent, f64> = HardwareEvent::ALL
+        .iter()
+        .filter_map(|&event| all(&|run: &Measurement| run.hardware.get(&event).map(|&v| v as f64)).map(|v| (event, v)))
+        .collect();
+    let role_sum = |role: EventRole| {
+        let events: Vec<HardwareEvent> = HardwareEvent::ALL.into_iter().filter(|e| e.role() == role).collect();
+        // Only when every event of the role was counted, so sums compare across rows.
+        events.iter().map(|event| hardware.get(event)).sum::<Option<f64>>()
+    };
+    let idle_entries_per_run = all(&|run: &Measurement| run.idle_entries.map(|v| v as f64));
+    let speedup = baseline_wall / wall_s;
+    Row {
+        cpus,
+        wall_s,
+        wall_s_min: walls().fold(f64::INFINITY, f64::min),
+        wall_s_max: walls().fold(f64::NEG_INFINITY, f64::max),
+        speedup,
+        efficiency: speedup / cpus as f64,
+        utilization: all(&|run: &Measurement| Some(run.cpu_s / (run.wall_s * cpus as f64))).unwrap_or(f64::NAN),
+        idle_entries_per_s: all(&|run: &Measurement| run.idle_entries.map(|v| v as f64 / run.wall_s)),
+        idle_entries_per_run,
+        voluntary_switches: all(&|run: &Measurement| Some(run.voluntary_switches as f64)).unwrap_or(f64::NAN),
+        involuntary_switches: all(&|run: &Measurement| Some(run.involuntary_switches as f64)).unwrap_or(f64::NAN),
+        context_switches: software(SoftwareEvent::ContextSwitches),
+        migrations: software(SoftwareEvent::CpuMigrations),
+        task_clock_s: software(SoftwareEvent::TaskClock).map(|ns| ns / 1e9),
+        steal_fraction: all(&|run: &Measurement| run.steal_s.map(|steal| steal / (run.wall_s * cpus as f64))),
+        payload_events: role_sum(EventRole::Payload),
+        overhead_events: role_sum(EventRole::Overhead),
+        hardware,
+        cpu_list,
+        runs,
+    }
+}
+
+/// Median of the values, `None` when there are none.
+fn median(values: impl Iterator<Item = f64>) -> Option<f64> {
+    let mut sorted: Vec<f64> = values.collect();
+    if sorted.is_empty() {
+        return None;
+    }
+    sorted.sort_by(f64::total_cmp);
+    let middle = sorted.len() / 2;
+    Some(if sorted.len() % 2 == 0 { (sorted[middle - 1] + sorted[middle]) / 2.0 } else { sorted[middle] })
+}
+
+/// Compact counts: 950, 12.3k, 4.56M.
+fn format_count(value: Option<f64>) -> String {
+    match value {
+        None => "-".to_string(),
+        Some(v) if !v.is_finite() => "-".to_string(),
+        Some(v) if v.abs() >= 1e9 => format!("{:.2}G", v / 1e9),
+        Some(v) if v.abs() >= 1e6 => format!("{:.2}M", v / 1e6),
+        Some(v) if v.abs() >= 1e4 => format!("{:.1}k", v / 1e3),
+        Some(v) => format!("{v:.0}"),
+    }
+}
+
+fn format_percent(value: Option<f64>) -> String {
+    value.filter(|v| v.is_finite()).map_or("-".to_string(), |v| format!("{:.0}%", v * 100.0))
+}
+
+/// Right-aligns every column to its widest cell.
+fn aligned(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let padded: Vec<String> =
+            cells.iter().zip(&widths).map(|(cell, &width)| format!("{cell:>width$}")).collect();
+        padded.join("  ").trim_end().to_string()
+    };
+    let mut out = line(header.iter().map(|h| h.to_string()).collect());
+    out.push('\n');
+    for row in rows {
+        out.push_str(&line(row.clone()));
+        out.push('\n');
+    }
+    out
+}
+
+/// The human-readable report: the per-count table, fits, diagnosis and notes.
+pub fn render_table(report: &ScaleReport) -> String {
+    let setup = &report.setup;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "gleaner scale: {}  ({} run(s) per CPU count, median shown)\n",
+        setup.command, setup.repeat
+    );
+    let hardware = !setup.counters.hardware.is_empty();
+    let mut header = vec![
+        "cpus", "wall_s", "spread", "speedup", "eff", "util", "idle/s", "vol_cs", "invol_cs", "ctx_sw", "migr",
+        "steal",
+    ];
+    if hardware {
+        header.extend(["IPC", "payload", "overhead"]);
+    }
+    let rows: Vec<Vec<String>> = report
+        .rows
+        .iter()
+        .map(|row| {
+            let mut cells = vec![
+                row.cpus.to_string(),
+                format!("{:.3}", row.wall_s),
+                format!("±{:.0}%", 50.0 * (row.wall_s_max - row.wall_s_min) / row.wall_s),
+                format!("{:.2}", row.speedup),
+                format_percent(Some(row.efficiency)),
+                format_percent(Some(row.utilization)),
+                format_count(row.idle_entries_per_s),
+                format_count(Some(row.voluntary_switches)),
+                format_count(Some(row.involuntary_switches)),
+                format_count(row.context_switches),
+                format_count(row.migrations),
+                format_percent(row.steal_fraction),
+            ];
+            if hardware {
+                let ipc = row
+                    .hardware
+                    .get(&HardwareEvent::Instructions)
+                    .zip(row.hardware.get(&HardwareEvent::Cycles))
+                    .map(|(instructions, cycles)| format!("{:.2}", instructions / cycles));
+                cells.extend([
+                    ipc.unwrap_or_else(|| "-".to_string()),
+                    format_count(row.payload_events),
+                    format_count(row.overhead_events),
+                ]);
+            }
+            cells
+        })
+        .collect();
+    out.push_str(&aligned(&header, &rows));
+    let _ = writeln!(
+        out,
+        "(idle/s: vCPU idle entries per second on the run's CPUs; counts are per run; \
+         spread: half the min-max range of wall time{})",
+        if hardware { "; payload: L1d misses, overhead: L1i + dTLB + iTLB misses" } else { "" }
+    );
+
+    out.push('\n');
+    let fits = &report.fits;
+    match &fits.amdahl {
+        Some(fit) => {
+            let limit = fit.speedup_limit().map_or("unbounded".to_string(), |l| format!("{l:.1}x"));
+            let _ = writeln!(
+                out,
+                "Amdahl: serial fraction s = {:.4}  (rms error {:.3}; speedup limit {limit})",
+                fit.serial_fraction, fit.rms_error
+            );
+        }
+        None => out.push_str("Amdahl: not fitted (needs a CPU count above 1)\n"),
+    }
+    match &fits.usl {
+        Some(fit) => {
+            let peak = fits
+                .usl_peak_cpus
+                .map(|p| format!("{p:.1} CPUs, speedup {:.2}", fit.speedup(p)))
+                .unwrap_or_else(|| match fit.sigma > 0.0 {
+                    true => format!("none: speedup rises toward {:.1}", 1.0 / fit.sigma),
+                    false => "none: linear".to_string(),
+                });
+            let held = if fit.kappa_held_at_zero { ", kappa held at 0: one CPU count above 1" } else { "" };
+            let _ = writeln!(
+                out,
+                "USL: sigma = {:.4}, kappa = {:.5}  (rms error {:.3}{held}); predicted peak: {peak}",
+                fit.sigma, fit.kappa, fit.rms_error
+            );
+        }
+        None => out.push_str("USL: not fitted (needs a CPU count above 1)\n"),
+    }
+    if !fits.predictions.is_empty() {
+        let predictions: Vec<String> =
+            fits.predictions.iter().map(|p| format!("{} CPUs -> {:.2}", p.cpus, p.speedup)).collect();
+        let _ = writeln!(out, "{}: {}", fits.predictions_note, predictions.join(", "));
+    }
+
+    let diagnosis = &report.diagnosis;
+    let _ = writeln!(out, "\nLimiter: {}", diagnosis.primary.limiter.describe());
+    for line in &diagnosis.primary.evidence {
+        let _ = writeln!(out, "  - {line}");
+    }
+    for finding in &diagnosis.also {
+        let _ = writeln!(out, "Also: {}", finding.limiter.describe());
+        for line in &finding.evidence {
+            let _ = writeln!(out, "  - {line}");
+        }
+    }
+    if let Some(suggestion) = &diagnosis.suggestion {
+        let _ = writeln!(out, "Next: {suggestion}");
+    }
+
+    let mut notes: Vec<String> = diagnosis.caveats.clone();
+    match &setup.idle_source {
+        IdleCounterSource::Unavailable(why) => notes.push(format!("idle transitions unavailable: {why}")),
+        source => notes.push(format!(
+            "idle entries from {}; they include other activity on those CPUs",
+            source.describe()
+        )),
+    }
+    notes.extend(setup.counters.notes.iter().cloned());
+    if !notes.is_empty() {
+        out.push_str("\nNotes:\n");
+        for note in notes {
+            let _ = writeln!(out, "  - {note}");
+        }
+    }
+    out
+}
+
+/// Draws speedup (measured, ideal, fits and the USL prediction) and the key
+/// counters against cores into a PNG at `path`.
+pub fn write_plot(report: &ScaleReport, path: &Path) -> Result<(), ScaleError> {
+    let plot_error = |detail: String| ScaleError::Plot { path: path.to_owned(), detail };
+    // The font is compiled in (DejaVu Sans), so plotting needs no system fonts.
+    plotters::style::register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular())
+        .map_err(|_| plot_error("the built-in font could not be loaded".to_string()))?;
+    let has_hardware = report.rows.iter().any(|row| row.payload_events.is_some() && row.overhead_events.is_some());
+    let panels = if has_hardware { 3 } else { 2 };
+    let root = BitMapBackend::new(path, (560 * panels as u32, 480)).into_drawing_area();
+    root.fill(&WHITE).map_err(|err| plot_error(err.to_string()))?;
+    let areas = root.split_evenly((1, panels));
+    draw_speedup(report, &areas[0]).map_err(|err| plot_error(err.to_string()))?;
+    draw_rates(report, &areas[1]).map_err(|err| plot_error(err.to_string()))?;
+    if has_hardware {
+        draw_events(report, &areas[2]).map_err(|err| plot_error(err.to_string()))?;
+    }
+    root.present().map_err(|err| plot_error(err.to_string()))
+}
+
+type PlotResult = Result<(), Box<dyn std::error::Error>>;
+/// A named, coloured series of `(cpus, value)` points.
+type Series<'a> = (&'a str, RGBColor, Vec<(f64, f64)>);
+type Area<'a> = DrawingArea<BitMapBackend<'a>, plotters::coord::Shift>;
+
+fn draw_speedup(report: &ScaleReport, area: &Area<'_>) -> PlotResult {
+    let largest = report.rows.iter().map(|row| row.cpus).max().unwrap_or(1) as f64;
+    // Extend to twice the measured range so the USL prediction is visible.
+    let x_max = (largest * 2.0).max(2.0);
+    let measured_max = report.rows.iter().map(|row| row.speedup).filter(|s| s.is_finite()).fold(1.0, f64::max);
+    let y_max = (measured_max.max(largest) * 1.15).max(1.5);
+    let mut chart = ChartBuilder::on(area)
+        .caption("Speedup vs CPUs", ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0.0..x_max, 0.0..y_max)?;
+    chart.configure_mesh().x_desc("CPUs").y_desc("speedup").label_style(("sans-serif", 14)).draw()?;
+
+    let steps = 200;
+    let xs = move || (0..=steps).map(move |i| 1.0 + (x_max - 1.0) * i as f64 / steps as f64);
+    chart
+        .draw_series(LineSeries::new([(1.0, 1.0), (x_max.min(y_max), x_max.min(y_max))], BLACK.mix(0.3)))?
+        .label("ideal")
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], BLACK.mix(0.3)));
+    if let Some(fit) = report.fits.amdahl {
+        chart
+            .draw_series(LineSeries::new(xs().map(|n| (n, fit.speedup(n))), GREEN.stroke_width(2)))?
+            .label(format!("Amdahl s={:.3}", fit.serial_fraction))
+            .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], GREEN.stroke_width(2)));
+    }
+    if let Some(fit) = report.fits.usl {
+        let within = xs().filter(|&n| n <= largest).map(|n| (n, fit.speedup(n)));
+        chart.draw_series(LineSeries::new(within, BLUE.stroke_width(2)))?;
+        let beyond = xs().filter(|&n| n >= largest).map(|n| (n, fit.speedup(n)));
+        chart
+            .draw_series(DashedLineSeries::new(beyond, 6, 4, BLUE.stroke_width(2)))?
+            .label(format!("USL σ={:.3} κ={:.4} (dashed: model prediction)", fit.sigma, fit.kappa))
+            .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], BLUE.stroke_width(2)));
+    }
+    let measured: Vec<(f64, f64)> = report
+        .rows
+        .iter()
+        .filter(|row| row.speedup.is_finite())
+        .map(|row| (row.cpus as f64, row.speedup))
+        .collect();
+    chart
+        .draw_series(measured.iter().map(|&point| Circle::new(point, 5, RED.filled())))?
+        .label("measured (median)")
+        .legend(|(x, y)| Circle::new((x + 9, y), 4, RED.filled()));
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .label_font(("sans-serif", 13))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.3))
+        .draw()?;
+    Ok(())
+}
+
+/// Draws several positive series on a log y axis; non-positive values are skipped.
+fn draw_log_series(
+    area: &Area<'_>,
+    caption: &str,
+    y_desc: &str,
+    series: &[Series<'_>],
+) -> PlotResult {
+    let largest = series.iter().flat_map(|(_, _, points)| points.iter().map(|p| p.0)).fold(1.0, f64::max);
+    let positive = || series.iter().flat_map(|(_, _, points)| points.iter().map(|p| p.1)).filter(|v| *v > 0.0 && v.is_finite());
+    let y_min = positive().fold(f64::INFINITY, f64::min);
+    let y_max = positive().fold(0.0, f64::max);
+    // A decade of headroom on top keeps the legend clear of the data.
+    let (y_min, y_max) = if y_min.is_finite() { (y_min / 2.0, y_max * 20.0) } else { (0.1, 10.0) };
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.5..largest + 0.5, (y_min..y_max).log_scale())?;
+    chart
+        .configure_mesh()
+        .x_desc("CPUs")
+        .y_desc(y_desc)
+        .label_style(("sans-serif", 14))
+        .light_line_style(WHITE)
+        .draw()?;
+    for (label, color, points) in series {
+        let points: Vec<(f64, f64)> = points.iter().copied().filter(|p| p.1 > 0.0 && p.1.is_finite()).collect();
+        let color = *color;
+        chart
+            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
+            .label(*label)
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color.stroke_width(2)));
+        chart.draw_series(points.into_iter().map(|p| Circle::new(p, 4, color.filled())))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .label_font(("sans-serif", 13))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.3))
+        .draw()?;
+    Ok(())
+}
+
+fn draw_rates(report: &ScaleReport, area: &Area<'_>) -> PlotResult {
+    let per_second = |value: fn(&Row) -> Option<f64>| -> Vec<(f64, f64)> {
+        report.rows.iter().filter_map(|row| value(row).map(|v| (row.cpus as f64, v / row.wall_s))).collect()
+    };
+    let mut series = vec![
+        ("voluntary ctx switches/s", BLUE, per_second(|row| Some(row.voluntary_switches))),
+        ("involuntary ctx switches/s", CYAN, per_second(|row| Some(row.involuntary_switches))),
+        ("migrations/s", MAGENTA, per_second(|row| row.migrations)),
+    ];
+    let idle: Vec<(f64, f64)> =
+        report.rows.iter().filter_map(|row| row.idle_entries_per_s.map(|v| (row.cpus as f64, v))).collect();
+    if !idle.is_empty() {
+        series.insert(0, ("vCPU idle entries/s", RED, idle));
+    }
+    draw_log_series(area, "Blocking signals vs CPUs", "events per second", &series)
+}
+
+fn draw_events(report: &ScaleReport, area: &Area<'_>) -> PlotResult {
+    let per_run = |value: fn(&Row) -> Option<f64>| -> Vec<(f64, f64)> {
+        report.rows.iter().filter_map(|row| value(row).map(|v| (row.cpus as f64, v))).collect()
+    };
+    let series = [
+        ("payload (L1d misses)", GREEN, per_run(|row| row.payload_events)),
+        ("overhead (L1i + TLB misses)", RED, per_run(|row| row.overhead_events)),
+    ];
+    draw_log_series(area, "Hardware events per unit of work", "events per run", &series)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+
+    fn measurement(wall_s: f64, idle: u64) -> Measurement {
+        Measurement {
+            wall_s,
+            cpu_s: 0.9,
+            voluntary_switches: 10,
+            involuntary_switches: 2,
+            software: BTreeMap::from([(SoftwareEvent::CpuMigrations, 3)]),
+            hardware: BTreeMap::new(),
+            idle_entries: Some(idle),
+            steal_s: Some(0.0),
+            exit_status: std::process::ExitStatus::from_raw(0),
+        }
+    }
+
+    fn setup() -> Setup {
+        Setup {
+            command: "demo --threads 4".to_string(),
+            allowed_cpus: vec![0, 1, 2, 3],
+            repeat: 3,
+            idle_source: IdleCounterSource::TimerList,
+            counters: CounterPlan::default(),
+        }
+    }
+
+    fn sample_report() -> ScaleReport {
+        build(
+            setup(),
+            vec![
+                (vec![0], vec![measurement(1.0, 10), measurement(1.2, 12), measurement(0.9, 11)]),
+                (vec![0, 1], vec![measurement(0.55, 20); 3]),
+                (vec![0, 1, 2, 3], vec![measurement(0.4, 40); 3]),
+            ],
+        )
+    }
+
+    #[test]
+    fn median_handles_odd_even_and_empty() {
+        assert_eq!(median([3.0, 1.0, 2.0].into_iter()), Some(2.0));
+        assert_eq!(median([4.0, 1.0, 2.0, 3.0].into_iter()), Some(2.5));
+        assert_eq!(median(std::iter::empty()), None);
+    }
+
+    #[test]
+    fn rows_use_median_wall_time_for_speedup() {
+        let report = sample_report();
+        assert_eq!(report.rows[0].wall_s, 1.0);
+        assert!((report.rows[1].speedup - 1.0 / 0.55).abs() < 1e-12);
+        assert!((report.rows[2].efficiency - 2.5 / 4.0).abs() < 1e-12);
+        assert_eq!(report.rows[2].idle_entries_per_s, Some(100.0));
+        assert_eq!(report.rows[2].migrations, Some(3.0));
+        // No software context-switch counter in these runs: shown as absent, not zero.
+        assert_eq!(report.rows[2].context_switches, None);
+        assert_eq!(report.fits.predictions.iter().map(|p| p.cpus).collect::<Vec<_>>(), vec![8, 16, 32]);
+    }
+
+    #[test]
+    fn table_has_one_aligned_row_per_cpu_count() {
+        let table = render_table(&sample_report());
+        let lines: Vec<&str> = table.lines().collect();
+        let header = lines.iter().position(|line| line.trim_start().starts_with("cpus")).unwrap();
+        for (offset, cpus) in ["1", "2", "4"].iter().enumerate() {
+            let row = lines[header + 1 + offset];
+            assert_eq!(row.split_whitespace().next(), Some(*cpus), "{table}");
+            assert_eq!(row.chars().count(), lines[header].chars().count(), "misaligned:\n{table}");
+        }
+        assert!(table.contains("Limiter:"));
+        assert!(table.contains("USL model predictions, not measurements"));
+    }
+
+    #[test]
+    fn json_carries_rows_fits_and_diagnosis() {
+        let json = serde_json::to_value(sample_report()).unwrap();
+        assert_eq!(json["rows"].as_array().unwrap().len(), 3);
+        assert!(json["fits"]["amdahl"]["serial_fraction"].is_number());
+        assert!(json["diagnosis"]["primary"]["limiter"].is_string());
+        assert_eq!(json["setup"]["idle_source"]["kind"], "timer_list");
+    }
+
+    #[test]
+    fn plot_is_a_png_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("scale.png");
+        write_plot(&sample_report(), &path).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+        let err = write_plot(&sample_report(), &dir.path().join("missing-dir/scale.png")).unwrap_err();
+        assert!(err.to_string().contains("missing-dir"), "{err}");
+    }
+}
