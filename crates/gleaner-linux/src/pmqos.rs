@@ -25,7 +25,8 @@ pub const NO_LATENCY: &str = "n/a";
 
 /// Receives (file, original content) before that file is first written. An error aborts the
 /// write: without a journal entry a crash could leave the CPU polling forever.
-pub type OriginalHook = Box<dyn FnMut(&Path, &str) -> Result<(), Box<dyn std::error::Error + Send + Sync>> + Send>;
+pub type OriginalHook =
+    Box<dyn FnMut(&Path, &str) -> Result<(), Box<dyn std::error::Error + Send + Sync>> + Send>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PmQosError {
@@ -34,15 +35,27 @@ pub enum PmQosError {
     #[error("cannot read {path}: {source}")]
     Read { path: PathBuf, source: io::Error },
     #[error("cannot write {value:?} to {path}: {source} (run as root?)")]
-    Write { path: PathBuf, value: String, source: io::Error },
-    #[error("unexpected content {content:?} in {path} (expected a number of microseconds or \"n/a\")")]
+    Write {
+        path: PathBuf,
+        value: String,
+        source: io::Error,
+    },
+    #[error(
+        "unexpected content {content:?} in {path} (expected a number of microseconds or \"n/a\")"
+    )]
     Malformed { path: PathBuf, content: String },
     #[error("could not record the original value of {path} before changing it: {source}")]
-    Journal { path: PathBuf, source: Box<dyn std::error::Error + Send + Sync> },
+    Journal {
+        path: PathBuf,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     #[error("CPU {cpu} is not managed by this poll retention (managed: {managed})")]
     NotManaged { cpu: usize, managed: String },
     #[error("could not restore {failed} of the pm_qos files; first: {first}")]
-    Restore { failed: usize, first: Box<PmQosError> },
+    Restore {
+        failed: usize,
+        first: Box<PmQosError>,
+    },
 }
 
 /// One managed CPU: its QoS file, the content found there at start, and whether we have
@@ -63,23 +76,42 @@ pub struct PollRetention {
 
 impl fmt::Debug for PollRetention {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let polling: Cpuset = self.files.iter().filter(|(_, q)| q.polling).map(|(&c, _)| c).collect();
-        f.debug_struct("PollRetention").field("polling", &polling.to_string()).finish()
+        let polling: Cpuset = self
+            .files
+            .iter()
+            .filter(|(_, q)| q.polling)
+            .map(|(&c, _)| c)
+            .collect();
+        f.debug_struct("PollRetention")
+            .field("polling", &polling.to_string())
+            .finish()
     }
 }
 
 impl PollRetention {
     /// Checks that polling can work on every CPU of `cpus` under `sysfs_root` (normally
     /// `/sys`) and reads the original QoS values. Nothing is written yet.
-    pub fn new(sysfs_root: &Path, cpus: &Cpuset, on_original: OriginalHook) -> Result<Self, PmQosError> {
+    pub fn new(
+        sysfs_root: &Path,
+        cpus: &Cpuset,
+        on_original: OriginalHook,
+    ) -> Result<Self, PmQosError> {
         let cpu_dir = sysfs_root.join("devices/system/cpu");
         let driver_path = cpu_dir.join("cpuidle/current_driver");
         let driver = match fs::read_to_string(&driver_path) {
             Ok(s) => s.trim().to_string(),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(unavailable(format!("{} does not exist (kernel without cpuidle)", driver_path.display())))
+                return Err(unavailable(format!(
+                    "{} does not exist (kernel without cpuidle)",
+                    driver_path.display()
+                )))
             }
-            Err(source) => return Err(PmQosError::Read { path: driver_path, source }),
+            Err(source) => {
+                return Err(PmQosError::Read {
+                    path: driver_path,
+                    source,
+                })
+            }
         };
         if driver.is_empty() || driver == "none" {
             return Err(unavailable(format!(
@@ -92,7 +124,10 @@ impl PollRetention {
         for cpu in cpus.iter() {
             let state0 = cpu_dir.join(format!("cpu{cpu}/cpuidle/state0/name"));
             let name = fs::read_to_string(&state0).map_err(|e| {
-                unavailable(format!("cpuidle driver {driver:?} exposes no state0 for CPU {cpu} ({}: {e})", state0.display()))
+                unavailable(format!(
+                    "cpuidle driver {driver:?} exposes no state0 for CPU {cpu} ({}: {e})",
+                    state0.display()
+                ))
             })?;
             if name.trim() != "POLL" {
                 return Err(unavailable(format!(
@@ -102,12 +137,24 @@ impl PollRetention {
                 )));
             }
             let path = cpu_dir.join(format!("cpu{cpu}/power/pm_qos_resume_latency_us"));
-            let raw = fs::read_to_string(&path).map_err(|source| PmQosError::Read { path: path.clone(), source })?;
+            let raw = fs::read_to_string(&path).map_err(|source| PmQosError::Read {
+                path: path.clone(),
+                source,
+            })?;
             let original = raw.trim().to_string();
             if !is_valid_latency(&original) {
                 return Err(PmQosError::Malformed { path, content: raw });
             }
-            files.insert(cpu, QosFile { path, original, reported: false, polling: false, dirty: false });
+            files.insert(
+                cpu,
+                QosFile {
+                    path,
+                    original,
+                    reported: false,
+                    polling: false,
+                    dirty: false,
+                },
+            );
         }
         Ok(Self { files, on_original })
     }
@@ -120,16 +167,27 @@ impl PollRetention {
     /// `on`: the CPU polls when idle. `off`: its original QoS value is back.
     pub fn set(&mut self, cpu: usize, on: bool) -> Result<(), PmQosError> {
         let managed = self.cpus().to_string();
-        let file = self.files.get_mut(&cpu).ok_or(PmQosError::NotManaged { cpu, managed })?;
+        let file = self
+            .files
+            .get_mut(&cpu)
+            .ok_or(PmQosError::NotManaged { cpu, managed })?;
         if file.polling == on {
             return Ok(());
         }
         if !file.reported {
-            (self.on_original)(&file.path, &file.original)
-                .map_err(|source| PmQosError::Journal { path: file.path.clone(), source })?;
+            (self.on_original)(&file.path, &file.original).map_err(|source| {
+                PmQosError::Journal {
+                    path: file.path.clone(),
+                    source,
+                }
+            })?;
             file.reported = true;
         }
-        let value = if on { NO_LATENCY.to_string() } else { file.original.clone() };
+        let value = if on {
+            NO_LATENCY.to_string()
+        } else {
+            file.original.clone()
+        };
         // Marked dirty before the write: a failed write may still have changed the file.
         file.dirty = true;
         write_value(&file.path, &value)?;
@@ -153,7 +211,10 @@ impl PollRetention {
         let failed = failures.len();
         match failures.into_iter().next() {
             None => Ok(()),
-            Some(first) => Err(PmQosError::Restore { failed, first: Box::new(first) }),
+            Some(first) => Err(PmQosError::Restore {
+                failed,
+                first: Box::new(first),
+            }),
         }
     }
 }
@@ -206,18 +267,25 @@ mod tests {
     }
 
     fn qos(root: &Path, cpu: usize) -> PathBuf {
-        root.join(format!("devices/system/cpu/cpu{cpu}/power/pm_qos_resume_latency_us"))
+        root.join(format!(
+            "devices/system/cpu/cpu{cpu}/power/pm_qos_resume_latency_us"
+        ))
     }
 
     fn read(root: &Path, cpu: usize) -> String {
-        fs::read_to_string(qos(root, cpu)).unwrap().trim().to_string()
+        fs::read_to_string(qos(root, cpu))
+            .unwrap()
+            .trim()
+            .to_string()
     }
 
     fn recording_hook() -> (OriginalHook, Journal) {
         let journal: Journal = Arc::default();
         let j = Arc::clone(&journal);
         let hook: OriginalHook = Box::new(move |path: &Path, original: &str| {
-            j.lock().unwrap().push((path.to_path_buf(), original.to_string()));
+            j.lock()
+                .unwrap()
+                .push((path.to_path_buf(), original.to_string()));
             Ok(())
         });
         (hook, journal)
@@ -233,21 +301,34 @@ mod tests {
         fs::write(qos(root.path(), 1), "25\n").unwrap();
         let (hook, journal) = recording_hook();
         let mut p = PollRetention::new(root.path(), &cpus("0-1"), hook).unwrap();
-        assert!(journal.lock().unwrap().is_empty(), "nothing reported before a write");
+        assert!(
+            journal.lock().unwrap().is_empty(),
+            "nothing reported before a write"
+        );
 
         p.set(1, true).unwrap();
         assert_eq!(read(root.path(), 1), "n/a");
         assert_eq!(read(root.path(), 0), "0");
-        assert_eq!(*journal.lock().unwrap(), vec![(qos(root.path(), 1), "25".to_string())]);
+        assert_eq!(
+            *journal.lock().unwrap(),
+            vec![(qos(root.path(), 1), "25".to_string())]
+        );
 
         p.set(1, false).unwrap();
         assert_eq!(read(root.path(), 1), "25");
         p.set(1, true).unwrap();
         p.set(0, true).unwrap();
-        assert_eq!(journal.lock().unwrap().len(), 2, "each original is reported once");
+        assert_eq!(
+            journal.lock().unwrap().len(),
+            2,
+            "each original is reported once"
+        );
 
         p.restore().unwrap();
-        assert_eq!((read(root.path(), 0), read(root.path(), 1)), ("0".into(), "25".into()));
+        assert_eq!(
+            (read(root.path(), 0), read(root.path(), 1)),
+            ("0".into(), "25".into())
+        );
     }
 
     #[test]
@@ -260,7 +341,10 @@ mod tests {
             p.set(1, true).unwrap();
             assert_eq!(read(root.path(), 0), "n/a");
         }
-        assert_eq!((read(root.path(), 0), read(root.path(), 1)), ("0".into(), "0".into()));
+        assert_eq!(
+            (read(root.path(), 0), read(root.path(), 1)),
+            ("0".into(), "0".into())
+        );
     }
 
     #[test]
@@ -278,7 +362,12 @@ mod tests {
         assert!(matches!(err, PmQosError::Unavailable { .. }), "{err}");
         // A driver whose first state is not POLL.
         let root = fake_sysfs(2, "acpi_idle");
-        fs::write(root.path().join("devices/system/cpu/cpu1/cpuidle/state0/name"), "C1\n").unwrap();
+        fs::write(
+            root.path()
+                .join("devices/system/cpu/cpu1/cpuidle/state0/name"),
+            "C1\n",
+        )
+        .unwrap();
         let (hook, _) = recording_hook();
         let err = PollRetention::new(root.path(), &cpus("0-1"), hook).unwrap_err();
         assert!(err.to_string().contains("not POLL"), "{err}");
@@ -295,7 +384,10 @@ mod tests {
             fs::write(qos(root.path(), 0), bad).unwrap();
             let (hook, _) = recording_hook();
             let err = PollRetention::new(root.path(), &cpus("0"), hook).unwrap_err();
-            assert!(matches!(err, PmQosError::Malformed { .. }), "{bad:?}: {err}");
+            assert!(
+                matches!(err, PmQosError::Malformed { .. }),
+                "{bad:?}: {err}"
+            );
         }
         let root = fake_sysfs(1, "haltpoll");
         fs::write(qos(root.path(), 0), "n/a\n").unwrap();
@@ -315,7 +407,10 @@ mod tests {
         let err = p.set(1, true).unwrap_err();
         assert!(matches!(err, PmQosError::Write { .. }), "{err}");
         let err = p.restore().unwrap_err();
-        assert!(matches!(err, PmQosError::Restore { failed: 1, .. }), "{err}");
+        assert!(
+            matches!(err, PmQosError::Restore { failed: 1, .. }),
+            "{err}"
+        );
         assert_eq!(read(root.path(), 0), "0", "the healthy CPU is restored");
         drop(p);
         assert_eq!(read(root.path(), 0), "0");
@@ -330,7 +425,10 @@ mod tests {
         assert!(matches!(err, PmQosError::Journal { .. }), "{err}");
         assert_eq!(read(root.path(), 0), "0");
         let err = p.set(3, true).unwrap_err();
-        assert!(matches!(err, PmQosError::NotManaged { cpu: 3, .. }), "{err}");
+        assert!(
+            matches!(err, PmQosError::NotManaged { cpu: 3, .. }),
+            "{err}"
+        );
     }
 
     #[test]

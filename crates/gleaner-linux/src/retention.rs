@@ -34,7 +34,9 @@ pub enum RetentionMode {
 
 impl RetentionMode {
     /// Hold without a timeout; used by the wake probe to build Table 2's setting B.
-    pub const HOLD_FOREVER: RetentionMode = RetentionMode::Yield { timeout_ns: u64::MAX };
+    pub const HOLD_FOREVER: RetentionMode = RetentionMode::Yield {
+        timeout_ns: u64::MAX,
+    };
 }
 
 /// Tuning of the yield loop. The defaults follow the brief: 1 ms first release, doubling to
@@ -52,7 +54,11 @@ pub struct YielderParams {
 
 impl Default for YielderParams {
     fn default() -> Self {
-        Self { min_release_ns: 1_000_000, max_release_ns: 20_000_000, preempt_threshold_ns: None }
+        Self {
+            min_release_ns: 1_000_000,
+            max_release_ns: 20_000_000,
+            preempt_threshold_ns: None,
+        }
     }
 }
 
@@ -214,7 +220,9 @@ impl Slot {
 
     fn guard(&self) -> MutexGuard<'_, ()> {
         // The mutex protects no data (the state is atomic), so a poisoned lock is still usable.
-        self.lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.lock
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Changes the mode word and wakes the thread if it is parked or sleeping. Taking the lock
@@ -245,7 +253,9 @@ pub struct RetentionPool {
 
 impl fmt::Debug for RetentionPool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RetentionPool").field("cpus", &self.cpus().to_string()).finish()
+        f.debug_struct("RetentionPool")
+            .field("cpus", &self.cpus().to_string())
+            .finish()
     }
 }
 
@@ -253,7 +263,10 @@ impl RetentionPool {
     /// Starts a thread on every CPU of `cpus` and returns once each is pinned, calibrated and
     /// SCHED_IDLE. If any CPU fails, the threads already started are stopped again.
     pub fn start(cpus: &Cpuset, params: YielderParams) -> Result<Self, RetentionError> {
-        let mut pool = RetentionPool { slots: Vec::new(), handles: Vec::new() };
+        let mut pool = RetentionPool {
+            slots: Vec::new(),
+            handles: Vec::new(),
+        };
         let (ready_tx, ready_rx) = mpsc::channel();
         for cpu in cpus.iter() {
             let slot = Arc::new(Slot::new(cpu));
@@ -285,7 +298,10 @@ impl RetentionPool {
     pub fn threads(&self) -> Vec<RetentionThread> {
         self.slots
             .iter()
-            .map(|s| RetentionThread { cpu: s.cpu, tid: s.tid.load(Ordering::Acquire) })
+            .map(|s| RetentionThread {
+                cpu: s.cpu,
+                tid: s.tid.load(Ordering::Acquire),
+            })
             .collect()
     }
 
@@ -325,7 +341,10 @@ impl RetentionPool {
             .iter()
             .find(|s| s.cpu == cpu)
             .map(|s| s.as_ref())
-            .ok_or_else(|| RetentionError::NotInPool { cpu, pool: self.cpus().to_string() })
+            .ok_or_else(|| RetentionError::NotInPool {
+                cpu,
+                pool: self.cpus().to_string(),
+            })
     }
 
     fn shutdown(&mut self) {
@@ -346,7 +365,11 @@ impl Drop for RetentionPool {
     }
 }
 
-fn retention_thread(slot: &Slot, params: YielderParams, ready: mpsc::Sender<Result<(), RetentionError>>) {
+fn retention_thread(
+    slot: &Slot,
+    params: YielderParams,
+    ready: mpsc::Sender<Result<(), RetentionError>>,
+) {
     let cpu = slot.cpu;
     // SAFETY: gettid has no preconditions.
     slot.tid.store(unsafe { libc::gettid() }, Ordering::Release);
@@ -452,10 +475,15 @@ fn yield_iteration_costs(n: usize) -> Vec<u64> {
 
 /// CLOCK_MONOTONIC in nanoseconds; served by the vDSO, so it costs no system call.
 pub fn now_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
 }
 
 /// Pins the calling thread to one CPU. The mask is sized to the CPU id, so ids beyond
@@ -496,7 +524,9 @@ pub fn thread_affinity(tid: i32) -> io::Result<Cpuset> {
         return Err(io::Error::last_os_error());
     }
     let bits = 8 * std::mem::size_of::<libc::c_ulong>();
-    Ok((0..mask.len() * bits).filter(|&cpu| mask[cpu / bits] & (1 << (cpu % bits)) != 0).collect())
+    Ok((0..mask.len() * bits)
+        .filter(|&cpu| mask[cpu / bits] & (1 << (cpu % bits)) != 0)
+        .collect())
 }
 
 fn set_current_thread_sched_idle() -> io::Result<()> {
@@ -519,7 +549,10 @@ mod tests {
     /// CPU-time clock id encoding: ~tid << 3 | CPUCLOCK_SCHED | CPUCLOCK_PERTHREAD).
     fn thread_cpu_ns(tid: i32) -> u64 {
         let clock = ((!tid) << 3) | 6;
-        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
         let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
         assert_eq!(rc, 0, "thread clock of {tid}");
         ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
@@ -549,15 +582,25 @@ mod tests {
 
     #[test]
     fn threshold_is_ten_medians_within_bounds() {
-        assert_eq!(preemption_threshold_ns(&mut [900, 100, 1_000, 800, 700]), 8_000);
+        assert_eq!(
+            preemption_threshold_ns(&mut [900, 100, 1_000, 800, 700]),
+            8_000
+        );
         assert_eq!(preemption_threshold_ns(&mut [100, 120, 130]), 5_000);
-        assert_eq!(preemption_threshold_ns(&mut [1_000_000, 2_000_000, 90]), 50_000);
+        assert_eq!(
+            preemption_threshold_ns(&mut [1_000_000, 2_000_000, 90]),
+            50_000
+        );
         assert_eq!(preemption_threshold_ns(&mut []), 5_000);
     }
 
     #[test]
     fn hold_times_out_backs_off_and_resets_on_preemption() {
-        let params = YielderParams { min_release_ns: 1_000_000, max_release_ns: 20_000_000, preempt_threshold_ns: None };
+        let params = YielderParams {
+            min_release_ns: 1_000_000,
+            max_release_ns: 20_000_000,
+            preempt_threshold_ns: None,
+        };
         let mut hold = HoldTracker::new(5_000, &params);
         // 1 µs iterations against a 3 µs timeout: every third iteration releases.
         let mut sleeps = Vec::new();
@@ -574,7 +617,12 @@ mod tests {
         assert_eq!(hold.on_iteration(6_000, 3_000), Step::Preempted);
         assert_eq!(hold.on_iteration(1_000, 3_000), Step::Held);
         assert_eq!(hold.on_iteration(1_000, 3_000), Step::Held);
-        assert_eq!(hold.on_iteration(1_000, 3_000), Step::Release { sleep_ns: 1_000_000 });
+        assert_eq!(
+            hold.on_iteration(1_000, 3_000),
+            Step::Release {
+                sleep_ns: 1_000_000
+            }
+        );
         // An iteration exactly at the threshold still counts as holding.
         assert_eq!(hold.on_iteration(5_000, u64::MAX), Step::Held);
         // Holding forever never releases, even after a long hold.
@@ -582,7 +630,14 @@ mod tests {
             assert_eq!(hold.on_iteration(4_999, YIELD_MAX_NS), Step::Held);
         }
         // Degenerate parameters stay usable.
-        let mut z = HoldTracker::new(5_000, &YielderParams { min_release_ns: 0, max_release_ns: 0, preempt_threshold_ns: None });
+        let mut z = HoldTracker::new(
+            5_000,
+            &YielderParams {
+                min_release_ns: 0,
+                max_release_ns: 0,
+                preempt_threshold_ns: None,
+            },
+        );
         assert_eq!(z.on_iteration(1, 0), Step::Release { sleep_ns: 1 });
     }
 
@@ -595,7 +650,11 @@ mod tests {
         assert_eq!(threads.len(), cpus.len());
         for t in &threads {
             assert!(t.tid > 0);
-            assert_eq!(unsafe { libc::sched_getscheduler(t.tid) }, libc::SCHED_IDLE, "{t:?}");
+            assert_eq!(
+                unsafe { libc::sched_getscheduler(t.tid) },
+                libc::SCHED_IDLE,
+                "{t:?}"
+            );
             let pinned: Cpuset = [t.cpu].into_iter().collect();
             assert_eq!(thread_affinity(t.tid).unwrap(), pinned, "{t:?}");
             assert_eq!(pool.mode(t.cpu).unwrap(), RetentionMode::Off);
@@ -604,7 +663,10 @@ mod tests {
         pool.stop();
         for tid in tids {
             let path = format!("/proc/self/task/{tid}");
-            assert!(!std::path::Path::new(&path).exists(), "{path} still exists after stop");
+            assert!(
+                !std::path::Path::new(&path).exists(),
+                "{path} still exists after stop"
+            );
         }
     }
 
@@ -615,7 +677,10 @@ mod tests {
         assert!(matches!(err, RetentionError::NotInPool { .. }), "{err}");
         let offline: Cpuset = [gleaner_policy::cpuset::MAX_CPU].into_iter().collect();
         let err = RetentionPool::start(&offline, YielderParams::default()).unwrap_err();
-        assert!(matches!(err, RetentionError::Pin { cpu, .. } if cpu == gleaner_policy::cpuset::MAX_CPU), "{err}");
+        assert!(
+            matches!(err, RetentionError::Pin { cpu, .. } if cpu == gleaner_policy::cpuset::MAX_CPU),
+            "{err}"
+        );
     }
 
     #[test]
@@ -625,16 +690,25 @@ mod tests {
         let before = thread_cpu_ns(tid);
         std::thread::sleep(Duration::from_millis(200));
         let parked_cpu = thread_cpu_ns(tid) - before;
-        assert!(parked_cpu < 2_000_000, "parked thread used {parked_cpu} ns of CPU");
+        assert!(
+            parked_cpu < 2_000_000,
+            "parked thread used {parked_cpu} ns of CPU"
+        );
         assert_eq!(pool.counters()[0].1, RetentionCounters::default());
 
         pool.set_mode(cpu, RetentionMode::HOLD_FOREVER).unwrap();
-        assert!(eventually(Duration::from_millis(1500), || pool.counters()[0].1.yield_ns > 0));
+        assert!(eventually(Duration::from_millis(1500), || pool.counters()
+            [0]
+        .1
+        .yield_ns
+            > 0));
         assert!(thread_cpu_ns(tid) > before);
 
         // Back to Off: once the thread has parked, nothing moves any more.
         pool.set_mode(cpu, RetentionMode::Off).unwrap();
-        assert!(eventually(Duration::from_millis(1500), || pool.is_parked(cpu).unwrap()));
+        assert!(eventually(Duration::from_millis(1500), || pool
+            .is_parked(cpu)
+            .unwrap()));
         let parked = pool.counters()[0].1;
         let cpu_at_park = thread_cpu_ns(tid);
         std::thread::sleep(Duration::from_millis(100));
@@ -644,9 +718,14 @@ mod tests {
 
     #[test]
     fn short_timeout_releases_with_backoff_and_counters_are_monotonic() {
-        let params = YielderParams { min_release_ns: 1_000_000, max_release_ns: 4_000_000, ..Default::default() };
+        let params = YielderParams {
+            min_release_ns: 1_000_000,
+            max_release_ns: 4_000_000,
+            ..Default::default()
+        };
         let (pool, cpu) = one_cpu_pool(params);
-        pool.set_mode(cpu, RetentionMode::Yield { timeout_ns: 20_000 }).unwrap();
+        pool.set_mode(cpu, RetentionMode::Yield { timeout_ns: 20_000 })
+            .unwrap();
         let mut prev = RetentionCounters::default();
         let mut monotonic = true;
         let reached = eventually(Duration::from_millis(1500), || {
@@ -686,7 +765,9 @@ mod tests {
                     std::thread::sleep(Duration::from_micros(300));
                 }
             });
-            let seen = eventually(Duration::from_millis(1500), || pool.counters()[0].1.preemptions >= 3);
+            let seen = eventually(Duration::from_millis(1500), || {
+                pool.counters()[0].1.preemptions >= 3
+            });
             stop.store(true, Ordering::Relaxed);
             assert!(seen, "counters {:?}", pool.counters());
         });

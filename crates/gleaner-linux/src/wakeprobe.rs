@@ -32,17 +32,25 @@ use gleaner_policy::{Cpuset, RetentionTimeout};
 use serde::{Deserialize, Serialize};
 
 use crate::pmqos::{PmQosError, PollRetention};
-use crate::retention::{now_ns, pin_current_thread, thread_affinity, RetentionError, RetentionMode, RetentionPool, YielderParams};
+use crate::retention::{
+    now_ns, pin_current_thread, thread_affinity, RetentionError, RetentionMode, RetentionPool,
+    YielderParams,
+};
 
 /// Default gaps between wakes: 20 µs to 5 ms.
-pub const DEFAULT_GAPS_NS: [u64; 8] = [20_000, 50_000, 100_000, 200_000, 500_000, 1_000_000, 2_000_000, 5_000_000];
+pub const DEFAULT_GAPS_NS: [u64; 8] = [
+    20_000, 50_000, 100_000, 200_000, 500_000, 1_000_000, 2_000_000, 5_000_000,
+];
 /// Samples per setting and gap by default; with the default gaps a full run takes about 10 s.
 pub const DEFAULT_SAMPLES: usize = 300;
+/// Shortest gap accepted: below it the wakee may not have blocked yet when the wake comes.
+pub const MIN_GAP_NS: u64 = 1_000;
 /// Longest gap accepted: longer ones would make a run take hours without teaching more.
 pub const MAX_GAP_NS: u64 = 1_000_000_000;
 
 /// Receives a PM QoS file and its original content before the B-poll setting changes it.
-pub type PmQosHook = Arc<dyn Fn(&Path, &str) -> Result<(), Box<dyn std::error::Error + Send + Sync>> + Send + Sync>;
+pub type PmQosHook =
+    Arc<dyn Fn(&Path, &str) -> Result<(), Box<dyn std::error::Error + Send + Sync>> + Send + Sync>;
 
 #[derive(Clone)]
 pub struct ProbeConfig {
@@ -102,9 +110,16 @@ pub enum ProbeError {
     #[error("cannot read this process's CPU affinity: {source}")]
     Affinity { source: io::Error },
     #[error("cannot pin the probe's {role} thread to CPU {cpu}: {source}")]
-    Pin { role: &'static str, cpu: usize, source: io::Error },
+    Pin {
+        role: &'static str,
+        cpu: usize,
+        source: io::Error,
+    },
     #[error("cannot start the probe's {role} thread: {source}")]
-    Spawn { role: &'static str, source: io::Error },
+    Spawn {
+        role: &'static str,
+        source: io::Error,
+    },
     #[error("cannot read {path}: {source}")]
     Read { path: PathBuf, source: io::Error },
     #[error("{path} lacks the expected \"cpu\" line with eight numeric columns")]
@@ -126,7 +141,12 @@ pub enum Setting {
 }
 
 impl Setting {
-    pub const ALL: [Setting; 4] = [Setting::SameVcpu, Setting::BusyYield, Setting::BusyPoll, Setting::Halted];
+    pub const ALL: [Setting; 4] = [
+        Setting::SameVcpu,
+        Setting::BusyYield,
+        Setting::BusyPoll,
+        Setting::Halted,
+    ];
 
     /// Table 2 letter and a few words.
     pub fn label(self) -> &'static str {
@@ -251,7 +271,9 @@ pub struct ProbeReport {
 
 impl ProbeReport {
     pub fn point(&self, setting: Setting, gap_ns: u64) -> Option<&ProbePoint> {
-        self.points.iter().find(|p| p.setting == setting && p.gap_ns == gap_ns)
+        self.points
+            .iter()
+            .find(|p| p.setting == setting && p.gap_ns == gap_ns)
     }
 }
 
@@ -265,7 +287,10 @@ pub struct QuickCalibration {
 
 /// Runs the full probe. `progress(done, total)` is called from the calling thread a few times
 /// a second with the number of wakes done so far.
-pub fn measure(cfg: &ProbeConfig, mut progress: impl FnMut(u64, u64)) -> Result<ProbeReport, ProbeError> {
+pub fn measure(
+    cfg: &ProbeConfig,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<ProbeReport, ProbeError> {
     validate(cfg)?;
     let started = Instant::now();
     let machine = machine_facts(&cfg.sysfs_root, &cfg.procfs_root)?;
@@ -287,9 +312,15 @@ pub fn measure(cfg: &ProbeConfig, mut progress: impl FnMut(u64, u64)) -> Result<
         Some(wakee) => {
             plan.push(Setting::BusyYield);
             if !cfg.poll_setting {
-                skipped.push(SkippedSetting { setting: Setting::BusyPoll, reason: "disabled".into() });
+                skipped.push(SkippedSetting {
+                    setting: Setting::BusyPoll,
+                    reason: "disabled".into(),
+                });
             } else if let Err(e) = open_poll(cfg, wakee) {
-                skipped.push(SkippedSetting { setting: Setting::BusyPoll, reason: e.to_string() });
+                skipped.push(SkippedSetting {
+                    setting: Setting::BusyPoll,
+                    reason: e.to_string(),
+                });
             } else {
                 plan.push(Setting::BusyPoll);
             }
@@ -306,16 +337,26 @@ pub fn measure(cfg: &ProbeConfig, mut progress: impl FnMut(u64, u64)) -> Result<
     let mut points = Vec::new();
     let mut wakee_load = Vec::new();
     for &setting in &plan {
-        let wakee = if setting == Setting::SameVcpu { waker_cpu } else { wakee_cpu.unwrap_or(waker_cpu) };
+        let wakee = if setting == Setting::SameVcpu {
+            waker_cpu
+        } else {
+            wakee_cpu.unwrap_or(waker_cpu)
+        };
         let env = SettingEnv::enter(setting, wakee, cfg)?;
         let load_before = read_cpu_times(&stat_path, Some(wakee)).ok();
         for &gap_ns in &cfg.gaps_ns {
-            let point = run_point(setting, waker_cpu, wakee, gap_ns, cfg, |d| progress(done + d, total))?;
+            let point = run_point(setting, waker_cpu, wakee, gap_ns, cfg, |d| {
+                progress(done + d, total)
+            })?;
             done += rounds;
             points.push(point);
         }
         if let (Some(before), Ok(after)) = (load_before, read_cpu_times(&stat_path, Some(wakee))) {
-            wakee_load.push(WakeeLoad { setting, cpu: wakee, busy_fraction: after.busy_fraction_since(&before) });
+            wakee_load.push(WakeeLoad {
+                setting,
+                cpu: wakee,
+                busy_fraction: after.busy_fraction_since(&before),
+            });
         }
         env.leave()?;
     }
@@ -347,23 +388,43 @@ pub fn measure(cfg: &ProbeConfig, mut progress: impl FnMut(u64, u64)) -> Result<
 /// A short B and C measurement (≈ 0.2 s) for the daemon's start-up: the break-even retention
 /// timeout from the median busy and halted wake costs.
 pub fn quick_calibration() -> Result<QuickCalibration, ProbeError> {
-    let allowed: Vec<usize> = thread_affinity(0).map_err(|source| ProbeError::Affinity { source })?.iter().collect();
+    let allowed: Vec<usize> = thread_affinity(0)
+        .map_err(|source| ProbeError::Affinity { source })?
+        .iter()
+        .collect();
     let (&waker, &wakee) = match (allowed.first(), allowed.get(1)) {
         (Some(a), Some(b)) => (a, b),
-        _ => return Err(ProbeError::TooFewCpus { allowed: allowed.iter().copied().collect::<Cpuset>().to_string() }),
+        _ => {
+            return Err(ProbeError::TooFewCpus {
+                allowed: allowed.iter().copied().collect::<Cpuset>().to_string(),
+            })
+        }
     };
-    let cfg = ProbeConfig { warmup: 3, ..ProbeConfig::default() };
+    let cfg = ProbeConfig {
+        warmup: 3,
+        ..ProbeConfig::default()
+    };
     // A busy wake does not depend on the gap; a halted one only shows its full cost once the
     // host has stopped polling the halted vCPU, hence the longer gap.
     let busy = {
-        let cfg = ProbeConfig { samples: 80, ..cfg.clone() };
+        let cfg = ProbeConfig {
+            samples: 80,
+            ..cfg.clone()
+        };
         let env = SettingEnv::enter(Setting::BusyYield, wakee, &cfg)?;
         let point = run_point(Setting::BusyYield, waker, wakee, 200_000, &cfg, |_| {})?;
         env.leave()?;
         point
     };
     let halted_cfg = ProbeConfig { samples: 50, ..cfg };
-    let halted = run_point(Setting::Halted, waker, wakee, 2_000_000, &halted_cfg, |_| {})?;
+    let halted = run_point(
+        Setting::Halted,
+        waker,
+        wakee,
+        2_000_000,
+        &halted_cfg,
+        |_| {},
+    )?;
     let (busy_p50_ns, halted_p50_ns) = (busy.latency.p50_ns, halted.latency.p50_ns);
     Ok(QuickCalibration {
         busy_p50_ns,
@@ -378,12 +439,19 @@ fn validate(cfg: &ProbeConfig) -> Result<(), ProbeError> {
         return bad("samples must be at least 1".into());
     }
     if cfg.samples > 1_000_000 {
-        return bad(format!("{} samples per point is more than the 1000000 allowed", cfg.samples));
+        return bad(format!(
+            "{} samples per point is more than the 1000000 allowed",
+            cfg.samples
+        ));
     }
     if cfg.gaps_ns.is_empty() {
         return bad("no gaps given".into());
     }
-    if let Some(&gap) = cfg.gaps_ns.iter().find(|&&g| g < 1_000 || g > MAX_GAP_NS) {
+    if let Some(&gap) = cfg
+        .gaps_ns
+        .iter()
+        .find(|&&g| !(MIN_GAP_NS..=MAX_GAP_NS).contains(&g))
+    {
         return bad(format!("gap {gap} ns is outside 1 µs ..= 1 s"));
     }
     Ok(())
@@ -391,7 +459,11 @@ fn validate(cfg: &ProbeConfig) -> Result<(), ProbeError> {
 
 /// The break-even hold from C and B medians at the largest gap measured for both.
 fn derive_timeout(points: &[ProbePoint]) -> Option<DerivedTimeout> {
-    let at = |setting: Setting, gap: u64| points.iter().find(|p| p.setting == setting && p.gap_ns == gap);
+    let at = |setting: Setting, gap: u64| {
+        points
+            .iter()
+            .find(|p| p.setting == setting && p.gap_ns == gap)
+    };
     let gap_ns = points
         .iter()
         .filter(|p| p.setting == Setting::Halted && at(Setting::BusyYield, p.gap_ns).is_some())
@@ -431,7 +503,10 @@ impl SettingEnv {
         Ok(match setting {
             Setting::SameVcpu | Setting::Halted => SettingEnv::Nothing,
             Setting::BusyYield => {
-                let pool = RetentionPool::start(&[wakee_cpu].into_iter().collect(), YielderParams::default())?;
+                let pool = RetentionPool::start(
+                    &[wakee_cpu].into_iter().collect(),
+                    YielderParams::default(),
+                )?;
                 pool.set_mode(wakee_cpu, RetentionMode::HOLD_FOREVER)?;
                 SettingEnv::Yield(pool)
             }
@@ -497,16 +572,23 @@ fn run_point(
         let wakee = std::thread::Builder::new()
             .name("gleaner-wakee".into())
             .spawn_scoped(s, move || wakee_side(hs, wakee_cpu, rounds, wait_limit_ns))
-            .map_err(|source| ProbeError::Spawn { role: "wakee", source })?;
+            .map_err(|source| ProbeError::Spawn {
+                role: "wakee",
+                source,
+            })?;
         let waker = match std::thread::Builder::new()
             .name("gleaner-waker".into())
-            .spawn_scoped(s, move || waker_side(hs, waker_cpu, rounds, gap_ns, wait_limit_ns))
-        {
+            .spawn_scoped(s, move || {
+                waker_side(hs, waker_cpu, rounds, gap_ns, wait_limit_ns)
+            }) {
             Ok(handle) => handle,
             Err(source) => {
                 hs.stop.store(true, Ordering::Release);
                 futex_wake(&hs.seq);
-                return Err(ProbeError::Spawn { role: "waker", source });
+                return Err(ProbeError::Spawn {
+                    role: "waker",
+                    source,
+                });
             }
         };
         while !waker.is_finished() {
@@ -527,19 +609,36 @@ fn run_point(
     waker?;
     let wakee = wakee?;
     let skip = cfg.warmup.min(wakee.latencies.len());
-    let latency = LatencyStats::from_samples(&wakee.latencies[skip..]).ok_or_else(|| ProbeError::Config {
-        reason: format!("no wake at gap {gap_ns} ns found the wakee blocked; use a longer gap"),
-    })?;
+    let latency =
+        LatencyStats::from_samples(&wakee.latencies[skip..]).ok_or_else(|| ProbeError::Config {
+            reason: format!("no wake at gap {gap_ns} ns found the wakee blocked; use a longer gap"),
+        })?;
     let blocked = &wakee.blocked[skip..];
-    let blocked_mean_ns = (blocked.iter().map(|&b| u128::from(b)).sum::<u128>() / blocked.len().max(1) as u128) as u64;
-    Ok(ProbePoint { setting, gap_ns, latency, blocked_mean_ns, not_blocked: wakee.not_blocked })
+    let blocked_mean_ns = (blocked.iter().map(|&b| u128::from(b)).sum::<u128>()
+        / blocked.len().max(1) as u128) as u64;
+    Ok(ProbePoint {
+        setting,
+        gap_ns,
+        latency,
+        blocked_mean_ns,
+        not_blocked: wakee.not_blocked,
+    })
 }
 
-fn wakee_side(hs: &Handshake, cpu: usize, rounds: u32, wait_limit_ns: u64) -> Result<WakeeResult, ProbeError> {
+fn wakee_side(
+    hs: &Handshake,
+    cpu: usize,
+    rounds: u32,
+    wait_limit_ns: u64,
+) -> Result<WakeeResult, ProbeError> {
     if let Err(source) = pin_current_thread(cpu) {
         hs.stop.store(true, Ordering::Release);
         futex_wake(&hs.armed);
-        return Err(ProbeError::Pin { role: "wakee", cpu, source });
+        return Err(ProbeError::Pin {
+            role: "wakee",
+            cpu,
+            source,
+        });
     }
     let mut result = WakeeResult {
         latencies: Vec::with_capacity(rounds as usize),
@@ -570,14 +669,24 @@ fn wakee_side(hs: &Handshake, cpu: usize, rounds: u32, wait_limit_ns: u64) -> Re
     Ok(result)
 }
 
-fn waker_side(hs: &Handshake, cpu: usize, rounds: u32, gap_ns: u64, wait_limit_ns: u64) -> Result<(), ProbeError> {
+fn waker_side(
+    hs: &Handshake,
+    cpu: usize,
+    rounds: u32,
+    gap_ns: u64,
+    wait_limit_ns: u64,
+) -> Result<(), ProbeError> {
     let fail = |e| {
         hs.stop.store(true, Ordering::Release);
         futex_wake(&hs.seq);
         Err(e)
     };
     if let Err(source) = pin_current_thread(cpu) {
-        return fail(ProbeError::Pin { role: "waker", cpu, source });
+        return fail(ProbeError::Pin {
+            role: "waker",
+            cpu,
+            source,
+        });
     }
     // The default 50 µs timer slack would blur the shorter gaps. Per-thread, gone with the thread.
     // SAFETY: PR_SET_TIMERSLACK takes one integer argument.
@@ -627,17 +736,29 @@ fn futex_wait(word: &AtomicU32, expected: u32, timeout_ns: u64) {
 fn futex_wake(word: &AtomicU32) {
     // SAFETY: `word` is a live, aligned u32; FUTEX_WAKE only reads the count argument.
     unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, i32::MAX);
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            i32::MAX,
+        );
     }
 }
 
 /// clock_nanosleep on CLOCK_MONOTONIC, resumed after signals.
 fn sleep_ns(ns: u64) {
-    let mut request = libc::timespec { tv_sec: (ns / 1_000_000_000) as libc::time_t, tv_nsec: (ns % 1_000_000_000) as libc::c_long };
+    let mut request = libc::timespec {
+        tv_sec: (ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+    };
     loop {
-        let mut remaining = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        let mut remaining = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
         // SAFETY: both pointers refer to valid timespecs that outlive the call.
-        let rc = unsafe { libc::clock_nanosleep(libc::CLOCK_MONOTONIC, 0, &request, &mut remaining) };
+        let rc =
+            unsafe { libc::clock_nanosleep(libc::CLOCK_MONOTONIC, 0, &request, &mut remaining) };
         if rc != libc::EINTR {
             return;
         }
@@ -674,8 +795,13 @@ impl CpuTimes {
 
 /// The aggregate line (`cpu: None`) or one CPU's line of /proc/stat.
 fn read_cpu_times(path: &Path, cpu: Option<usize>) -> Result<CpuTimes, ProbeError> {
-    let text = fs::read_to_string(path).map_err(|source| ProbeError::Read { path: path.to_path_buf(), source })?;
-    parse_cpu_times(&text, cpu).ok_or_else(|| ProbeError::MalformedStat { path: path.to_path_buf() })
+    let text = fs::read_to_string(path).map_err(|source| ProbeError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse_cpu_times(&text, cpu).ok_or_else(|| ProbeError::MalformedStat {
+        path: path.to_path_buf(),
+    })
 }
 
 /// A `cpu`/`cpuN` line: user nice system idle iowait irq softirq steal [guest guest_nice].
@@ -685,16 +811,30 @@ fn parse_cpu_times(stat: &str, cpu: Option<usize>) -> Option<CpuTimes> {
         None => "cpu".to_string(),
         Some(n) => format!("cpu{n}"),
     };
-    let line = stat.lines().find(|l| l.split_whitespace().next() == Some(name.as_str()))?;
-    let fields: Vec<u64> = line.split_whitespace().skip(1).take(8).map(|f| f.parse().ok()).collect::<Option<_>>()?;
+    let line = stat
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(name.as_str()))?;
+    let fields: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .map(|f| f.parse().ok())
+        .collect::<Option<_>>()?;
     if fields.len() < 8 {
         return None;
     }
-    Some(CpuTimes { total: fields.iter().sum(), idle: fields[3] + fields[4], steal: fields[7] })
+    Some(CpuTimes {
+        total: fields.iter().sum(),
+        idle: fields[3] + fields[4],
+        steal: fields[7],
+    })
 }
 
 fn read_trimmed(path: &Path) -> Option<String> {
-    fs::read_to_string(path).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
+    fs::read_to_string(path)
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
 }
 
 /// Reads the facts that explain the numbers; absent files become `None` or empty.
@@ -704,12 +844,18 @@ pub fn machine_facts(sysfs_root: &Path, procfs_root: &Path) -> Result<MachineFac
     let vcpus = read_trimmed(&cpu_dir.join("online"))
         .and_then(|s| s.parse::<Cpuset>().ok())
         .map(|c| c.len())
-        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(allowed_cpus.len()));
-    let hypervisor_flag = fs::read_to_string(procfs_root.join("cpuinfo")).ok().and_then(|info| {
-        info.lines()
-            .find(|l| l.starts_with("flags"))
-            .map(|l| l.split_whitespace().any(|flag| flag == "hypervisor"))
-    });
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(allowed_cpus.len())
+        });
+    let hypervisor_flag = fs::read_to_string(procfs_root.join("cpuinfo"))
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("flags"))
+                .map(|l| l.split_whitespace().any(|flag| flag == "hypervisor"))
+        });
     let cpuidle_governor = read_trimmed(&cpu_dir.join("cpuidle/current_governor_ro"))
         .or_else(|| read_trimmed(&cpu_dir.join("cpuidle/current_governor")));
     let mut haltpoll_params = BTreeMap::new();
@@ -739,7 +885,10 @@ mod tests {
     fn stats_use_nearest_rank() {
         let samples: Vec<u64> = (1..=100).rev().collect();
         let s = LatencyStats::from_samples(&samples).unwrap();
-        assert_eq!((s.count, s.min_ns, s.p50_ns, s.p90_ns, s.p99_ns, s.max_ns), (100, 1, 50, 90, 99, 100));
+        assert_eq!(
+            (s.count, s.min_ns, s.p50_ns, s.p90_ns, s.p99_ns, s.max_ns),
+            (100, 1, 50, 90, 99, 100)
+        );
         assert_eq!(s.mean_ns, 50);
         let one = LatencyStats::from_samples(&[7]).unwrap();
         assert_eq!((one.p50_ns, one.p99_ns), (7, 7));
@@ -748,14 +897,33 @@ mod tests {
 
     #[test]
     fn steal_fraction_from_proc_stat() {
-        let before = parse_cpu_times("cpu  100 0 50 800 0 0 0 50 0 0\ncpu0 1 2 3 4 5 6 7 8\n", None).unwrap();
+        let before = parse_cpu_times(
+            "cpu  100 0 50 800 0 0 0 50 0 0\ncpu0 1 2 3 4 5 6 7 8\n",
+            None,
+        )
+        .unwrap();
         let after = parse_cpu_times("cpu  200 0 100 1400 100 0 0 200 30 0\n", None).unwrap();
-        assert_eq!(before, CpuTimes { total: 1000, idle: 800, steal: 50 });
+        assert_eq!(
+            before,
+            CpuTimes {
+                total: 1000,
+                idle: 800,
+                steal: 50
+            }
+        );
         assert!((after.steal_fraction_since(&before) - 0.15).abs() < 1e-9);
         assert!((after.busy_fraction_since(&before) - 0.3).abs() < 1e-9);
         assert_eq!(after.steal_fraction_since(&after), 0.0);
-        let cpu1 = parse_cpu_times("cpu  9 9 9 9 9 9 9 9\ncpu1 1 2 3 4 5 6 7 8\n", Some(1)).unwrap();
-        assert_eq!(cpu1, CpuTimes { total: 36, idle: 9, steal: 8 });
+        let cpu1 =
+            parse_cpu_times("cpu  9 9 9 9 9 9 9 9\ncpu1 1 2 3 4 5 6 7 8\n", Some(1)).unwrap();
+        assert_eq!(
+            cpu1,
+            CpuTimes {
+                total: 36,
+                idle: 9,
+                steal: 8
+            }
+        );
         assert!(parse_cpu_times("cpu0 1 2 3 4 5 6 7 8\n", None).is_none());
         assert!(parse_cpu_times("cpu  1 2 3 4 5 6 7 8\n", Some(10)).is_none());
         assert!(parse_cpu_times("cpu  1 2 3 x 5 6 7 8\n", None).is_none());
@@ -765,10 +933,22 @@ mod tests {
     #[test]
     fn rejects_bad_configs() {
         for cfg in [
-            ProbeConfig { samples: 0, ..Default::default() },
-            ProbeConfig { gaps_ns: vec![], ..Default::default() },
-            ProbeConfig { gaps_ns: vec![500], ..Default::default() },
-            ProbeConfig { gaps_ns: vec![2_000_000_000], ..Default::default() },
+            ProbeConfig {
+                samples: 0,
+                ..Default::default()
+            },
+            ProbeConfig {
+                gaps_ns: vec![],
+                ..Default::default()
+            },
+            ProbeConfig {
+                gaps_ns: vec![500],
+                ..Default::default()
+            },
+            ProbeConfig {
+                gaps_ns: vec![2_000_000_000],
+                ..Default::default()
+            },
         ] {
             let err = measure(&cfg, |_, _| {}).unwrap_err();
             assert!(matches!(err, ProbeError::Config { .. }), "{err}");
@@ -777,7 +957,13 @@ mod tests {
 
     fn point(setting: Setting, gap_ns: u64, p50_ns: u64) -> ProbePoint {
         let latency = LatencyStats::from_samples(&[p50_ns]).unwrap();
-        ProbePoint { setting, gap_ns, latency, blocked_mean_ns: gap_ns, not_blocked: 0 }
+        ProbePoint {
+            setting,
+            gap_ns,
+            latency,
+            blocked_mean_ns: gap_ns,
+            not_blocked: 0,
+        }
     }
 
     #[test]
@@ -790,7 +976,10 @@ mod tests {
             point(Setting::Halted, 5_000_000, 60_000), // no B at this gap
         ];
         let d = derive_timeout(&points).unwrap();
-        assert_eq!((d.gap_ns, d.halted_p50_ns, d.busy_p50_ns, d.timeout.ns), (1_000_000, 50_000, 17_000, 33_000));
+        assert_eq!(
+            (d.gap_ns, d.halted_p50_ns, d.busy_p50_ns, d.timeout.ns),
+            (1_000_000, 50_000, 17_000, 33_000)
+        );
         assert!(derive_timeout(&points[..1]).is_none());
     }
 
@@ -804,21 +993,38 @@ mod tests {
         fs::write(cpu.join("cpuidle/current_driver"), "haltpoll\n").unwrap();
         fs::write(cpu.join("cpuidle/current_governor_ro"), "haltpoll\n").unwrap();
         fs::create_dir_all(sys.path().join("module/haltpoll/parameters")).unwrap();
-        fs::write(sys.path().join("module/haltpoll/parameters/guest_halt_poll_ns"), "200000\n").unwrap();
-        fs::write(proc_.path().join("cpuinfo"), "processor : 0\nflags\t\t: fpu vme hypervisor lahf_lm\n").unwrap();
+        fs::write(
+            sys.path()
+                .join("module/haltpoll/parameters/guest_halt_poll_ns"),
+            "200000\n",
+        )
+        .unwrap();
+        fs::write(
+            proc_.path().join("cpuinfo"),
+            "processor : 0\nflags\t\t: fpu vme hypervisor lahf_lm\n",
+        )
+        .unwrap();
         let f = machine_facts(sys.path(), proc_.path()).unwrap();
         assert_eq!(f.vcpus, 4);
         assert_eq!(f.hypervisor_flag, Some(true));
         assert_eq!(f.cpuidle_driver.as_deref(), Some("haltpoll"));
         assert_eq!(f.cpuidle_governor.as_deref(), Some("haltpoll"));
-        assert_eq!(f.haltpoll_params.get("guest_halt_poll_ns").map(String::as_str), Some("200000"));
+        assert_eq!(
+            f.haltpoll_params
+                .get("guest_halt_poll_ns")
+                .map(String::as_str),
+            Some("200000")
+        );
         assert_eq!(f.kernel, None);
         assert!(!f.allowed_cpus.is_empty());
 
         // A bare tree: nothing known, nothing fails.
         let empty = tempfile::tempdir().unwrap();
         let f = machine_facts(empty.path(), empty.path()).unwrap();
-        assert_eq!((f.hypervisor_flag, f.cpuidle_driver, f.haltpoll_params.len()), (None, None, 0));
+        assert_eq!(
+            (f.hypervisor_flag, f.cpuidle_driver, f.haltpoll_params.len()),
+            (None, None, 0)
+        );
         assert!(f.vcpus >= 1);
     }
 
@@ -838,7 +1044,10 @@ mod tests {
         let report = measure(&cfg, |done, total| calls.push((done, total))).unwrap();
         let (last_done, total) = *calls.last().unwrap();
         assert_eq!(last_done, total);
-        assert!(calls.windows(2).all(|w| w[0].0 <= w[1].0), "progress is monotonic");
+        assert!(
+            calls.windows(2).all(|w| w[0].0 <= w[1].0),
+            "progress is monotonic"
+        );
         let expected: Vec<Setting> = if report.wakee_cpu.is_some() {
             vec![Setting::SameVcpu, Setting::BusyYield, Setting::Halted]
         } else {
@@ -846,21 +1055,35 @@ mod tests {
         };
         for setting in &expected {
             for &gap in &cfg.gaps_ns {
-                let p = report.point(*setting, gap).unwrap_or_else(|| panic!("{setting:?} at {gap}"));
+                let p = report
+                    .point(*setting, gap)
+                    .unwrap_or_else(|| panic!("{setting:?} at {gap}"));
                 assert_eq!(p.latency.count + p.not_blocked, 20, "{p:?}");
                 assert!(p.latency.min_ns > 0 && p.latency.min_ns <= p.latency.p50_ns);
-                assert!(p.latency.p50_ns <= p.latency.p90_ns && p.latency.p90_ns <= p.latency.p99_ns);
+                assert!(
+                    p.latency.p50_ns <= p.latency.p90_ns && p.latency.p90_ns <= p.latency.p99_ns
+                );
                 // The wakee stayed blocked at least for the gap.
                 assert!(p.blocked_mean_ns >= gap, "{p:?}");
             }
         }
         assert_eq!(report.points.len(), expected.len() * cfg.gaps_ns.len());
-        let poll = report.skipped.iter().find(|s| s.setting == Setting::BusyPoll).unwrap();
+        let poll = report
+            .skipped
+            .iter()
+            .find(|s| s.setting == Setting::BusyPoll)
+            .unwrap();
         assert!(!poll.reason.is_empty());
-        assert!(report.steal.as_ref().is_some_and(|s| (0.0..=1.0).contains(&s.fraction)));
+        assert!(report
+            .steal
+            .as_ref()
+            .is_some_and(|s| (0.0..=1.0).contains(&s.fraction)));
         assert_eq!(report.derived_timeout.is_some(), report.wakee_cpu.is_some());
         assert_eq!(report.wakee_load.len(), expected.len());
-        assert!(report.wakee_load.iter().all(|l| (0.0..=1.0).contains(&l.busy_fraction)));
+        assert!(report
+            .wakee_load
+            .iter()
+            .all(|l| (0.0..=1.0).contains(&l.busy_fraction)));
         let json = serde_json::to_string(&report).unwrap();
         let back: ProbeReport = serde_json::from_str(&json).unwrap();
         assert_eq!(back.points, report.points);
