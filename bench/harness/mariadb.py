@@ -68,6 +68,11 @@ class PrivateServer:
     def error_log(self) -> Path:
         return self.rundir / "error.log"
 
+    @property
+    def initialised(self) -> bool:
+        """False before `initialise()` and after `remove()` (e.g. by an interrupt)."""
+        return self.root is not None
+
     def _root(self) -> Path:
         if self.root is None:
             raise MariaDBError("the private MariaDB directory has not been initialised")

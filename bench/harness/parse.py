@@ -57,8 +57,12 @@ def stress_ng_bogo_ops_per_s(text: str, stressor: str) -> float:
     return float(_search(pattern, text + "\n", f"{stressor} <bogo ops> ... <bogo ops/s>"))
 
 
-def last_json_object(text: str) -> dict:
-    """The last line of `text` that parses as a JSON object (workload `--json` reports)."""
+def last_json_object(text: str, with_key: str | None = None) -> dict:
+    """The last line of `text` that parses as a JSON object (having `with_key`, if given).
+
+    `with_key` keeps a wrapper's own JSON lines (e.g. from `gleaner run`) from being
+    taken for the workload's report.
+    """
     for line in reversed(text.splitlines()):
         line = line.strip()
         if line.startswith("{"):
@@ -66,9 +70,9 @@ def last_json_object(text: str) -> dict:
                 value = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if isinstance(value, dict):
+            if isinstance(value, dict) and (with_key is None or with_key in value):
                 return value
-    raise ParseError("no JSON object line in the output")
+    raise ParseError(f"no JSON object line{f' with {with_key!r}' if with_key else ''} in the output")
 
 
 def json_number(report: dict, key: str) -> float:

@@ -4,7 +4,7 @@ The runner owns the order of runs (interleaved configurations), the per-run reco
 (metric, wall time, idle rates, gleaner timeline, error), progress on stderr, and the
 guarantee that every temporary change is undone: the scratch directory, the haltpoll
 parameter and any child process all sit on the cleanup stack. The JSON is rewritten
-after each workload so an interrupted suite still leaves what it measured.
+after each run so an interrupted suite still leaves what it measured.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def phase_run(options: Options, ctx: RunContext, scratch: Path) -> dict:
         if result.returncode != 0:
             block["error"] = f"exit status {result.returncode}: {proc.tail(result.output)}"
         else:
-            block["report"] = parse.last_json_object(result.output)
+            block["report"] = parse.last_json_object(result.output, "throughput_per_s")
         block["timeline"] = parse.read_timeline(timeline_path)
     except (proc.CommandError, parse.ParseError) as error:
         block["error"] = str(error)
@@ -209,6 +209,7 @@ def run_suite(options: Options, stack: CleanupStack) -> list[Path]:
     uses_gleaner = any(config.uses_gleaner for config in configs)
     scratch = Path(tempfile.mkdtemp(prefix="gleaner-bench-"))
     ctx = RunContext(options.gleaner, stack, scratch, read_idle)
+    config_names = [config.name for config in configs]
     total_runs = len(suite.workloads) * len(configs) * options.reps
     estimate_min = suite.estimate_s(len(configs), options.reps) / 60
     log(f"suite {suite.name}: {len(suite.workloads)} workloads x {len(configs)} configurations x "
@@ -222,6 +223,7 @@ def run_suite(options: Options, stack: CleanupStack) -> list[Path]:
                 log(f"probe failed: {results['probe']['error']}")
         for workload in suite.workloads:
             record = workload.describe() | {"runs": [], "error": None}
+            record["summary"] = report.summarise_workload(record, config_names)
             results["workloads"].append(record)
             log(f"{workload.name}: preparing")
             try:
@@ -233,6 +235,9 @@ def run_suite(options: Options, stack: CleanupStack) -> list[Path]:
                     outcome = (f"{run['value']:.4g} {workload.unit} in {run['wall_s']:.1f} s" if run["ok"]
                                else f"FAILED: {run['error']}")
                     log(f"[{done}/{total_runs}] {workload.name} {config.name} rep {rep + 1}/{options.reps}: {outcome}")
+                    # Rewritten after every run so an interrupted suite keeps what it measured.
+                    record["summary"] = report.summarise_workload(record, config_names)
+                    write_outputs(results, stem, with_plots=False)
             except (WorkloadError, MariaDBError, OSError) as error:
                 record["error"] = f"setup failed: {error}"
                 log(f"{workload.name}: {record['error']}")
@@ -241,7 +246,7 @@ def run_suite(options: Options, stack: CleanupStack) -> list[Path]:
                     workload.teardown(ctx)
                 except (WorkloadError, MariaDBError, OSError) as error:
                     results["notes"].append(f"{workload.name} teardown: {error}")
-            record["summary"] = report.summarise_workload(record, [config.name for config in configs])
+            record["summary"] = report.summarise_workload(record, config_names)
             write_outputs(results, stem, with_plots=False)
         if uses_gleaner and suite.phase_run and any(config.name == "gleaner" for config in configs):
             log("phase-change run for the active-vCPU timeline")

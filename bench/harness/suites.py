@@ -72,7 +72,9 @@ def bundled(name: str, workload: str, unit: str, est_s: float, args: list[str], 
         est_s,
         (),
         argv=["{gleaner}", "workload", workload, *args, "--json"],
-        metric_of=lambda output, _wall: parse.json_number(parse.last_json_object(output), "throughput_per_s"),
+        metric_of=lambda output, _wall: parse.json_number(
+            parse.last_json_object(output, "throughput_per_s"), "throughput_per_s"
+        ),
         needs_gleaner=True,
     )
 

@@ -239,6 +239,9 @@ class OltpWorkload(Workload):
     def teardown(self, ctx: RunContext) -> None:
         if self.server is None:
             return
+        if not self.server.initialised:  # an interrupt already stopped and removed it
+            self.server = None
+            return
         try:
             self.server.start(self.server.server_argv())
             self.server.drop_database()

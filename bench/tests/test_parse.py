@@ -60,6 +60,10 @@ def test_last_json_object_skips_logs_and_reports_missing_keys():
         parse.json_number(report, "ops_per_s")
     with pytest.raises(parse.ParseError):
         parse.last_json_object("no json here\n{broken\n")
+    wrapped = text + '{"gleaner": "summary", "periods": 12}\n'
+    assert parse.last_json_object(wrapped, "throughput_per_s")["workload"] == "pipeline"
+    with pytest.raises(parse.ParseError, match="with 'ops'"):
+        parse.last_json_object(wrapped, "ops")
 
 
 def test_read_timeline_and_compact(tmp_path):
