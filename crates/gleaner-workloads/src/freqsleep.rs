@@ -47,13 +47,14 @@ pub fn freqsleep(cfg: &FreqsleepConfig) -> Result<Report, WorkloadError> {
                 &gate,
                 format!("gw-sleep-{thread_index}"),
                 move || {
-                    let deadline = Instant::now() + duration;
+                    // None (too far in the future to represent) means run until killed.
+                    let deadline = Instant::now().checked_add(duration);
                     let mut sleeps = 0u64;
                     // Sleep first, then check: every thread sleeps at least once.
                     loop {
                         sleep_one_nanosecond();
                         sleeps += 1;
-                        if Instant::now() >= deadline {
+                        if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
                             break;
                         }
                     }

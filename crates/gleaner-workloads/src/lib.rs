@@ -29,6 +29,7 @@ mod error;
 mod freqsleep;
 mod harness;
 pub mod hash;
+mod latency;
 mod matmul;
 mod mutex;
 pub mod phase;

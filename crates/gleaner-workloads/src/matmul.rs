@@ -79,7 +79,7 @@ pub fn matmul(cfg: &MatmulConfig) -> Result<Report, WorkloadError> {
                     let (mut a, mut b, mut product) =
                         (vec![0u64; n * n], vec![0u64; n * n], vec![0u64; n * n]);
                     let deadline = match length {
-                        Length::Duration(duration) => Some(Instant::now() + duration),
+                        Length::Duration(duration) => Instant::now().checked_add(duration),
                         Length::Count(_) => None,
                     };
                     let (mut sum, mut reps) = (0u64, 0u64);
@@ -88,7 +88,8 @@ pub fn matmul(cfg: &MatmulConfig) -> Result<Report, WorkloadError> {
                         let more = match (length, deadline) {
                             (Length::Count(total), _) => rep < total,
                             (_, Some(deadline)) => Instant::now() < deadline,
-                            (Length::Duration(_), None) => false,
+                            // Too far in the future to represent: run until killed.
+                            (Length::Duration(_), None) => true,
                         };
                         if !more {
                             break;

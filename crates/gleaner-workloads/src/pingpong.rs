@@ -13,8 +13,9 @@ use std::thread;
 use std::time::Instant;
 
 use crate::harness::{join, spawn_gated, StartGate};
+use crate::latency::LatencyHistogram;
 use crate::phase::Length;
-use crate::report::{rate, LatencySummary, PhaseReport, Report};
+use crate::report::{rate, PhaseReport, Report};
 use crate::WorkloadError;
 
 /// Parameters of a pingpong run.
@@ -89,17 +90,18 @@ impl Drop for StopOnDrop<'_> {
 }
 
 /// The measuring side: hands the token over and times until it returns.
-fn ping(word: &AtomicU32, length: Length) -> Result<Vec<u64>, WorkloadError> {
+fn ping(word: &AtomicU32, length: Length) -> Result<LatencyHistogram, WorkloadError> {
     let _stop = StopOnDrop(word);
     let deadline = match length {
-        Length::Duration(duration) => Some(Instant::now() + duration),
+        // A duration too large to represent as an Instant means "no deadline".
+        Length::Duration(duration) => Instant::now().checked_add(duration),
         Length::Count(_) => None,
     };
     let rounds = match length {
         Length::Count(n) => n,
         Length::Duration(_) => u64::MAX,
     };
-    let mut samples = Vec::with_capacity(rounds.min(1 << 20) as usize);
+    let mut round_trips = LatencyHistogram::new();
     for _ in 0..rounds {
         let sent = Instant::now();
         if deadline.is_some_and(|d| sent >= d) {
@@ -121,9 +123,9 @@ fn ping(word: &AtomicU32, length: Length) -> Result<Vec<u64>, WorkloadError> {
                 _ => return Err(WorkloadError::PartnerStopped),
             }
         }
-        samples.push(u64::try_from(sent.elapsed().as_nanos()).unwrap_or(u64::MAX));
+        round_trips.record(u64::try_from(sent.elapsed().as_nanos()).unwrap_or(u64::MAX));
     }
-    Ok(samples)
+    Ok(round_trips)
 }
 
 /// The echoing side: returns the token each time it arrives; counts hand-backs.
@@ -163,13 +165,13 @@ pub fn pingpong(cfg: &PingpongConfig) -> Result<Report, WorkloadError> {
         let ping_handle = spawn_gated(scope, &gate, "gw-ping".into(), move || ping(word, length))?;
         gate.open();
         let start = Instant::now();
-        let samples = join(ping_handle)?;
+        let round_trips = join(ping_handle)?;
         let returned = join(pong_handle)?;
         let elapsed = start.elapsed();
         // Pong's own error explains a PartnerStopped from ping, so report it first.
         let returned = returned?;
-        let samples = samples?;
-        let rounds = samples.len() as u64;
+        let round_trips = round_trips?;
+        let rounds = round_trips.samples();
         if returned != rounds {
             return Err(WorkloadError::PingpongMismatch {
                 sent: rounds,
@@ -193,7 +195,7 @@ pub fn pingpong(cfg: &PingpongConfig) -> Result<Report, WorkloadError> {
                 throughput_per_s: rate(rounds, elapsed),
             }],
             stage_items: None,
-            latency_ns: LatencySummary::from_samples(samples),
+            latency_ns: round_trips.summary(),
         })
     })
 }

@@ -50,7 +50,7 @@ pub struct PhaseReport {
     pub throughput_per_s: f64,
 }
 
-/// Percentiles of a latency sample (nearest-rank), in nanoseconds.
+/// Percentiles of a latency sample (nearest-rank, within 1/64), in nanoseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct LatencySummary {
     pub samples: u64,
@@ -58,29 +58,6 @@ pub struct LatencySummary {
     pub p90: u64,
     pub p99: u64,
     pub max: u64,
-}
-
-impl LatencySummary {
-    /// Summarises raw samples; `None` when there are none.
-    pub fn from_samples(mut samples_ns: Vec<u64>) -> Option<Self> {
-        if samples_ns.is_empty() {
-            return None;
-        }
-        samples_ns.sort_unstable();
-        let n = samples_ns.len();
-        let percentile = |p: f64| {
-            // Nearest-rank: the smallest value with at least p of the samples at or below it.
-            let rank = (p * n as f64).ceil() as usize;
-            samples_ns[rank.clamp(1, n) - 1]
-        };
-        Some(Self {
-            samples: n as u64,
-            p50: percentile(0.50),
-            p90: percentile(0.90),
-            p99: percentile(0.99),
-            max: samples_ns[n - 1],
-        })
-    }
 }
 
 /// `ops / elapsed`, or 0 when no time elapsed (avoids inf/NaN in JSON).
@@ -147,19 +124,6 @@ impl fmt::Display for Report {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn percentiles_use_nearest_rank() {
-        let summary = LatencySummary::from_samples((1..=100).rev().collect()).unwrap();
-        assert_eq!(summary.samples, 100);
-        assert_eq!(
-            (summary.p50, summary.p90, summary.p99, summary.max),
-            (50, 90, 99, 100)
-        );
-        let single = LatencySummary::from_samples(vec![7]).unwrap();
-        assert_eq!((single.p50, single.p99, single.max), (7, 7, 7));
-        assert_eq!(LatencySummary::from_samples(Vec::new()), None);
-    }
 
     #[test]
     fn rate_is_zero_for_zero_elapsed() {
