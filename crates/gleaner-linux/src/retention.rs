@@ -486,12 +486,20 @@ pub fn now_ns() -> u64 {
         .saturating_add(ts.tv_nsec as u64)
 }
 
-/// Pins the calling thread to one CPU. The mask is sized to the CPU id, so ids beyond
-/// `cpu_set_t`'s 1024 bits work too.
+/// Pins the calling thread to one CPU.
 pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
+    set_current_thread_affinity(&[cpu].into_iter().collect())
+}
+
+/// Sets the calling thread's CPU mask. The mask is sized to the largest CPU id, so ids beyond
+/// `cpu_set_t`'s 1024 bits work too.
+pub fn set_current_thread_affinity(cpus: &Cpuset) -> io::Result<()> {
     let bits = 8 * std::mem::size_of::<libc::c_ulong>();
-    let mut mask = vec![0 as libc::c_ulong; (cpu / bits + 1).max(1024 / bits)];
-    mask[cpu / bits] |= 1 << (cpu % bits);
+    let words = (cpus.last().unwrap_or(0) / bits + 1).max(1024 / bits);
+    let mut mask = vec![0 as libc::c_ulong; words];
+    for cpu in cpus.iter() {
+        mask[cpu / bits] |= 1 << (cpu % bits);
+    }
     // SAFETY: the pointer and byte length describe `mask`, which outlives the call; pid 0 is
     // the calling thread.
     let rc = unsafe {

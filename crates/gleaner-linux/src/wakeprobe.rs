@@ -25,6 +25,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,8 +34,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::pmqos::{PmQosError, PollRetention};
 use crate::retention::{
-    now_ns, pin_current_thread, thread_affinity, RetentionError, RetentionMode, RetentionPool,
-    YielderParams,
+    now_ns, pin_current_thread, set_current_thread_affinity, thread_affinity, RetentionError,
+    RetentionMode, RetentionPool, YielderParams,
 };
 
 /// Default gaps between wakes: 20 µs to 5 ms.
@@ -530,6 +531,33 @@ impl SettingEnv {
     }
 }
 
+/// Keeps the calling thread on the waker's CPU while a point runs, so that its own wake-ups
+/// (progress polling) never land on the wakee's vCPU and pull it out of halt. Restores the
+/// thread's previous CPU mask on drop.
+struct CallerPinned {
+    previous: Cpuset,
+}
+
+impl CallerPinned {
+    fn pin(cpu: usize) -> Result<Self, ProbeError> {
+        let previous = thread_affinity(0).map_err(|source| ProbeError::Affinity { source })?;
+        pin_current_thread(cpu).map_err(|source| ProbeError::Pin {
+            role: "calling",
+            cpu,
+            source,
+        })?;
+        Ok(Self { previous })
+    }
+}
+
+impl Drop for CallerPinned {
+    fn drop(&mut self) {
+        // The previous mask was valid a moment ago; if a CPU went offline since, the kernel
+        // keeps the thread runnable anyway and there is nothing better to do here.
+        let _ = set_current_thread_affinity(&self.previous);
+    }
+}
+
 /// The two futex words and the wake timestamp shared by waker and wakee.
 ///
 /// Round `i`: the wakee sets `armed = i + 1` and blocks on `seq == i`; the waker waits for
@@ -565,6 +593,7 @@ fn run_point(
         stop: AtomicBool::new(false),
         done: AtomicU64::new(0),
     };
+    let _pinned = CallerPinned::pin(waker_cpu)?;
     // Safety net for the futex waits: never reached in a healthy run, it only bounds a hang.
     let wait_limit_ns = 1_000_000_000 + 2 * gap_ns;
     let (wakee, waker) = std::thread::scope(|s| {
@@ -576,9 +605,11 @@ fn run_point(
                 role: "wakee",
                 source,
             })?;
+        let (finished_tx, finished_rx) = mpsc::channel::<()>();
         let waker = match std::thread::Builder::new()
             .name("gleaner-waker".into())
             .spawn_scoped(s, move || {
+                let _finished = finished_tx; // dropped on return: wakes the loop below
                 waker_side(hs, waker_cpu, rounds, gap_ns, wait_limit_ns)
             }) {
             Ok(handle) => handle,
@@ -591,8 +622,9 @@ fn run_point(
                 });
             }
         };
-        while !waker.is_finished() {
-            std::thread::sleep(Duration::from_millis(50));
+        while let Err(RecvTimeoutError::Timeout) =
+            finished_rx.recv_timeout(Duration::from_millis(100))
+        {
             progress(hs.done.load(Ordering::Relaxed));
         }
         // Neither side panics; a join error could only come from a bug, reported as a hang would be.
@@ -981,6 +1013,27 @@ mod tests {
             (1_000_000, 50_000, 17_000, 33_000)
         );
         assert!(derive_timeout(&points[..1]).is_none());
+    }
+
+    #[test]
+    fn caller_affinity_is_restored_after_a_point() {
+        let before = thread_affinity(0).unwrap();
+        let cpu = before.first().unwrap();
+        let cfg = ProbeConfig {
+            samples: 3,
+            warmup: 0,
+            ..Default::default()
+        };
+        let p = run_point(Setting::SameVcpu, cpu, cpu, 20_000, &cfg, |_| {}).unwrap();
+        assert_eq!(p.latency.count + p.not_blocked, 3);
+        assert_eq!(thread_affinity(0).unwrap(), before);
+        // A failing point (no such CPU) restores it too.
+        let err = run_point(Setting::SameVcpu, cpu, 8191, 20_000, &cfg, |_| {}).unwrap_err();
+        assert!(
+            matches!(err, ProbeError::Pin { role: "wakee", .. }),
+            "{err}"
+        );
+        assert_eq!(thread_affinity(0).unwrap(), before);
     }
 
     #[test]
