@@ -305,7 +305,9 @@ fn caveats(points: &[ScalingPoint], usl: Option<&UslFit>) -> Vec<String> {
 }
 
 fn format_growth(factor: f64) -> String {
-    if factor.is_finite() {
+    if factor.is_finite() && factor >= 100.0 {
+        format!("{factor:.0}x")
+    } else if factor.is_finite() {
         format!("{factor:.2}x")
     } else {
         "from zero".to_string()

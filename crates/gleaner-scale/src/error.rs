@@ -24,7 +24,7 @@ pub enum ScaleError {
     Io { what: &'static str, source: std::io::Error },
     #[error("{what} failed: {source}")]
     Os { what: &'static str, source: nix::Error },
-    #[error("the command exited with {status} at {cpus} CPU(s), run {run}; fix the command (its stderr is shown above) before measuring it")]
+    #[error("the command failed ({status}) at {cpus} CPU(s), run {run}; fix the command (its stderr is shown above) before measuring it")]
     CommandFailed { cpus: usize, run: u32, status: String },
     #[error("cannot read the CPU affinity of this process: {0}")]
     Affinity(nix::Error),

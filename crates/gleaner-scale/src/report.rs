@@ -194,7 +194,8 @@ fn format_count(value: Option<f64>) -> String {
         Some(v) if v.abs() >= 1e9 => format!("{:.2}G", v / 1e9),
         Some(v) if v.abs() >= 1e6 => format!("{:.2}M", v / 1e6),
         Some(v) if v.abs() >= 1e4 => format!("{:.1}k", v / 1e3),
-        Some(v) => format!("{v:.0}"),
+        Some(v) if v.abs() >= 1.0 || v == 0.0 => format!("{v:.0}"),
+        Some(v) => format!("{v:.2}"),
     }
 }
 
@@ -389,7 +390,13 @@ fn draw_speedup(report: &ScaleReport, area: &Area<'_>) -> PlotResult {
         .x_label_area_size(40)
         .y_label_area_size(50)
         .build_cartesian_2d(0.0..x_max, 0.0..y_max)?;
-    chart.configure_mesh().x_desc("CPUs").y_desc("speedup").label_style(("sans-serif", 14)).draw()?;
+    chart
+        .configure_mesh()
+        .x_desc("CPUs")
+        .y_desc("speedup")
+        .label_style(("sans-serif", 14))
+        .light_line_style(WHITE)
+        .draw()?;
 
     let steps = 200;
     let xs = move || (0..=steps).map(move |i| 1.0 + (x_max - 1.0) * i as f64 / steps as f64);
@@ -455,6 +462,7 @@ fn draw_log_series(
         .configure_mesh()
         .x_desc("CPUs")
         .y_desc(y_desc)
+        .y_label_formatter(&|value| format_count(Some(*value)))
         .label_style(("sans-serif", 14))
         .light_line_style(WHITE)
         .draw()?;
