@@ -1081,6 +1081,55 @@ mod tests {
         assert!(f.vcpus >= 1);
     }
 
+    /// B-poll against a fake sysfs that claims a polling cpuidle driver: the probe reports the
+    /// original to the hook, writes `n/a` for the setting, and restores the file afterwards.
+    #[test]
+    fn poll_setting_journals_and_restores_the_qos_file() {
+        let allowed = thread_affinity(0).unwrap();
+        let Some(wakee) = allowed.iter().nth(1) else {
+            return; // needs two CPUs, as the setting itself does
+        };
+        let sys = tempfile::tempdir().unwrap();
+        let cpu_dir = sys.path().join("devices/system/cpu");
+        fs::create_dir_all(cpu_dir.join(format!("cpu{wakee}/cpuidle/state0"))).unwrap();
+        fs::create_dir_all(cpu_dir.join(format!("cpu{wakee}/power"))).unwrap();
+        fs::create_dir_all(cpu_dir.join("cpuidle")).unwrap();
+        fs::write(cpu_dir.join("cpuidle/current_driver"), "haltpoll\n").unwrap();
+        fs::write(
+            cpu_dir.join(format!("cpu{wakee}/cpuidle/state0/name")),
+            "POLL\n",
+        )
+        .unwrap();
+        let qos = cpu_dir.join(format!("cpu{wakee}/power/pm_qos_resume_latency_us"));
+        fs::write(&qos, "0\n").unwrap();
+        let journal = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let j = Arc::clone(&journal);
+        let cfg = ProbeConfig {
+            gaps_ns: vec![50_000],
+            samples: 5,
+            warmup: 0,
+            sysfs_root: sys.path().to_path_buf(),
+            on_pmqos_original: Some(Arc::new(move |path: &Path, original: &str| {
+                j.lock()
+                    .unwrap()
+                    .push((path.to_path_buf(), original.to_string()));
+                Ok(())
+            })),
+            ..Default::default()
+        };
+        let report = measure(&cfg, |_, _| {}).unwrap();
+        assert!(
+            report.point(Setting::BusyPoll, 50_000).is_some(),
+            "{:?}",
+            report.skipped
+        );
+        assert_eq!(
+            *journal.lock().unwrap(),
+            vec![(qos.clone(), "0".to_string())]
+        );
+        assert_eq!(fs::read_to_string(&qos).unwrap(), "0");
+    }
+
     /// A short real run on this machine: every setting that can run produces sane numbers,
     /// the ones that cannot say why, and B-poll is skipped against a sysfs without cpuidle.
     #[test]
