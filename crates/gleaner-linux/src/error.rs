@@ -24,7 +24,11 @@ pub enum Error {
     Io { path: PathBuf, source: io::Error },
 
     #[error("{path}: cannot parse {what} from {snippet:?}")]
-    Parse { path: PathBuf, what: String, snippet: String },
+    Parse {
+        path: PathBuf,
+        what: String,
+        snippet: String,
+    },
 
     #[error("{path} does not exist")]
     NotFound { path: PathBuf },
@@ -35,23 +39,38 @@ pub enum Error {
     #[error("cpuset controller not available at {path}; {fix}")]
     CgroupNotEnabled { path: PathBuf, fix: String },
 
-    #[error("{path} is on a read-only file system; remount it read-write or use --backend affinity")]
+    #[error(
+        "{path} is on a read-only file system; remount it read-write or use --backend affinity"
+    )]
     ReadOnly { path: PathBuf },
 
-    #[error("{path} already exists; remove the stale cgroup (see `gleaner recover`) or pick another id")]
+    #[error(
+        "{path} already exists; remove the stale cgroup (see `gleaner recover`) or pick another id"
+    )]
     AlreadyExists { path: PathBuf },
 
     #[error("CPU set {requested:?} must be a non-empty subset of the allowed CPUs {allowed:?}")]
     InvalidCpuset { requested: Cpuset, allowed: Cpuset },
 
     #[error("no {what} mount found in {path}; {fix}")]
-    NoMount { path: PathBuf, what: &'static str, fix: &'static str },
+    NoMount {
+        path: PathBuf,
+        what: &'static str,
+        fix: &'static str,
+    },
 
     #[error("thread {tid}: {op} failed: {errno}")]
-    Affinity { tid: u32, op: &'static str, errno: nix::errno::Errno },
+    Affinity {
+        tid: u32,
+        op: &'static str,
+        errno: nix::errno::Errno,
+    },
 
     #[error("{path}: {source}")]
-    Json { path: PathBuf, source: serde_json::Error },
+    Json {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
 
     #[error("{}", RestoreList(.errors))]
     Restore { errors: Vec<Error> },
@@ -63,7 +82,10 @@ impl Error {
         let path = path.into();
         match source.kind() {
             io::ErrorKind::NotFound => Error::NotFound { path },
-            io::ErrorKind::PermissionDenied => Error::PermissionDenied { path, fix: FIX_PERMISSION },
+            io::ErrorKind::PermissionDenied => Error::PermissionDenied {
+                path,
+                fix: FIX_PERMISSION,
+            },
             io::ErrorKind::AlreadyExists => Error::AlreadyExists { path },
             _ if source.raw_os_error() == Some(libc::EROFS) => Error::ReadOnly { path },
             _ => Error::Io { path, source },
@@ -71,7 +93,11 @@ impl Error {
     }
 
     pub fn parse(path: impl Into<PathBuf>, what: impl Into<String>, content: &str) -> Error {
-        Error::Parse { path: path.into(), what: what.into(), snippet: snippet(content) }
+        Error::Parse {
+            path: path.into(),
+            what: what.into(),
+            snippet: snippet(content),
+        }
     }
 
     /// True when the thing read no longer exists (a process or thread that exited).
@@ -96,7 +122,11 @@ struct RestoreList<'a>(&'a [Error]);
 
 impl fmt::Display for RestoreList<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} item(s) could not be restored (run `gleaner recover` to retry): ", self.0.len())?;
+        write!(
+            f,
+            "{} item(s) could not be restored (run `gleaner recover` to retry): ",
+            self.0.len()
+        )?;
         for (i, e) in self.0.iter().enumerate() {
             if i > 0 {
                 f.write_str("; ")?;
@@ -132,12 +162,15 @@ pub(crate) fn write_file(path: &Path, content: &str) -> Result<()> {
         .truncate(true)
         .open(path)
         .map_err(|e| Error::io(path, e))?;
-    f.write_all(content.as_bytes()).map_err(|e| Error::io(path, e))
+    f.write_all(content.as_bytes())
+        .map_err(|e| Error::io(path, e))
 }
 
 /// Parses one trimmed number from a small file, naming the file on failure.
 pub(crate) fn parse_num<T: std::str::FromStr>(path: &Path, what: &str, text: &str) -> Result<T> {
-    text.trim().parse().map_err(|_| Error::parse(path, what, text))
+    text.trim()
+        .parse()
+        .map_err(|_| Error::parse(path, what, text))
 }
 
 pub(crate) fn read_num<T: std::str::FromStr>(path: &Path, what: &str) -> Result<T> {
@@ -146,7 +179,8 @@ pub(crate) fn read_num<T: std::str::FromStr>(path: &Path, what: &str) -> Result<
 
 pub(crate) fn read_cpuset(path: &Path) -> Result<Cpuset> {
     let text = read_file(path)?;
-    text.parse().map_err(|_| Error::parse(path, "CPU list", &text))
+    text.parse()
+        .map_err(|_| Error::parse(path, "CPU list", &text))
 }
 
 #[cfg(test)]
@@ -156,10 +190,19 @@ mod tests {
     #[test]
     fn io_errors_map_to_specific_variants() {
         let p = Path::new("/x");
-        assert!(matches!(Error::io(p, io::Error::from(io::ErrorKind::NotFound)), Error::NotFound { .. }));
+        assert!(matches!(
+            Error::io(p, io::Error::from(io::ErrorKind::NotFound)),
+            Error::NotFound { .. }
+        ));
         let denied = Error::io(p, io::Error::from_raw_os_error(libc::EACCES));
-        assert!(denied.to_string().contains("--backend affinity"), "{denied}");
-        assert!(matches!(Error::io(p, io::Error::from_raw_os_error(libc::EROFS)), Error::ReadOnly { .. }));
+        assert!(
+            denied.to_string().contains("--backend affinity"),
+            "{denied}"
+        );
+        assert!(matches!(
+            Error::io(p, io::Error::from_raw_os_error(libc::EROFS)),
+            Error::ReadOnly { .. }
+        ));
         let busy = Error::io(p, io::Error::from_raw_os_error(libc::EBUSY));
         assert_eq!(busy.raw_os_error(), Some(libc::EBUSY));
     }
@@ -175,9 +218,15 @@ mod tests {
     #[test]
     fn restore_error_lists_each_failure() {
         let e = Error::Restore {
-            errors: vec![Error::NotFound { path: "/a".into() }, Error::ReadOnly { path: "/b".into() }],
+            errors: vec![
+                Error::NotFound { path: "/a".into() },
+                Error::ReadOnly { path: "/b".into() },
+            ],
         };
         let msg = e.to_string();
-        assert!(msg.starts_with("2 item(s)") && msg.contains("/a") && msg.contains("/b"), "{msg}");
+        assert!(
+            msg.starts_with("2 item(s)") && msg.contains("/a") && msg.contains("/b"),
+            "{msg}"
+        );
     }
 }

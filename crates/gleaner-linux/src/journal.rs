@@ -29,17 +29,37 @@ pub enum UndoAction {
     /// (a cgroup directory) and removes it.
     CreatedCgroup { dir: PathBuf, fallback: PathBuf },
     /// Gleaner moves process `pid` (identified with its start time) out of cgroup `from`.
-    MovedProcess { pid: u32, start_ticks: u64, from: PathBuf },
+    MovedProcess {
+        pid: u32,
+        start_ticks: u64,
+        from: PathBuf,
+    },
     /// Gleaner writes `+controller` into this `cgroup.subtree_control`.
-    EnabledController { subtree_control: PathBuf, controller: String },
+    EnabledController {
+        subtree_control: PathBuf,
+        controller: String,
+    },
     /// Gleaner rewrites a cgroup file (an attached cgroup's `cpuset.cpus`).
     CgroupFile { file: PathBuf, original: String },
     /// Gleaner changes a thread's CPU affinity.
-    ThreadAffinity { pid: u32, tid: u32, start_ticks: u64, original: Cpuset },
+    ThreadAffinity {
+        pid: u32,
+        tid: u32,
+        start_ticks: u64,
+        original: Cpuset,
+    },
     /// Gleaner changes a CPU's `pm_qos_resume_latency_us`.
-    PmQos { cpu: usize, file: PathBuf, original: PmQosLatency },
+    PmQos {
+        cpu: usize,
+        file: PathBuf,
+        original: PmQosLatency,
+    },
     /// Gleaner changes a haltpoll module parameter.
-    HaltpollParam { name: String, file: PathBuf, original: String },
+    HaltpollParam {
+        name: String,
+        file: PathBuf,
+        original: String,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -89,7 +109,11 @@ impl Journal {
 
     /// Starts an empty journal for this process in `dir` (created 0700 if missing).
     pub fn create(dir: &Path, proc: &ProcFs) -> Result<Journal> {
-        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| Error::io(dir, e))?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| Error::io(dir, e))?;
         let owner_pid = std::process::id();
         let journal = Journal {
             path: dir.join(format!("{owner_pid}.json")),
@@ -106,8 +130,14 @@ impl Journal {
 
     pub fn load(path: &Path) -> Result<Journal> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let state = serde_json::from_str(&text).map_err(|source| Error::Json { path: path.into(), source })?;
-        Ok(Journal { path: path.into(), state })
+        let state = serde_json::from_str(&text).map_err(|source| Error::Json {
+            path: path.into(),
+            source,
+        })?;
+        Ok(Journal {
+            path: path.into(),
+            state,
+        })
     }
 
     pub fn into_shared(self) -> SharedJournal {
@@ -151,8 +181,10 @@ impl Journal {
     }
 
     fn persist(&self) -> Result<()> {
-        let json = serde_json::to_vec_pretty(&self.state)
-            .map_err(|source| Error::Json { path: self.path.clone(), source })?;
+        let json = serde_json::to_vec_pretty(&self.state).map_err(|source| Error::Json {
+            path: self.path.clone(),
+            source,
+        })?;
         let tmp = self.path.with_extension("json.tmp");
         let io = |e| Error::io(&tmp, e);
         let mut f = std::fs::OpenOptions::new()
@@ -165,6 +197,38 @@ impl Journal {
         f.write_all(&json).map_err(io)?;
         f.sync_all().map_err(io)?;
         std::fs::rename(&tmp, &self.path).map_err(|e| Error::io(&self.path, e))
+    }
+}
+
+/// A hook for [`crate::pmqos`]'s `OriginalHook`: journals a CPU's original
+/// `pm_qos_resume_latency_us` (file `.../cpuN/power/pm_qos_resume_latency_us`) before the
+/// first write to it.
+pub fn pm_qos_recorder(
+    journal: SharedJournal,
+) -> impl FnMut(&Path, &str) -> std::result::Result<(), Box<dyn std::error::Error + Send + Sync>>
+       + Send
+       + 'static {
+    move |file: &Path, original: &str| {
+        let cpu = file
+            .parent()
+            .and_then(Path::parent)
+            .and_then(|d| d.file_name()?.to_str()?.strip_prefix("cpu")?.parse().ok())
+            .ok_or_else(|| {
+                Error::parse(
+                    file,
+                    "cpuN directory in PM QoS path",
+                    &file.display().to_string(),
+                )
+            })?;
+        let original = original
+            .parse()
+            .map_err(|_| Error::parse(file, "PM QoS resume latency", original))?;
+        lock(&journal).record(UndoAction::PmQos {
+            cpu,
+            file: file.to_path_buf(),
+            original,
+        })?;
+        Ok(())
     }
 }
 
@@ -241,22 +305,34 @@ pub fn undo_action(action: &UndoAction, proc: &ProcFs, ops: &dyn AffinityOps) ->
                 Err(e) => return Err(Error::io(&procs, e)),
             };
             for word in text.split_whitespace() {
-                let pid = word.parse().map_err(|_| Error::parse(&procs, "pid", word))?;
+                let pid = word
+                    .parse()
+                    .map_err(|_| Error::parse(&procs, "pid", word))?;
                 move_process(&fallback.join("cgroup.procs"), pid)?;
             }
             remove_cgroup_dir(dir)
         }
-        UndoAction::MovedProcess { pid, start_ticks, from } => {
+        UndoAction::MovedProcess {
+            pid,
+            start_ticks,
+            from,
+        } => {
             if !same_task(proc.process_start_time(*pid), *start_ticks)? {
                 return Ok(());
             }
             move_process(&from.join("cgroup.procs"), *pid).map(|_| ())
         }
-        UndoAction::EnabledController { subtree_control, controller } => {
-            write_file(subtree_control, &format!("-{controller}"))
-        }
+        UndoAction::EnabledController {
+            subtree_control,
+            controller,
+        } => write_file(subtree_control, &format!("-{controller}")),
         UndoAction::CgroupFile { file, original } => write_cgroup_value(file, original),
-        UndoAction::ThreadAffinity { pid, tid, start_ticks, original } => {
+        UndoAction::ThreadAffinity {
+            pid,
+            tid,
+            start_ticks,
+            original,
+        } => {
             let start = proc.task_stat(*pid, *tid).map(|s| s.start_ticks);
             if !same_task(start, *start_ticks)? {
                 return Ok(());
@@ -287,7 +363,10 @@ pub struct UndoLog {
 
 impl UndoLog {
     pub fn new(journal: Option<SharedJournal>) -> Self {
-        Self { journal, entries: vec![] }
+        Self {
+            journal,
+            entries: vec![],
+        }
     }
 
     pub fn record(&mut self, action: UndoAction) -> Result<()> {
@@ -419,34 +498,93 @@ mod tests {
     fn undo_restores_files_and_affinity_newest_first() {
         let dir = tempfile::tempdir().unwrap();
         let r = dir.path();
-        let proc = fake_proc(&r.join("proc"), &[(1, 1, 500), (10, 10, 1000), (10, 11, 1001)]);
+        let proc = fake_proc(
+            &r.join("proc"),
+            &[(1, 1, 500), (10, 10, 1000), (10, 11, 1001)],
+        );
         let file = r.join("guest_halt_poll_ns");
         fs::write(&file, "50000").unwrap();
         let qos = r.join("pm_qos_resume_latency_us");
         fs::write(&qos, "20").unwrap();
         let mut j = Journal::create(&r.join("run"), &ProcFs::new("/proc")).unwrap();
         // The same file changed twice: undo must leave the first original in place.
-        j.record(UndoAction::HaltpollParam { name: "n".into(), file: file.clone(), original: "200000".into() })
-            .unwrap();
-        j.record(UndoAction::HaltpollParam { name: "n".into(), file: file.clone(), original: "100000".into() })
-            .unwrap();
-        j.record(UndoAction::PmQos { cpu: 0, file: qos.clone(), original: PmQosLatency::NoConstraint }).unwrap();
+        j.record(UndoAction::HaltpollParam {
+            name: "n".into(),
+            file: file.clone(),
+            original: "200000".into(),
+        })
+        .unwrap();
+        j.record(UndoAction::HaltpollParam {
+            name: "n".into(),
+            file: file.clone(),
+            original: "100000".into(),
+        })
+        .unwrap();
+        j.record(UndoAction::PmQos {
+            cpu: 0,
+            file: qos.clone(),
+            original: PmQosLatency::NoConstraint,
+        })
+        .unwrap();
         let all: Cpuset = "0-1".parse().unwrap();
-        j.record(UndoAction::ThreadAffinity { pid: 10, tid: 11, start_ticks: 1001, original: all.clone() })
-            .unwrap();
+        j.record(UndoAction::ThreadAffinity {
+            pid: 10,
+            tid: 11,
+            start_ticks: 1001,
+            original: all.clone(),
+        })
+        .unwrap();
         // tid 12 exited; tid 10's record is from an older task that had the same tid.
-        j.record(UndoAction::ThreadAffinity { pid: 10, tid: 12, start_ticks: 1002, original: all.clone() })
-            .unwrap();
-        j.record(UndoAction::ThreadAffinity { pid: 10, tid: 10, start_ticks: 7, original: all.clone() })
-            .unwrap();
+        j.record(UndoAction::ThreadAffinity {
+            pid: 10,
+            tid: 12,
+            start_ticks: 1002,
+            original: all.clone(),
+        })
+        .unwrap();
+        j.record(UndoAction::ThreadAffinity {
+            pid: 10,
+            tid: 10,
+            start_ticks: 7,
+            original: all.clone(),
+        })
+        .unwrap();
         let ops = FakeAffinity::new(&[(10, "0"), (11, "0")]);
         undo_with(&mut j, &proc, &ops).unwrap();
         assert_eq!(fs::read_to_string(&file).unwrap(), "200000");
         assert_eq!(fs::read_to_string(&qos).unwrap(), "0");
         assert_eq!(ops.mask(11), Some(all));
-        assert_eq!(ops.mask(10).unwrap().to_string(), "0", "reused tid must not be touched");
+        assert_eq!(
+            ops.mask(10).unwrap().to_string(),
+            "0",
+            "reused tid must not be touched"
+        );
         assert!(j.entries().is_empty());
         assert!(Journal::load(j.path()).unwrap().entries().is_empty());
+    }
+
+    #[test]
+    fn pm_qos_recorder_journals_cpu_and_value() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::create(dir.path(), &ProcFs::new("/proc"))
+            .unwrap()
+            .into_shared();
+        let mut hook = pm_qos_recorder(j.clone());
+        let file = Path::new("/sys/devices/system/cpu/cpu3/power/pm_qos_resume_latency_us");
+        hook(file, "0\n").unwrap();
+        assert!(hook(file, "fast").is_err());
+        assert!(hook(Path::new("/x/pm_qos_resume_latency_us"), "0").is_err());
+        let j = j.lock().unwrap();
+        assert_eq!(j.entries().len(), 1);
+        assert_eq!(
+            j.entries()[0].action,
+            UndoAction::PmQos {
+                cpu: 3,
+                file: file.into(),
+                original: PmQosLatency::NoConstraint
+            }
+        );
+        assert_eq!(summarize(&j).get("PM QoS values"), Some(&1));
     }
 
     #[test]
@@ -455,9 +593,17 @@ mod tests {
         let r = dir.path();
         let mut j = Journal::create(&r.join("run"), &ProcFs::new("/proc")).unwrap();
         let missing_dir = r.join("no/such/dir/param");
-        j.record(UndoAction::HaltpollParam { name: "p".into(), file: missing_dir, original: "1".into() }).unwrap();
+        j.record(UndoAction::HaltpollParam {
+            name: "p".into(),
+            file: missing_dir,
+            original: "1".into(),
+        })
+        .unwrap();
         let err = undo_with(&mut j, &ProcFs::new("/proc"), &FakeAffinity::new(&[])).unwrap_err();
-        assert!(matches!(&err, Error::Restore { errors } if errors.len() == 1), "{err}");
+        assert!(
+            matches!(&err, Error::Restore { errors } if errors.len() == 1),
+            "{err}"
+        );
         assert_eq!(Journal::load(j.path()).unwrap().entries().len(), 1);
     }
 
@@ -469,15 +615,28 @@ mod tests {
         let run = r.join("run");
         fs::create_dir(&run).unwrap();
         let write = |pid: u32, start: u64| {
-            let st = JournalState { owner_pid: pid, owner_start_ticks: start, next_id: 0, entries: vec![] };
-            fs::write(run.join(format!("{pid}.json")), serde_json::to_string(&st).unwrap()).unwrap();
+            let st = JournalState {
+                owner_pid: pid,
+                owner_start_ticks: start,
+                next_id: 0,
+                entries: vec![],
+            };
+            fs::write(
+                run.join(format!("{pid}.json")),
+                serde_json::to_string(&st).unwrap(),
+            )
+            .unwrap();
         };
         write(100, 5000); // alive
         write(200, 1); // pid reused by a process started later
         write(300, 7000); // dead
         fs::write(run.join("400.json"), "{ truncated").unwrap();
         let stale = stale_journals(&run, &proc).unwrap();
-        let owners: Vec<u32> = stale.iter().filter_map(|j| j.as_ref().ok()).map(|j| j.state().owner_pid).collect();
+        let owners: Vec<u32> = stale
+            .iter()
+            .filter_map(|j| j.as_ref().ok())
+            .map(|j| j.state().owner_pid)
+            .collect();
         assert_eq!(owners, vec![200, 300]);
         assert_eq!(stale.iter().filter(|j| j.is_err()).count(), 1);
         assert!(stale_journals(&r.join("absent"), &proc).unwrap().is_empty());

@@ -135,12 +135,18 @@ pub struct ProcessCgroups(pub Vec<CgroupLine>);
 impl ProcessCgroups {
     /// The unified (v2) hierarchy path.
     pub fn v2(&self) -> Option<&str> {
-        self.0.iter().find(|l| l.hierarchy_id == 0 && l.controllers.is_empty()).map(|l| l.path.as_str())
+        self.0
+            .iter()
+            .find(|l| l.hierarchy_id == 0 && l.controllers.is_empty())
+            .map(|l| l.path.as_str())
     }
 
     /// The v1 hierarchy path that carries `controller` (e.g. "cpuset").
     pub fn v1(&self, controller: &str) -> Option<&str> {
-        self.0.iter().find(|l| l.controllers.iter().any(|c| c == controller)).map(|l| l.path.as_str())
+        self.0
+            .iter()
+            .find(|l| l.controllers.iter().any(|c| c == controller))
+            .map(|l| l.path.as_str())
     }
 }
 
@@ -163,7 +169,10 @@ impl ProcFs {
 
     /// For fake trees whose tick values were sampled with a known USER_HZ.
     pub fn with_clock_ticks(root: impl Into<PathBuf>, clock_ticks_per_sec: u64) -> Self {
-        Self { root: root.into(), clock_ticks_per_sec: clock_ticks_per_sec.max(1) }
+        Self {
+            root: root.into(),
+            clock_ticks_per_sec: clock_ticks_per_sec.max(1),
+        }
     }
 
     pub fn root(&self) -> &Path {
@@ -361,8 +370,13 @@ pub fn parse_pressure(path: &Path, text: &str) -> Result<Pressure> {
             _ => {}
         }
     }
-    let (some_total_us, some_avg10) = some.ok_or_else(|| Error::parse(path, "PSI 'some' line", text))?;
-    Ok(Pressure { some_total_us, some_avg10, full_total_us })
+    let (some_total_us, some_avg10) =
+        some.ok_or_else(|| Error::parse(path, "PSI 'some' line", text))?;
+    Ok(Pressure {
+        some_total_us,
+        some_avg10,
+        full_total_us,
+    })
 }
 
 fn parse_stat(path: &Path, text: &str, proc: &ProcFs) -> Result<ProcStat> {
@@ -375,10 +389,13 @@ fn parse_stat(path: &Path, text: &str, proc: &ProcFs) -> Result<ProcStat> {
         if let Some(id) = key.strip_prefix("cpu") {
             let mut ticks = [0u64; 8];
             for slot in ticks.iter_mut() {
-                let w = words.next().ok_or_else(|| Error::parse(path, "8 cpu time fields", line))?;
+                let w = words
+                    .next()
+                    .ok_or_else(|| Error::parse(path, "8 cpu time fields", line))?;
                 *slot = parse_num(path, "cpu time", w)?;
             }
-            let [user, nice, system, idle, iowait, irq, softirq, steal] = ticks.map(|t| proc.ticks_to_ns(t));
+            let [user, nice, system, idle, iowait, irq, softirq, steal] =
+                ticks.map(|t| proc.ticks_to_ns(t));
             let times = CpuTimes {
                 user_ns: user,
                 nice_ns: nice,
@@ -392,11 +409,19 @@ fn parse_stat(path: &Path, text: &str, proc: &ProcFs) -> Result<ProcStat> {
             if id.is_empty() {
                 total = Some(times);
             } else {
-                per_cpu.push(CpuStat { cpu: parse_num(path, "cpu id", id)?, times });
+                per_cpu.push(CpuStat {
+                    cpu: parse_num(path, "cpu id", id)?,
+                    times,
+                });
             }
             continue;
         }
-        let value = || words.clone().next().ok_or_else(|| Error::parse(path, key.to_string(), line));
+        let value = || {
+            words
+                .clone()
+                .next()
+                .ok_or_else(|| Error::parse(path, key.to_string(), line))
+        };
         match key {
             "ctxt" => ctxt = Some(parse_num(path, "ctxt", value()?)?),
             "procs_running" => running = Some(parse_num(path, "procs_running", value()?)?),
@@ -429,14 +454,21 @@ fn parse_timer_list(path: &Path, text: &str) -> Result<Option<Vec<TimerListCpu>>
     let mut sections: Vec<Partial> = vec![];
     for line in text.lines() {
         if let Some(id) = line.strip_prefix("cpu: ") {
-            sections.push(Partial { cpu: parse_num(path, "timer_list cpu id", id)?, ..Default::default() });
+            sections.push(Partial {
+                cpu: parse_num(path, "timer_list cpu id", id)?,
+                ..Default::default()
+            });
             continue;
         }
         if line.starts_with("Tick Device") {
             break; // the per-CPU tick_sched sections are over
         }
-        let Some(cur) = sections.last_mut() else { continue };
-        let Some((key, value)) = line.trim().split_once(':') else { continue };
+        let Some(cur) = sections.last_mut() else {
+            continue;
+        };
+        let Some((key, value)) = line.trim().split_once(':') else {
+            continue;
+        };
         let slot = match key.trim() {
             ".idle_calls" => &mut cur.calls,
             ".idle_sleeps" => &mut cur.sleeps,
@@ -447,16 +479,33 @@ fn parse_timer_list(path: &Path, text: &str) -> Result<Option<Vec<TimerListCpu>>
         let number = value.trim().trim_end_matches("nsecs").trim();
         *slot = Some(parse_num(path, key.trim(), number)?);
     }
-    if sections.is_empty() || sections.iter().all(|s| s.calls.is_none() && s.sleeptime.is_none()) {
+    if sections.is_empty()
+        || sections
+            .iter()
+            .all(|s| s.calls.is_none() && s.sleeptime.is_none())
+    {
         return Ok(None); // kernel without NO_HZ idle accounting
     }
     sections
         .into_iter()
         .map(|s| match (s.calls, s.sleeps, s.sleeptime, s.iowait) {
-            (Some(idle_calls), Some(idle_sleeps), Some(idle_sleeptime_ns), Some(iowait_sleeptime_ns)) => {
-                Ok(TimerListCpu { cpu: s.cpu, idle_calls, idle_sleeps, idle_sleeptime_ns, iowait_sleeptime_ns })
-            }
-            _ => Err(Error::parse(path, format!("idle fields of cpu {}", s.cpu), text)),
+            (
+                Some(idle_calls),
+                Some(idle_sleeps),
+                Some(idle_sleeptime_ns),
+                Some(iowait_sleeptime_ns),
+            ) => Ok(TimerListCpu {
+                cpu: s.cpu,
+                idle_calls,
+                idle_sleeps,
+                idle_sleeptime_ns,
+                iowait_sleeptime_ns,
+            }),
+            _ => Err(Error::parse(
+                path,
+                format!("idle fields of cpu {}", s.cpu),
+                text,
+            )),
         })
         .collect::<Result<Vec<_>>>()
         .map(Some)
@@ -483,7 +532,10 @@ fn parse_loadavg(path: &Path, text: &str) -> Result<LoadAvg> {
 fn parse_task_stat(path: &Path, text: &str, proc: &ProcFs) -> Result<TaskStat> {
     let bad = |what: &str| Error::parse(path, what.to_string(), text);
     let open = text.find('(').ok_or_else(|| bad("'(' before comm"))?;
-    let close = text.rfind(')').filter(|&c| c > open).ok_or_else(|| bad("')' after comm"))?;
+    let close = text
+        .rfind(')')
+        .filter(|&c| c > open)
+        .ok_or_else(|| bad("')' after comm"))?;
     let tid = parse_num(path, "tid", &text[..open])?;
     let comm = text[open + 1..close].to_string();
     // Fields after the comm, numbered as in proc(5) minus 3: state is field 3.
@@ -511,14 +563,20 @@ fn parse_task_stat(path: &Path, text: &str, proc: &ProcFs) -> Result<TaskStat> {
 fn parse_task_status(path: &Path, text: &str) -> Result<TaskStatus> {
     let (mut tgid, mut vol, mut nonvol, mut allowed) = (None, None, None, None);
     for line in text.lines() {
-        let Some((key, value)) = line.split_once(':') else { continue };
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
         let value = value.trim();
         match key {
             "Tgid" => tgid = Some(parse_num(path, "Tgid", value)?),
             "voluntary_ctxt_switches" => vol = Some(parse_num(path, key, value)?),
             "nonvoluntary_ctxt_switches" => nonvol = Some(parse_num(path, key, value)?),
             "Cpus_allowed_list" => {
-                allowed = Some(value.parse::<Cpuset>().map_err(|_| Error::parse(path, "Cpus_allowed_list", line))?)
+                allowed = Some(
+                    value
+                        .parse::<Cpuset>()
+                        .map_err(|_| Error::parse(path, "Cpus_allowed_list", line))?,
+                )
             }
             _ => {}
         }
@@ -536,7 +594,8 @@ pub fn parse_proc_cgroup(path: &Path, text: &str) -> Result<ProcessCgroups> {
     let mut lines = vec![];
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
         let mut parts = line.splitn(3, ':');
-        let (Some(id), Some(ctrl), Some(cg_path)) = (parts.next(), parts.next(), parts.next()) else {
+        let (Some(id), Some(ctrl), Some(cg_path)) = (parts.next(), parts.next(), parts.next())
+        else {
             return Err(Error::parse(path, "id:controllers:path", line));
         };
         if !cg_path.starts_with('/') {
@@ -544,7 +603,11 @@ pub fn parse_proc_cgroup(path: &Path, text: &str) -> Result<ProcessCgroups> {
         }
         lines.push(CgroupLine {
             hierarchy_id: parse_num(path, "hierarchy id", id)?,
-            controllers: ctrl.split(',').filter(|c| !c.is_empty()).map(str::to_string).collect(),
+            controllers: ctrl
+                .split(',')
+                .filter(|c| !c.is_empty())
+                .map(str::to_string)
+                .collect(),
             path: cg_path.to_string(),
         });
     }
@@ -577,8 +640,15 @@ fn unescape_octal(s: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'\\' && i + 3 < bytes.len() && bytes[i + 1..i + 4].iter().all(|b| (b'0'..=b'7').contains(b)) {
-            let v = (bytes[i + 1] - b'0') as u32 * 64 + (bytes[i + 2] - b'0') as u32 * 8 + (bytes[i + 3] - b'0') as u32;
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && bytes[i + 1..i + 4]
+                .iter()
+                .all(|b| (b'0'..=b'7').contains(b))
+        {
+            let v = (bytes[i + 1] - b'0') as u32 * 64
+                + (bytes[i + 2] - b'0') as u32 * 8
+                + (bytes[i + 3] - b'0') as u32;
             if let Ok(b) = u8::try_from(v) {
                 out.push(b);
                 i += 4;
@@ -666,7 +736,10 @@ Clock Event Device: lapic-deadline
         assert_eq!(s.total.idle_ns, 717_280_000_000);
         assert_eq!(s.ctxt, 263_776);
         assert_eq!((s.procs_running, s.procs_blocked), (1, 0));
-        assert_eq!(proc100(dir.path()).online_cpus().unwrap().to_string(), "0-1");
+        assert_eq!(
+            proc100(dir.path()).online_cpus().unwrap().to_string(),
+            "0-1"
+        );
     }
 
     #[test]
@@ -704,7 +777,10 @@ Clock Event Device: lapic-deadline
         let dir = tempfile::tempdir().unwrap();
         let cut = &TIMER_LIST[..TIMER_LIST.find("  .idle_sleeps    : 3003").unwrap()];
         fs::write(dir.path().join("timer_list"), cut).unwrap();
-        assert!(matches!(proc100(dir.path()).timer_list(), Err(Error::Parse { .. })));
+        assert!(matches!(
+            proc100(dir.path()).timer_list(),
+            Err(Error::Parse { .. })
+        ));
     }
 
     #[test]
@@ -735,14 +811,20 @@ Clock Event Device: lapic-deadline
         assert_eq!(st.comm, "a) b (c) 9 9");
         assert_eq!((st.tid, st.state, st.ppid), (7185, 'R', 7182));
         assert_eq!((st.utime_ns, st.stime_ns), (2_500_000_000, 500_000_000));
-        assert_eq!((st.num_threads, st.start_ticks, st.processor), (1, 41988, 1));
+        assert_eq!(
+            (st.num_threads, st.start_ticks, st.processor),
+            (1, 41988, 1)
+        );
     }
 
     #[test]
     fn task_status_and_cgroup_lines() {
         let st = parse_task_status(Path::new("s"), STATUS).unwrap();
         assert_eq!(st.tgid, 7184);
-        assert_eq!((st.voluntary_ctxt_switches, st.nonvoluntary_ctxt_switches), (12, 3));
+        assert_eq!(
+            (st.voluntary_ctxt_switches, st.nonvoluntary_ctxt_switches),
+            (12, 3)
+        );
         assert_eq!(st.cpus_allowed.to_string(), "0-1");
         let cg = parse_proc_cgroup(
             Path::new("c"),
@@ -769,17 +851,31 @@ Clock Event Device: lapic-deadline
         assert!(parse_mountinfo(Path::new("m"), "1 2 3\n").is_err());
     }
 
-    fn fake_process(root: &Path, pid: u32, ppid: u32, threads: &[u32], children_file: Option<&[u32]>) {
+    fn fake_process(
+        root: &Path,
+        pid: u32,
+        ppid: u32,
+        threads: &[u32],
+        children_file: Option<&[u32]>,
+    ) {
         for &tid in threads {
             let dir = root.join(format!("{pid}/task/{tid}"));
             fs::create_dir_all(&dir).unwrap();
-            let stat = TASK_STAT.replacen("7185", &tid.to_string(), 1).replacen("7182", &ppid.to_string(), 1);
+            let stat = TASK_STAT.replacen("7185", &tid.to_string(), 1).replacen(
+                "7182",
+                &ppid.to_string(),
+                1,
+            );
             fs::write(dir.join("stat"), &stat).unwrap();
             if tid == pid {
                 fs::write(root.join(format!("{pid}/stat")), &stat).unwrap();
             }
             if let Some(kids) = children_file {
-                let text: Vec<String> = if tid == pid { kids.iter().map(|k| k.to_string()).collect() } else { vec![] };
+                let text: Vec<String> = if tid == pid {
+                    kids.iter().map(|k| k.to_string()).collect()
+                } else {
+                    vec![]
+                };
                 fs::write(dir.join("children"), text.join(" ")).unwrap();
             }
         }

@@ -136,7 +136,10 @@ impl SysFs {
         let mut states = vec![];
         for entry in entries.filter_map(|e| e.ok()) {
             let name = entry.file_name();
-            let Some(index) = name.to_str().and_then(|n| n.strip_prefix("state")).and_then(|i| i.parse().ok())
+            let Some(index) = name
+                .to_str()
+                .and_then(|n| n.strip_prefix("state"))
+                .and_then(|i| i.parse().ok())
             else {
                 continue;
             };
@@ -161,7 +164,11 @@ impl SysFs {
     /// Path of one haltpoll parameter; refuses names that would leave the directory.
     pub fn haltpoll_param_path(&self, name: &str) -> Result<PathBuf> {
         if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
-            return Err(Error::parse(self.haltpoll_dir(), "haltpoll parameter name", name));
+            return Err(Error::parse(
+                self.haltpoll_dir(),
+                "haltpoll parameter name",
+                name,
+            ));
         }
         Ok(self.haltpoll_dir().join(name))
     }
@@ -177,14 +184,19 @@ impl SysFs {
         let mut params = BTreeMap::new();
         for entry in entries.filter_map(|e| e.ok()) {
             if let Some(name) = entry.file_name().to_str() {
-                params.insert(name.to_string(), read_file(&entry.path())?.trim().to_string());
+                params.insert(
+                    name.to_string(),
+                    read_file(&entry.path())?.trim().to_string(),
+                );
             }
         }
         Ok(params)
     }
 
     pub fn haltpoll_param(&self, name: &str) -> Result<String> {
-        Ok(read_file(&self.haltpoll_param_path(name)?)?.trim().to_string())
+        Ok(read_file(&self.haltpoll_param_path(name)?)?
+            .trim()
+            .to_string())
     }
 
     pub fn set_haltpoll_param(&self, name: &str, value: &str) -> Result<()> {
@@ -192,13 +204,15 @@ impl SysFs {
     }
 
     pub fn pm_qos_path(&self, cpu: usize) -> PathBuf {
-        self.cpu_dir().join(format!("cpu{cpu}/power/pm_qos_resume_latency_us"))
+        self.cpu_dir()
+            .join(format!("cpu{cpu}/power/pm_qos_resume_latency_us"))
     }
 
     pub fn pm_qos_resume_latency(&self, cpu: usize) -> Result<PmQosLatency> {
         let path = self.pm_qos_path(cpu);
         let text = read_file(&path)?;
-        text.parse().map_err(|_| Error::parse(&path, "PM QoS resume latency", &text))
+        text.parse()
+            .map_err(|_| Error::parse(&path, "PM QoS resume latency", &text))
     }
 
     pub fn set_pm_qos_resume_latency(&self, cpu: usize, value: PmQosLatency) -> Result<()> {
@@ -226,10 +240,22 @@ mod tests {
         put(r, "devices/system/cpu/cpuidle/current_driver", "none\n");
         put(r, "devices/system/cpu/cpuidle/current_governor", "menu\n");
         for cpu in 0..2 {
-            put(r, &format!("devices/system/cpu/cpu{cpu}/power/pm_qos_resume_latency_us"), "0\n");
+            put(
+                r,
+                &format!("devices/system/cpu/cpu{cpu}/power/pm_qos_resume_latency_us"),
+                "0\n",
+            );
         }
-        for (name, v) in [("guest_halt_poll_ns", "200000"), ("guest_halt_poll_grow", "2"), ("guest_halt_poll_allow_shrink", "Y")] {
-            put(r, &format!("module/haltpoll/parameters/{name}"), &format!("{v}\n"));
+        for (name, v) in [
+            ("guest_halt_poll_ns", "200000"),
+            ("guest_halt_poll_grow", "2"),
+            ("guest_halt_poll_allow_shrink", "Y"),
+        ] {
+            put(
+                r,
+                &format!("module/haltpoll/parameters/{name}"),
+                &format!("{v}\n"),
+            );
         }
         dir
     }
@@ -255,13 +281,26 @@ mod tests {
             put(r, &format!("{d}/usage"), "42\n");
             put(r, &format!("{d}/time"), "1000\n");
             put(r, &format!("{d}/latency"), &format!("{lat}\n"));
-            put(r, &format!("{d}/disable"), if i == 10 { "1\n" } else { "0\n" });
+            put(
+                r,
+                &format!("{d}/disable"),
+                if i == 10 { "1\n" } else { "0\n" },
+            );
         }
         let st = SysFs::new(r).cpuidle_states(0).unwrap();
-        assert_eq!(st.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), vec!["POLL", "HALT", "C6"]);
-        assert_eq!((st[2].latency_us, st[2].disabled, st[0].usage), (100, true, 42));
+        assert_eq!(
+            st.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
+            vec!["POLL", "HALT", "C6"]
+        );
+        assert_eq!(
+            (st[2].latency_us, st[2].disabled, st[0].usage),
+            (100, true, 42)
+        );
         put(r, "devices/system/cpu/cpu0/cpuidle/state1/usage", "lots\n");
-        assert!(matches!(SysFs::new(r).cpuidle_states(0), Err(Error::Parse { .. })));
+        assert!(matches!(
+            SysFs::new(r).cpuidle_states(0),
+            Err(Error::Parse { .. })
+        ));
     }
 
     #[test]
@@ -269,20 +308,36 @@ mod tests {
         let dir = this_guest();
         let s = SysFs::new(dir.path());
         let params = s.haltpoll_params().unwrap();
-        assert_eq!(params.get("guest_halt_poll_ns").map(String::as_str), Some("200000"));
+        assert_eq!(
+            params.get("guest_halt_poll_ns").map(String::as_str),
+            Some("200000")
+        );
         s.set_haltpoll_param("guest_halt_poll_ns", "50000").unwrap();
         assert_eq!(s.haltpoll_param("guest_halt_poll_ns").unwrap(), "50000");
         assert!(s.set_haltpoll_param("../../evil", "1").is_err());
-        assert!(s.haltpoll_param("guest_halt_poll_missing").unwrap_err().is_not_found());
-        assert!(SysFs::new("/nonexistent-root").haltpoll_params().unwrap().is_empty());
+        assert!(s
+            .haltpoll_param("guest_halt_poll_missing")
+            .unwrap_err()
+            .is_not_found());
+        assert!(SysFs::new("/nonexistent-root")
+            .haltpoll_params()
+            .unwrap()
+            .is_empty());
     }
 
     #[test]
     fn pm_qos_values_round_trip_kernel_strings() {
         let dir = this_guest();
         let s = SysFs::new(dir.path());
-        assert_eq!(s.pm_qos_resume_latency(1).unwrap(), PmQosLatency::NoConstraint);
-        for v in [PmQosLatency::ZeroLatency, PmQosLatency::Us(20), PmQosLatency::NoConstraint] {
+        assert_eq!(
+            s.pm_qos_resume_latency(1).unwrap(),
+            PmQosLatency::NoConstraint
+        );
+        for v in [
+            PmQosLatency::ZeroLatency,
+            PmQosLatency::Us(20),
+            PmQosLatency::NoConstraint,
+        ] {
             s.set_pm_qos_resume_latency(1, v).unwrap();
             assert_eq!(s.pm_qos_resume_latency(1).unwrap(), v);
         }

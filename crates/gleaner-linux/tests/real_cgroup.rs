@@ -30,7 +30,10 @@ fn spawn(cmd: &mut Command) -> Reaped {
 }
 
 fn allowed_list(pid: u32) -> Cpuset {
-    ProcFs::new("/proc").task_status(pid, pid).unwrap().cpus_allowed
+    ProcFs::new("/proc")
+        .task_status(pid, pid)
+        .unwrap()
+        .cpus_allowed
 }
 
 fn v1_mounts_or_skip(test: &str) -> Option<V1Mounts> {
@@ -48,7 +51,9 @@ fn v1_mounts_or_skip(test: &str) -> Option<V1Mounts> {
 
 #[test]
 fn v1_cpuset_confines_and_restores_a_real_process() {
-    let Some(mounts) = v1_mounts_or_skip("v1_cpuset_confines_and_restores_a_real_process") else { return };
+    let Some(mounts) = v1_mounts_or_skip("v1_cpuset_confines_and_restores_a_real_process") else {
+        return;
+    };
     let child = spawn(Command::new("sleep").arg("30"));
     let pid = child.0.id();
     let before = allowed_list(pid);
@@ -58,9 +63,19 @@ fn v1_cpuset_confines_and_restores_a_real_process() {
     let run = tempfile::tempdir().unwrap();
     let journal = Journal::create(run.path(), &proc).unwrap().into_shared();
     let id = format!("test-{}", std::process::id());
-    let mut cg = CgroupV1::create(PlacementEnv::real(Some(journal.clone())), mounts.clone(), "/", &id, &[pid]).unwrap();
+    let mut cg = CgroupV1::create(
+        PlacementEnv::real(Some(journal.clone())),
+        mounts.clone(),
+        "/",
+        &id,
+        &[pid],
+    )
+    .unwrap();
     let dir = cg.cpuset_dir().to_path_buf();
-    assert_eq!(proc.cgroup_of(pid).unwrap().v1("cpuset"), Some(format!("/gleaner-{id}").as_str()));
+    assert_eq!(
+        proc.cgroup_of(pid).unwrap().v1("cpuset"),
+        Some(format!("/gleaner-{id}").as_str())
+    );
     assert_eq!(cg.workload_tids().unwrap(), vec![(pid, pid)]);
     if mounts.cpuacct.is_some() {
         let per_cpu = cg.per_cpu_work_ns().unwrap().unwrap();
@@ -79,7 +94,10 @@ fn v1_cpuset_confines_and_restores_a_real_process() {
 
 #[test]
 fn v1_child_started_inside_via_pre_exec_goes_back_out() {
-    let Some(mounts) = v1_mounts_or_skip("v1_child_started_inside_via_pre_exec_goes_back_out") else { return };
+    let Some(mounts) = v1_mounts_or_skip("v1_child_started_inside_via_pre_exec_goes_back_out")
+    else {
+        return;
+    };
     let proc = ProcFs::new("/proc");
     let id = format!("spawn-{}", std::process::id());
     let mut cg = CgroupV1::create(PlacementEnv::real(None), mounts, "/", &id, &[]).unwrap();
@@ -91,13 +109,23 @@ fn v1_child_started_inside_via_pre_exec_goes_back_out() {
     unsafe { cmd.pre_exec(hook) };
     let child = spawn(&mut cmd);
     let pid = child.0.id();
-    assert_eq!(allowed_list(pid).to_string(), "0", "confined from its first instruction");
-    assert_eq!(proc.cgroup_of(pid).unwrap().v1("cpuset"), Some(format!("/gleaner-{id}").as_str()));
+    assert_eq!(
+        allowed_list(pid).to_string(),
+        "0",
+        "confined from its first instruction"
+    );
+    assert_eq!(
+        proc.cgroup_of(pid).unwrap().v1("cpuset"),
+        Some(format!("/gleaner-{id}").as_str())
+    );
 
     let dir = cg.cpuset_dir().to_path_buf();
     cg.restore().unwrap();
     assert!(!dir.exists());
-    assert_eq!(proc.cgroup_of(pid).unwrap().v1("cpuset"), proc.own_cgroup().unwrap().v1("cpuset"));
+    assert_eq!(
+        proc.cgroup_of(pid).unwrap().v1("cpuset"),
+        proc.own_cgroup().unwrap().v1("cpuset")
+    );
 }
 
 #[test]

@@ -32,21 +32,37 @@ pub struct SchedAffinity;
 impl AffinityOps for SchedAffinity {
     fn get(&self, tid: u32) -> Result<Option<Cpuset>> {
         match sched_getaffinity(pid_of(tid)) {
-            Ok(set) => Ok(Some((0..CpuSet::count()).filter(|&c| set.is_set(c).unwrap_or(false)).collect())),
+            Ok(set) => Ok(Some(
+                (0..CpuSet::count())
+                    .filter(|&c| set.is_set(c).unwrap_or(false))
+                    .collect(),
+            )),
             Err(Errno::ESRCH) => Ok(None),
-            Err(errno) => Err(Error::Affinity { tid, op: "sched_getaffinity", errno }),
+            Err(errno) => Err(Error::Affinity {
+                tid,
+                op: "sched_getaffinity",
+                errno,
+            }),
         }
     }
 
     fn set(&self, tid: u32, cpus: &Cpuset) -> Result<bool> {
         let mut set = CpuSet::new();
         for cpu in cpus.iter() {
-            set.set(cpu).map_err(|errno| Error::Affinity { tid, op: "CPU_SET", errno })?;
+            set.set(cpu).map_err(|errno| Error::Affinity {
+                tid,
+                op: "CPU_SET",
+                errno,
+            })?;
         }
         match sched_setaffinity(pid_of(tid), &set) {
             Ok(()) => Ok(true),
             Err(Errno::ESRCH) => Ok(false),
-            Err(errno) => Err(Error::Affinity { tid, op: "sched_setaffinity", errno }),
+            Err(errno) => Err(Error::Affinity {
+                tid,
+                op: "sched_setaffinity",
+                errno,
+            }),
         }
     }
 }
@@ -68,12 +84,17 @@ pub struct AffinityPlacement {
 impl AffinityPlacement {
     /// Tracks `root_pid` and its descendants; `allowed` is the root thread's mask now.
     pub fn new(env: PlacementEnv, root_pid: u32) -> Result<Self> {
-        let allowed = env
-            .affinity
-            .get(root_pid)?
-            .ok_or_else(|| Error::NotFound { path: env.proc.root().join(root_pid.to_string()) })?;
+        let allowed = env.affinity.get(root_pid)?.ok_or_else(|| Error::NotFound {
+            path: env.proc.root().join(root_pid.to_string()),
+        })?;
         let log = UndoLog::new(env.journal.clone());
-        Ok(Self { env, root_pid, allowed, log, recorded: HashMap::new() })
+        Ok(Self {
+            env,
+            root_pid,
+            allowed,
+            log,
+            recorded: HashMap::new(),
+        })
     }
 
     /// Threads of the tree with their start times; threads that exit meanwhile are skipped.
@@ -111,8 +132,15 @@ impl Placement for AffinityPlacement {
         check_active(cpus, &self.allowed)?;
         for (pid, tid, start) in self.live_threads()? {
             if self.recorded.get(&tid) != Some(&start) {
-                let Some(original) = self.env.affinity.get(tid)? else { continue };
-                self.log.record(UndoAction::ThreadAffinity { pid, tid, start_ticks: start, original })?;
+                let Some(original) = self.env.affinity.get(tid)? else {
+                    continue;
+                };
+                self.log.record(UndoAction::ThreadAffinity {
+                    pid,
+                    tid,
+                    start_ticks: start,
+                    original,
+                })?;
                 self.recorded.insert(tid, start);
             }
             self.env.affinity.set(tid, cpus)?;
@@ -121,7 +149,11 @@ impl Placement for AffinityPlacement {
     }
 
     fn workload_tids(&self) -> Result<Vec<(u32, u32)>> {
-        Ok(self.live_threads()?.into_iter().map(|(pid, tid, _)| (pid, tid)).collect())
+        Ok(self
+            .live_threads()?
+            .into_iter()
+            .map(|(pid, tid, _)| (pid, tid))
+            .collect())
     }
 
     fn per_cpu_work_ns(&self) -> Result<Option<Vec<u64>>> {
@@ -129,7 +161,9 @@ impl Placement for AffinityPlacement {
     }
 
     fn restore(&mut self) -> Result<()> {
-        let result = self.log.undo_all(&self.env.proc, self.env.affinity.as_ref());
+        let result = self
+            .log
+            .undo_all(&self.env.proc, self.env.affinity.as_ref());
         if self.log.is_empty() {
             self.recorded.clear();
         }
@@ -163,14 +197,22 @@ pub(crate) mod tests {
 
     impl FakeAffinity {
         pub fn new(threads: &[(u32, &str)]) -> Self {
-            let masks = threads.iter().map(|(t, m)| (*t, m.parse().unwrap())).collect();
-            Self { masks: Mutex::new(masks) }
+            let masks = threads
+                .iter()
+                .map(|(t, m)| (*t, m.parse().unwrap()))
+                .collect();
+            Self {
+                masks: Mutex::new(masks),
+            }
         }
         pub fn mask(&self, tid: u32) -> Option<Cpuset> {
             self.masks.lock().unwrap().get(&tid).cloned()
         }
         pub fn add(&self, tid: u32, mask: &str) {
-            self.masks.lock().unwrap().insert(tid, mask.parse().unwrap());
+            self.masks
+                .lock()
+                .unwrap()
+                .insert(tid, mask.parse().unwrap());
         }
         pub fn remove(&self, tid: u32) {
             self.masks.lock().unwrap().remove(&tid);
@@ -182,12 +224,26 @@ pub(crate) mod tests {
             Ok(self.mask(tid))
         }
         fn set(&self, tid: u32, cpus: &Cpuset) -> Result<bool> {
-            Ok(self.masks.lock().unwrap().get_mut(&tid).map(|m| *m = cpus.clone()).is_some())
+            Ok(self
+                .masks
+                .lock()
+                .unwrap()
+                .get_mut(&tid)
+                .map(|m| *m = cpus.clone())
+                .is_some())
         }
     }
 
-    fn env(proc_root: &Path, ops: Arc<FakeAffinity>, journal: Option<crate::journal::SharedJournal>) -> PlacementEnv {
-        PlacementEnv { proc: ProcFs::with_clock_ticks(proc_root, 100), affinity: ops, journal }
+    fn env(
+        proc_root: &Path,
+        ops: Arc<FakeAffinity>,
+        journal: Option<crate::journal::SharedJournal>,
+    ) -> PlacementEnv {
+        PlacementEnv {
+            proc: ProcFs::with_clock_ticks(proc_root, 100),
+            affinity: ops,
+            journal,
+        }
     }
 
     #[test]
@@ -197,9 +253,16 @@ pub(crate) mod tests {
         add_process(&p, 100, 1, &[100, 101], 10, "0::/\n");
         add_process(&p, 200, 100, &[200], 20, "0::/\n");
         set_children(&p, 100, &[200]);
-        let ops = Arc::new(FakeAffinity::new(&[(100, "0-3"), (101, "2-3"), (200, "0-3")]));
-        let journal = Journal::create(&dir.path().join("run"), &ProcFs::new("/proc")).unwrap().into_shared();
-        let mut place = AffinityPlacement::new(env(&p, ops.clone(), Some(journal.clone())), 100).unwrap();
+        let ops = Arc::new(FakeAffinity::new(&[
+            (100, "0-3"),
+            (101, "2-3"),
+            (200, "0-3"),
+        ]));
+        let journal = Journal::create(&dir.path().join("run"), &ProcFs::new("/proc"))
+            .unwrap()
+            .into_shared();
+        let mut place =
+            AffinityPlacement::new(env(&p, ops.clone(), Some(journal.clone())), 100).unwrap();
         assert_eq!(place.allowed().to_string(), "0-3");
         assert!(place.set_active(&"4".parse().unwrap()).is_err());
 
@@ -216,7 +279,10 @@ pub(crate) mod tests {
         ops.remove(200);
         place.set_active(&"0".parse().unwrap()).unwrap();
         assert_eq!(ops.mask(102).unwrap().to_string(), "0");
-        assert_eq!(place.workload_tids().unwrap(), vec![(100, 100), (100, 101), (100, 102), (200, 200)]);
+        assert_eq!(
+            place.workload_tids().unwrap(),
+            vec![(100, 100), (100, 101), (100, 102), (200, 200)]
+        );
 
         place.restore().unwrap();
         assert_eq!(ops.mask(100).unwrap().to_string(), "0-3");
@@ -249,6 +315,10 @@ pub(crate) mod tests {
         assert!(!mask.is_empty());
         assert!(SchedAffinity.set(me, &mask).unwrap());
         assert_eq!(SchedAffinity.get(me).unwrap().unwrap(), mask);
-        assert_eq!(SchedAffinity.get(i32::MAX as u32).unwrap(), None, "no such thread");
+        assert_eq!(
+            SchedAffinity.get(i32::MAX as u32).unwrap(),
+            None,
+            "no such thread"
+        );
     }
 }

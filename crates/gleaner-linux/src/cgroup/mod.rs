@@ -74,7 +74,11 @@ pub struct PlacementEnv {
 impl PlacementEnv {
     /// The real `/proc` and real `sched_{get,set}affinity`.
     pub fn real(journal: Option<SharedJournal>) -> Self {
-        Self { proc: ProcFs::new("/proc"), affinity: Arc::new(SchedAffinity), journal }
+        Self {
+            proc: ProcFs::new("/proc"),
+            affinity: Arc::new(SchedAffinity),
+            journal,
+        }
     }
 }
 
@@ -96,8 +100,12 @@ impl CgroupMounts {
             let has = |c: &str| m.super_options.iter().any(|o| o == c);
             match m.fs_type.as_str() {
                 "cgroup2" if mounts.v2.is_none() => mounts.v2 = Some(at),
-                "cgroup" if has("cpuset") && mounts.v1_cpuset.is_none() => mounts.v1_cpuset = Some(at),
-                "cgroup" if has("cpuacct") && mounts.v1_cpuacct.is_none() => mounts.v1_cpuacct = Some(at),
+                "cgroup" if has("cpuset") && mounts.v1_cpuset.is_none() => {
+                    mounts.v1_cpuset = Some(at)
+                }
+                "cgroup" if has("cpuacct") && mounts.v1_cpuacct.is_none() => {
+                    mounts.v1_cpuacct = Some(at)
+                }
                 _ => {}
             }
         }
@@ -123,35 +131,53 @@ pub fn detect(proc: &ProcFs, fs_root: &Path) -> Result<Detection> {
     let mounts = CgroupMounts::from_mountinfo(proc, fs_root)?;
     let mut skipped = vec![];
     match v2_unusable_reason(&mounts) {
-        None => return Ok(Detection { kind: PlacementKind::CgroupV2, mounts, skipped }),
+        None => {
+            return Ok(Detection {
+                kind: PlacementKind::CgroupV2,
+                mounts,
+                skipped,
+            })
+        }
         Some(why) => skipped.push((PlacementKind::CgroupV2, why)),
     }
     match v1_unusable_reason(&mounts) {
-        None => return Ok(Detection { kind: PlacementKind::CgroupV1, mounts, skipped }),
+        None => {
+            return Ok(Detection {
+                kind: PlacementKind::CgroupV1,
+                mounts,
+                skipped,
+            })
+        }
         Some(why) => skipped.push((PlacementKind::CgroupV1, why)),
     }
-    Ok(Detection { kind: PlacementKind::Affinity, mounts, skipped })
+    Ok(Detection {
+        kind: PlacementKind::Affinity,
+        mounts,
+        skipped,
+    })
 }
 
 fn v2_unusable_reason(m: &CgroupMounts) -> Option<String> {
-    let Some(root) = &m.v2 else { return Some("no cgroup2 mount".into()) };
+    let Some(root) = &m.v2 else {
+        return Some("no cgroup2 mount".into());
+    };
     let path = root.join("cgroup.controllers");
     match read_file(&path) {
         Ok(c) if c.split_whitespace().any(|w| w == "cpuset") => {}
-        Ok(c) => {
-            return Some(format!(
-                "{} lists no cpuset controller (has: {:?}); it is bound to a v1 hierarchy or disabled",
-                path.display(),
-                c.trim()
-            ))
-        }
+        Ok(c) => return Some(format!(
+            "{} lists no cpuset controller (has: {:?}); it is bound to a v1 hierarchy or disabled",
+            path.display(),
+            c.trim()
+        )),
         Err(e) => return Some(e.to_string()),
     }
     not_writable(&root.join("cgroup.subtree_control"))
 }
 
 fn v1_unusable_reason(m: &CgroupMounts) -> Option<String> {
-    let Some(root) = &m.v1_cpuset else { return Some("no cgroup v1 cpuset mount".into()) };
+    let Some(root) = &m.v1_cpuset else {
+        return Some("no cgroup v1 cpuset mount".into());
+    };
     if let Err(e) = read_file(&root.join("cpuset.cpus")) {
         return Some(e.to_string());
     }
@@ -161,14 +187,20 @@ fn v1_unusable_reason(m: &CgroupMounts) -> Option<String> {
 fn not_writable(path: &Path) -> Option<String> {
     match nix::unistd::access(path, nix::unistd::AccessFlags::W_OK) {
         Ok(()) => None,
-        Err(e) => Some(format!("{} is not writable ({e}); run as root", path.display())),
+        Err(e) => Some(format!(
+            "{} is not writable ({e}); run as root",
+            path.display()
+        )),
     }
 }
 
 /// Fails unless `cpus` is a non-empty subset of `allowed`.
 pub(crate) fn check_active(cpus: &Cpuset, allowed: &Cpuset) -> Result<()> {
     if cpus.is_empty() || !cpus.is_subset(allowed) {
-        return Err(Error::InvalidCpuset { requested: cpus.clone(), allowed: allowed.clone() });
+        return Err(Error::InvalidCpuset {
+            requested: cpus.clone(),
+            allowed: allowed.clone(),
+        });
     }
     Ok(())
 }
@@ -176,7 +208,14 @@ pub(crate) fn check_active(cpus: &Cpuset, allowed: &Cpuset) -> Result<()> {
 /// Writes a recorded cgroup value back; an empty value (v2 "inherit from parent") is
 /// written as a lone newline, since a zero-length write may not reach the kernel handler.
 pub(crate) fn write_cgroup_value(file: &Path, value: &str) -> Result<()> {
-    write_file(file, if value.trim().is_empty() { "\n" } else { value.trim() })
+    write_file(
+        file,
+        if value.trim().is_empty() {
+            "\n"
+        } else {
+            value.trim()
+        },
+    )
 }
 
 /// Moves process `pid` into the cgroup whose `cgroup.procs` is `procs_file`.
@@ -193,7 +232,9 @@ pub(crate) fn move_process(procs_file: &Path, pid: u32) -> Result<bool> {
 pub(crate) fn read_procs(dir: &Path) -> Result<Vec<u32>> {
     let path = dir.join("cgroup.procs");
     let text = read_file(&path)?;
-    text.split_whitespace().map(|w| w.parse().map_err(|_| Error::parse(&path, "pid", w))).collect()
+    text.split_whitespace()
+        .map(|w| w.parse().map_err(|_| Error::parse(&path, "pid", w)))
+        .collect()
 }
 
 /// Removes a cgroup directory Gleaner created. A missing directory is already removed.
@@ -207,8 +248,12 @@ pub(crate) fn remove_cgroup_dir(dir: &Path) -> Result<()> {
         match std::fs::remove_dir(dir) {
             Ok(()) => return Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => std::thread::sleep(Duration::from_millis(5 + attempt * 2)),
-            Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) && !on_cgroupfs(dir) => remove_plain_files(dir)?,
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                std::thread::sleep(Duration::from_millis(5 + attempt * 2))
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) && !on_cgroupfs(dir) => {
+                remove_plain_files(dir)?
+            }
             Err(e) => return Err(Error::io(dir, e)),
         }
     }
@@ -217,7 +262,9 @@ pub(crate) fn remove_cgroup_dir(dir: &Path) -> Result<()> {
 
 fn on_cgroupfs(dir: &Path) -> bool {
     use nix::sys::statfs::{statfs, CGROUP2_SUPER_MAGIC, CGROUP_SUPER_MAGIC};
-    statfs(dir).map(|s| [CGROUP_SUPER_MAGIC, CGROUP2_SUPER_MAGIC].contains(&s.filesystem_type())).unwrap_or(true)
+    statfs(dir)
+        .map(|s| [CGROUP_SUPER_MAGIC, CGROUP2_SUPER_MAGIC].contains(&s.filesystem_type()))
+        .unwrap_or(true)
 }
 
 fn remove_plain_files(dir: &Path) -> Result<()> {
@@ -246,11 +293,14 @@ fn remove_plain_files(dir: &Path) -> Result<()> {
 ///
 /// The paths are converted to C strings here, before the fork, because the hook itself
 /// must not allocate.
-pub fn enter_cgroup_pre_exec(procs_files: &[PathBuf]) -> Result<impl Fn() -> io::Result<()> + Send + Sync + 'static> {
+pub fn enter_cgroup_pre_exec(
+    procs_files: &[PathBuf],
+) -> Result<impl Fn() -> io::Result<()> + Send + Sync + 'static> {
     let paths = procs_files
         .iter()
         .map(|p| {
-            CString::new(p.as_os_str().as_bytes()).map_err(|_| Error::parse(p, "path without NUL bytes", ""))
+            CString::new(p.as_os_str().as_bytes())
+                .map_err(|_| Error::parse(p, "path without NUL bytes", ""))
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(move || {
@@ -286,7 +336,14 @@ pub(crate) mod test_tree {
     }
 
     /// Adds a process with the given threads, start time and `/proc/PID/cgroup` text.
-    pub fn add_process(proc_root: &Path, pid: u32, ppid: u32, tids: &[u32], start: u64, cgroup: &str) {
+    pub fn add_process(
+        proc_root: &Path,
+        pid: u32,
+        ppid: u32,
+        tids: &[u32],
+        start: u64,
+        cgroup: &str,
+    ) {
         for &tid in tids {
             let stat = format!(
                 "{tid} (work er) S {ppid} 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 {} 0 {start} 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 17 0 0 0\n",
@@ -304,7 +361,10 @@ pub(crate) mod test_tree {
 
     pub fn set_children(proc_root: &Path, pid: u32, kids: &[u32]) {
         let text: Vec<String> = kids.iter().map(|k| k.to_string()).collect();
-        put(&proc_root.join(format!("{pid}/task/{pid}/children")), &text.join(" "));
+        put(
+            &proc_root.join(format!("{pid}/task/{pid}/children")),
+            &text.join(" "),
+        );
     }
 }
 
@@ -325,7 +385,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let r = dir.path();
         put(&r.join("proc/self/mountinfo"), MOUNTINFO);
-        put(&r.join("sys/fs/cgroup/unified/cgroup.controllers"), v2_controllers);
+        put(
+            &r.join("sys/fs/cgroup/unified/cgroup.controllers"),
+            v2_controllers,
+        );
         put(&r.join("sys/fs/cgroup/unified/cgroup.subtree_control"), "");
         put(&r.join("sys/fs/cgroup/cpuset/cpuset.cpus"), "0-1\n");
         let proc = ProcFs::with_clock_ticks(r.join("proc"), 100);
@@ -338,7 +401,10 @@ mod tests {
         let d = detect(&proc, dir.path()).unwrap();
         assert_eq!(d.kind, PlacementKind::CgroupV2);
         assert_eq!(d.mounts.v2, Some(dir.path().join("sys/fs/cgroup/unified")));
-        assert_eq!(d.mounts.v1_cpuacct, Some(dir.path().join("sys/fs/cgroup/cpuacct")));
+        assert_eq!(
+            d.mounts.v1_cpuacct,
+            Some(dir.path().join("sys/fs/cgroup/cpuacct"))
+        );
     }
 
     #[test]
@@ -347,7 +413,11 @@ mod tests {
         let d = detect(&proc, dir.path()).unwrap();
         assert_eq!(d.kind, PlacementKind::CgroupV1);
         assert_eq!(d.skipped.len(), 1);
-        assert!(d.skipped[0].1.contains("no cpuset controller"), "{}", d.skipped[0].1);
+        assert!(
+            d.skipped[0].1.contains("no cpuset controller"),
+            "{}",
+            d.skipped[0].1
+        );
     }
 
     #[test]
@@ -356,7 +426,10 @@ mod tests {
         std::fs::remove_file(dir.path().join("sys/fs/cgroup/cpuset/cpuset.cpus")).unwrap();
         let d = detect(&proc, dir.path()).unwrap();
         assert_eq!(d.kind, PlacementKind::Affinity);
-        assert_eq!(d.skipped.iter().map(|s| s.0).collect::<Vec<_>>(), [PlacementKind::CgroupV2, PlacementKind::CgroupV1]);
+        assert_eq!(
+            d.skipped.iter().map(|s| s.0).collect::<Vec<_>>(),
+            [PlacementKind::CgroupV2, PlacementKind::CgroupV1]
+        );
         assert!(d.skipped[1].1.contains("cpuset.cpus"), "{}", d.skipped[1].1);
     }
 

@@ -27,7 +27,10 @@ pub struct V1Mounts {
 
 impl V1Mounts {
     pub fn from_detected(m: &CgroupMounts) -> Option<Self> {
-        Some(V1Mounts { cpuset: m.v1_cpuset.clone()?, cpuacct: m.v1_cpuacct.clone() })
+        Some(V1Mounts {
+            cpuset: m.v1_cpuset.clone()?,
+            cpuacct: m.v1_cpuacct.clone(),
+        })
     }
 }
 
@@ -46,12 +49,22 @@ impl CgroupV1 {
     /// "/") in the cpuset and cpuacct hierarchies and moves `pids` in. With no pids, start
     /// the workload inside with [`super::enter_cgroup_pre_exec`] on [`CgroupV1::procs_files`].
     /// Anything done before a failure is undone before the error is returned.
-    pub fn create(env: PlacementEnv, mounts: V1Mounts, parent: &str, id: &str, pids: &[u32]) -> Result<Self> {
+    pub fn create(
+        env: PlacementEnv,
+        mounts: V1Mounts,
+        parent: &str,
+        id: &str,
+        pids: &[u32],
+    ) -> Result<Self> {
         let rel = format!("{}/gleaner-{id}", parent.trim_matches('/'));
         let mut me = CgroupV1 {
             log: UndoLog::new(env.journal.clone()),
             cpuset_dir: CgroupMounts::dir_for(&mounts.cpuset, &rel),
-            cpuacct_dir: mounts.cpuacct.as_ref().filter(|m| **m != mounts.cpuset).map(|m| CgroupMounts::dir_for(m, &rel)),
+            cpuacct_dir: mounts
+                .cpuacct
+                .as_ref()
+                .filter(|m| **m != mounts.cpuset)
+                .map(|m| CgroupMounts::dir_for(m, &rel)),
             allowed: Cpuset::new(),
             mounts,
             env,
@@ -76,17 +89,30 @@ impl CgroupV1 {
             Some(&pid) => self.env.proc.cgroup_of(pid)?,
             None => self.env.proc.own_cgroup()?,
         };
-        let dirs = [Some(("cpuset", self.mounts.cpuset.clone(), self.cpuset_dir.clone())), self.cpuacct_mount_and_dir()];
+        let dirs = [
+            Some((
+                "cpuset",
+                self.mounts.cpuset.clone(),
+                self.cpuset_dir.clone(),
+            )),
+            self.cpuacct_mount_and_dir(),
+        ];
         for (controller, mount, dir) in dirs.into_iter().flatten() {
             let back = own.v1(controller).unwrap_or("/");
-            self.log.record(UndoAction::CreatedCgroup { dir: dir.clone(), fallback: CgroupMounts::dir_for(&mount, back) })?;
+            self.log.record(UndoAction::CreatedCgroup {
+                dir: dir.clone(),
+                fallback: CgroupMounts::dir_for(&mount, back),
+            })?;
             if let Err(e) = std::fs::create_dir(&dir) {
                 self.log.discard_last()?; // not ours: never remove it
                 return Err(Error::io(&dir, e));
             }
         }
         write_file(&self.cpuset_dir.join("cpuset.mems"), mems.trim())?;
-        write_file(&self.cpuset_dir.join("cpuset.cpus"), &self.allowed.to_string())?;
+        write_file(
+            &self.cpuset_dir.join("cpuset.cpus"),
+            &self.allowed.to_string(),
+        )?;
         for &pid in pids {
             self.add_process(pid)?;
         }
@@ -94,7 +120,11 @@ impl CgroupV1 {
     }
 
     fn cpuacct_mount_and_dir(&self) -> Option<(&'static str, PathBuf, PathBuf)> {
-        Some(("cpuacct", self.mounts.cpuacct.clone()?, self.cpuacct_dir.clone()?))
+        Some((
+            "cpuacct",
+            self.mounts.cpuacct.clone()?,
+            self.cpuacct_dir.clone()?,
+        ))
     }
 
     /// Attaches to an existing cpuset cgroup `dir`; its `cpuset.cpus` is written back on
@@ -102,14 +132,28 @@ impl CgroupV1 {
     pub fn attach(env: PlacementEnv, mounts: V1Mounts, dir: &Path) -> Result<Self> {
         let cpus_file = dir.join("cpuset.cpus");
         let original = read_file(&cpus_file)?.trim().to_string();
-        let allowed: Cpuset = original.parse().map_err(|_| Error::parse(&cpus_file, "CPU list", &original))?;
+        let allowed: Cpuset = original
+            .parse()
+            .map_err(|_| Error::parse(&cpus_file, "CPU list", &original))?;
         let cpuacct_dir = match (&mounts.cpuacct, dir.strip_prefix(&mounts.cpuset)) {
-            (Some(m), Ok(rel)) if *m != mounts.cpuset => Some(m.join(rel)).filter(|d| d.join("cpuacct.usage_percpu").exists()),
+            (Some(m), Ok(rel)) if *m != mounts.cpuset => {
+                Some(m.join(rel)).filter(|d| d.join("cpuacct.usage_percpu").exists())
+            }
             _ => None,
         };
         let mut log = UndoLog::new(env.journal.clone());
-        log.record(UndoAction::CgroupFile { file: cpus_file, original })?;
-        Ok(CgroupV1 { env, mounts, cpuset_dir: dir.to_path_buf(), cpuacct_dir, allowed, log })
+        log.record(UndoAction::CgroupFile {
+            file: cpus_file,
+            original,
+        })?;
+        Ok(CgroupV1 {
+            env,
+            mounts,
+            cpuset_dir: dir.to_path_buf(),
+            cpuacct_dir,
+            allowed,
+            log,
+        })
     }
 
     /// Moves a process into the created groups, recording its cgroups and thread masks.
@@ -124,13 +168,29 @@ impl CgroupV1 {
                 Err(e) => return Err(e),
             };
             if let Some(original) = self.env.affinity.get(tid)? {
-                self.log.record(UndoAction::ThreadAffinity { pid, tid, start_ticks: start, original })?;
+                self.log.record(UndoAction::ThreadAffinity {
+                    pid,
+                    tid,
+                    start_ticks: start,
+                    original,
+                })?;
             }
         }
-        let targets = [Some(("cpuset", self.mounts.cpuset.clone(), self.cpuset_dir.clone())), self.cpuacct_mount_and_dir()];
+        let targets = [
+            Some((
+                "cpuset",
+                self.mounts.cpuset.clone(),
+                self.cpuset_dir.clone(),
+            )),
+            self.cpuacct_mount_and_dir(),
+        ];
         for (controller, mount, dir) in targets.into_iter().flatten() {
             let from = cg.v1(controller).unwrap_or("/");
-            self.log.record(UndoAction::MovedProcess { pid, start_ticks, from: CgroupMounts::dir_for(&mount, from) })?;
+            self.log.record(UndoAction::MovedProcess {
+                pid,
+                start_ticks,
+                from: CgroupMounts::dir_for(&mount, from),
+            })?;
             move_process(&dir.join("cgroup.procs"), pid)?;
         }
         Ok(())
@@ -142,12 +202,17 @@ impl CgroupV1 {
 
     /// The files a child writes "0" into (before exec) to start inside these groups.
     pub fn procs_files(&self) -> Vec<PathBuf> {
-        std::iter::once(&self.cpuset_dir).chain(&self.cpuacct_dir).map(|d| d.join("cgroup.procs")).collect()
+        std::iter::once(&self.cpuset_dir)
+            .chain(&self.cpuacct_dir)
+            .map(|d| d.join("cgroup.procs"))
+            .collect()
     }
 
     /// Total CPU time of the group's tasks in ns (`cpuacct.usage`), if there is a cpuacct group.
     pub fn usage_ns(&self) -> Result<Option<u64>> {
-        let Some(dir) = &self.cpuacct_dir else { return Ok(None) };
+        let Some(dir) = &self.cpuacct_dir else {
+            return Ok(None);
+        };
         let path = dir.join("cpuacct.usage");
         crate::error::read_num(&path, "cpuacct.usage").map(Some)
     }
@@ -172,7 +237,9 @@ impl Placement for CgroupV1 {
     }
 
     fn per_cpu_work_ns(&self) -> Result<Option<Vec<u64>>> {
-        let Some(dir) = &self.cpuacct_dir else { return Ok(None) };
+        let Some(dir) = &self.cpuacct_dir else {
+            return Ok(None);
+        };
         let path = dir.join("cpuacct.usage_percpu");
         let text = read_file(&path)?;
         let values = text
@@ -186,7 +253,8 @@ impl Placement for CgroupV1 {
     }
 
     fn restore(&mut self) -> Result<()> {
-        self.log.undo_all(&self.env.proc, self.env.affinity.as_ref())
+        self.log
+            .undo_all(&self.env.proc, self.env.affinity.as_ref())
     }
 }
 
@@ -225,13 +293,31 @@ mod tests {
         put(&cpuset.join("cpuset.mems"), "0\n");
         put(&cpuset.join("cgroup.procs"), "1\n");
         put(&cpuacct.join("cgroup.procs"), "1\n");
-        add_process(&proc, 100, 1, &[100, 101], 50, "3:cpuset:/\n2:cpuacct:/\n0::/\n");
+        add_process(
+            &proc,
+            100,
+            1,
+            &[100, 101],
+            50,
+            "3:cpuset:/\n2:cpuacct:/\n0::/\n",
+        );
         put(&proc.join("self/cgroup"), "3:cpuset:/\n2:cpuacct:/\n0::/\n");
-        Tree { _dir: dir, proc, mounts: V1Mounts { cpuset, cpuacct: Some(cpuacct) } }
+        Tree {
+            _dir: dir,
+            proc,
+            mounts: V1Mounts {
+                cpuset,
+                cpuacct: Some(cpuacct),
+            },
+        }
     }
 
     fn env(t: &Tree, ops: Arc<FakeAffinity>) -> PlacementEnv {
-        PlacementEnv { proc: ProcFs::with_clock_ticks(&t.proc, 100), affinity: ops, journal: None }
+        PlacementEnv {
+            proc: ProcFs::with_clock_ticks(&t.proc, 100),
+            affinity: ops,
+            journal: None,
+        }
     }
 
     fn text(p: &Path) -> String {
@@ -242,18 +328,34 @@ mod tests {
     fn create_copies_mems_moves_into_both_hierarchies_and_restores() {
         let t = tree();
         let ops = Arc::new(FakeAffinity::new(&[(100, "0-1"), (101, "1")]));
-        let mut cg = CgroupV1::create(env(&t, ops.clone()), t.mounts.clone(), "/", "5", &[100]).unwrap();
+        let mut cg =
+            CgroupV1::create(env(&t, ops.clone()), t.mounts.clone(), "/", "5", &[100]).unwrap();
         let cs = t.mounts.cpuset.join("gleaner-5");
         let ca = t.mounts.cpuacct.clone().unwrap().join("gleaner-5");
         assert_eq!(cg.cpuset_dir(), cs);
         assert_eq!(text(&cs.join("cpuset.mems")), "0");
         assert_eq!(text(&cs.join("cpuset.cpus")), "0-1");
-        assert_eq!((text(&cs.join("cgroup.procs")), text(&ca.join("cgroup.procs"))), ("100".into(), "100".into()));
-        assert_eq!(cg.procs_files(), vec![cs.join("cgroup.procs"), ca.join("cgroup.procs")]);
+        assert_eq!(
+            (
+                text(&cs.join("cgroup.procs")),
+                text(&ca.join("cgroup.procs"))
+            ),
+            ("100".into(), "100".into())
+        );
+        assert_eq!(
+            cg.procs_files(),
+            vec![cs.join("cgroup.procs"), ca.join("cgroup.procs")]
+        );
 
-        put(&ca.join("cpuacct.usage_percpu"), "50691390922 60055701040 \n");
+        put(
+            &ca.join("cpuacct.usage_percpu"),
+            "50691390922 60055701040 \n",
+        );
         put(&ca.join("cpuacct.usage"), "110747092962\n");
-        assert_eq!(cg.per_cpu_work_ns().unwrap(), Some(vec![50_691_390_922, 60_055_701_040]));
+        assert_eq!(
+            cg.per_cpu_work_ns().unwrap(),
+            Some(vec![50_691_390_922, 60_055_701_040])
+        );
         assert_eq!(cg.usage_ns().unwrap(), Some(110_747_092_962));
 
         cg.set_active(&"1".parse().unwrap()).unwrap();
@@ -264,15 +366,29 @@ mod tests {
         cg.restore().unwrap();
         assert!(!cs.exists() && !ca.exists());
         assert_eq!(text(&t.mounts.cpuset.join("cgroup.procs")), "100");
-        assert_eq!(text(&t.mounts.cpuacct.clone().unwrap().join("cgroup.procs")), "100");
+        assert_eq!(
+            text(&t.mounts.cpuacct.clone().unwrap().join("cgroup.procs")),
+            "100"
+        );
         assert_eq!(ops.mask(100).unwrap().to_string(), "0-1");
-        assert_eq!(ops.mask(101).unwrap().to_string(), "1", "a pinned thread stays pinned");
+        assert_eq!(
+            ops.mask(101).unwrap().to_string(),
+            "1",
+            "a pinned thread stays pinned"
+        );
     }
 
     #[test]
     fn garbage_usage_percpu_is_an_error() {
         let t = tree();
-        let cg = CgroupV1::create(env(&t, Arc::new(FakeAffinity::new(&[]))), t.mounts.clone(), "/", "g", &[]).unwrap();
+        let cg = CgroupV1::create(
+            env(&t, Arc::new(FakeAffinity::new(&[]))),
+            t.mounts.clone(),
+            "/",
+            "g",
+            &[],
+        )
+        .unwrap();
         let ca = t.mounts.cpuacct.clone().unwrap().join("gleaner-g");
         put(&ca.join("cpuacct.usage_percpu"), "12 x3\n");
         assert!(matches!(cg.per_cpu_work_ns(), Err(Error::Parse { .. })));
@@ -284,10 +400,23 @@ mod tests {
     fn failed_create_undoes_partial_work() {
         let t = tree();
         // The cpuacct group exists already (someone else's): the cpuset group we made must go.
-        put(&t.mounts.cpuacct.clone().unwrap().join("gleaner-x/cgroup.procs"), "9\n");
-        let err = CgroupV1::create(env(&t, Arc::new(FakeAffinity::new(&[]))), t.mounts.clone(), "/", "x", &[100])
-            .err()
-            .unwrap();
+        put(
+            &t.mounts
+                .cpuacct
+                .clone()
+                .unwrap()
+                .join("gleaner-x/cgroup.procs"),
+            "9\n",
+        );
+        let err = CgroupV1::create(
+            env(&t, Arc::new(FakeAffinity::new(&[]))),
+            t.mounts.clone(),
+            "/",
+            "x",
+            &[100],
+        )
+        .err()
+        .unwrap();
         assert!(matches!(err, Error::AlreadyExists { .. }), "{err}");
         assert!(!t.mounts.cpuset.join("gleaner-x").exists());
         assert!(t.mounts.cpuacct.clone().unwrap().join("gleaner-x").exists());
@@ -299,8 +428,20 @@ mod tests {
         let dir = t.mounts.cpuset.join("db");
         put(&dir.join("cpuset.cpus"), "0-1\n");
         put(&dir.join("cgroup.procs"), "100\n");
-        put(&t.mounts.cpuacct.clone().unwrap().join("db/cpuacct.usage_percpu"), "1 2\n");
-        let mut cg = CgroupV1::attach(env(&t, Arc::new(FakeAffinity::new(&[]))), t.mounts.clone(), &dir).unwrap();
+        put(
+            &t.mounts
+                .cpuacct
+                .clone()
+                .unwrap()
+                .join("db/cpuacct.usage_percpu"),
+            "1 2\n",
+        );
+        let mut cg = CgroupV1::attach(
+            env(&t, Arc::new(FakeAffinity::new(&[]))),
+            t.mounts.clone(),
+            &dir,
+        )
+        .unwrap();
         assert_eq!(cg.per_cpu_work_ns().unwrap(), Some(vec![1, 2]));
         assert_eq!(cg.workload_tids().unwrap(), vec![(100, 100), (100, 101)]);
         cg.set_active(&"0".parse().unwrap()).unwrap();

@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 
 use gleaner_policy::Cpuset;
 
-use super::{check_active, move_process, read_procs, CgroupMounts, Placement, PlacementEnv, PlacementKind};
+use super::{
+    check_active, move_process, read_procs, CgroupMounts, Placement, PlacementEnv, PlacementKind,
+};
 use crate::error::{read_cpuset, read_file, write_file, Error, Result, FIX_CPUSET_V2};
 use crate::journal::{UndoAction, UndoLog};
 use crate::procfs::{read_pressure, Pressure};
@@ -30,7 +32,13 @@ impl CgroupV2 {
     /// `pids` into it. With no pids, start the workload in it with
     /// [`super::enter_cgroup_pre_exec`] on [`CgroupV2::procs_file`]. Anything done before a
     /// failure is undone before the error is returned.
-    pub fn create(env: PlacementEnv, mount: &Path, parent: &Path, id: &str, pids: &[u32]) -> Result<Self> {
+    pub fn create(
+        env: PlacementEnv,
+        mount: &Path,
+        parent: &Path,
+        id: &str,
+        pids: &[u32],
+    ) -> Result<Self> {
         let controllers_file = parent.join("cgroup.controllers");
         let controllers = read_file(&controllers_file)?;
         if !controllers.split_whitespace().any(|c| c == "cpuset") {
@@ -45,7 +53,9 @@ impl CgroupV2 {
             Some(&pid) => env.proc.cgroup_of(pid)?,
             None => env.proc.own_cgroup()?,
         };
-        let fallback_rel = fallback_path.v2().ok_or_else(|| Error::parse(env.proc.root().join("self/cgroup"), "cgroup v2 line", ""))?;
+        let fallback_rel = fallback_path.v2().ok_or_else(|| {
+            Error::parse(env.proc.root().join("self/cgroup"), "cgroup v2 line", "")
+        })?;
         let mut me = CgroupV2 {
             log: UndoLog::new(env.journal.clone()),
             mount: mount.to_path_buf(),
@@ -64,12 +74,21 @@ impl CgroupV2 {
 
     fn build(&mut self, parent: &Path, fallback: &Path, pids: &[u32]) -> Result<()> {
         let subtree = parent.join("cgroup.subtree_control");
-        if !read_file(&subtree)?.split_whitespace().any(|c| c == "cpuset") {
-            self.log.record(UndoAction::EnabledController { subtree_control: subtree.clone(), controller: "cpuset".into() })?;
+        if !read_file(&subtree)?
+            .split_whitespace()
+            .any(|c| c == "cpuset")
+        {
+            self.log.record(UndoAction::EnabledController {
+                subtree_control: subtree.clone(),
+                controller: "cpuset".into(),
+            })?;
             write_file(&subtree, "+cpuset")?;
         }
         self.allowed = read_cpuset(&parent.join("cpuset.cpus.effective"))?;
-        self.log.record(UndoAction::CreatedCgroup { dir: self.dir.clone(), fallback: fallback.to_path_buf() })?;
+        self.log.record(UndoAction::CreatedCgroup {
+            dir: self.dir.clone(),
+            fallback: fallback.to_path_buf(),
+        })?;
         if let Err(e) = std::fs::create_dir(&self.dir) {
             self.log.discard_last()?; // not ours: never remove it
             return Err(Error::io(&self.dir, e));
@@ -87,16 +106,35 @@ impl CgroupV2 {
         let original = read_file(&cpus_file)?.trim().to_string();
         let allowed = read_cpuset(&dir.join("cpuset.cpus.effective"))?;
         let mut log = UndoLog::new(env.journal.clone());
-        log.record(UndoAction::CgroupFile { file: cpus_file, original })?;
-        Ok(CgroupV2 { env, mount: mount.to_path_buf(), dir: dir.to_path_buf(), allowed, log })
+        log.record(UndoAction::CgroupFile {
+            file: cpus_file,
+            original,
+        })?;
+        Ok(CgroupV2 {
+            env,
+            mount: mount.to_path_buf(),
+            dir: dir.to_path_buf(),
+            allowed,
+            log,
+        })
     }
 
     /// Moves a process (all its threads) into the created cgroup, recording where it was.
     pub fn add_process(&mut self, pid: u32) -> Result<()> {
         let cg = self.env.proc.cgroup_of(pid)?;
-        let from = cg.v2().ok_or_else(|| Error::parse(self.env.proc.root().join(format!("{pid}/cgroup")), "cgroup v2 line", ""))?;
+        let from = cg.v2().ok_or_else(|| {
+            Error::parse(
+                self.env.proc.root().join(format!("{pid}/cgroup")),
+                "cgroup v2 line",
+                "",
+            )
+        })?;
         let start_ticks = self.env.proc.process_start_time(pid)?;
-        self.log.record(UndoAction::MovedProcess { pid, start_ticks, from: CgroupMounts::dir_for(&self.mount, from) })?;
+        self.log.record(UndoAction::MovedProcess {
+            pid,
+            start_ticks,
+            from: CgroupMounts::dir_for(&self.mount, from),
+        })?;
         move_process(&self.procs_file(), pid)?;
         Ok(())
     }
@@ -118,7 +156,10 @@ impl CgroupV2 {
             .lines()
             .find_map(|l| l.strip_prefix("usage_usec "))
             .ok_or_else(|| Error::parse(&path, "usage_usec line", &text))?;
-        value.trim().parse().map_err(|_| Error::parse(&path, "usage_usec", value))
+        value
+            .trim()
+            .parse()
+            .map_err(|_| Error::parse(&path, "usage_usec", value))
     }
 
     pub fn pressure(&self) -> Result<Pressure> {
@@ -178,7 +219,8 @@ impl Placement for CgroupV2 {
     }
 
     fn restore(&mut self) -> Result<()> {
-        self.log.undo_all(&self.env.proc, self.env.affinity.as_ref())
+        self.log
+            .undo_all(&self.env.proc, self.env.affinity.as_ref())
     }
 }
 
@@ -220,7 +262,12 @@ mod tests {
         put(&mount.join("gleaner.slice/cgroup.procs"), "");
         add_process(&proc, 100, 1, &[100, 101], 50, "0::/user.slice\n");
         put(&proc.join("self/cgroup"), "0::/gleaner.slice\n");
-        Tree { run: dir.path().join("run"), _dir: dir, proc, mount }
+        Tree {
+            run: dir.path().join("run"),
+            _dir: dir,
+            proc,
+            mount,
+        }
     }
 
     fn env(t: &Tree, journal: Option<crate::journal::SharedJournal>) -> PlacementEnv {
@@ -238,8 +285,17 @@ mod tests {
     #[test]
     fn create_enables_cpuset_moves_process_and_restores_everything() {
         let t = tree("cpuset cpu memory\n");
-        let journal = Journal::create(&t.run, &ProcFs::new("/proc")).unwrap().into_shared();
-        let mut cg = CgroupV2::create(env(&t, Some(journal.clone())), &t.mount, &t.mount, "7", &[100]).unwrap();
+        let journal = Journal::create(&t.run, &ProcFs::new("/proc"))
+            .unwrap()
+            .into_shared();
+        let mut cg = CgroupV2::create(
+            env(&t, Some(journal.clone())),
+            &t.mount,
+            &t.mount,
+            "7",
+            &[100],
+        )
+        .unwrap();
         let dir = t.mount.join("gleaner-7");
         assert_eq!(cg.dir(), dir);
         assert_eq!(text(&t.mount.join("cgroup.subtree_control")), "+cpuset");
@@ -272,13 +328,19 @@ mod tests {
         drop(cg);
         assert_eq!(text(&t.mount.join("gleaner.slice/cgroup.procs")), "300");
         assert!(!t.mount.join("gleaner-run").exists());
-        assert_eq!(text(&t.mount.join("cgroup.subtree_control")), "cpuset\n", "was enabled already: untouched");
+        assert_eq!(
+            text(&t.mount.join("cgroup.subtree_control")),
+            "cpuset\n",
+            "was enabled already: untouched"
+        );
     }
 
     #[test]
     fn missing_controller_names_the_fix() {
         let t = tree("memory hugetlb\n");
-        let err = CgroupV2::create(env(&t, None), &t.mount, &t.mount, "1", &[100]).err().unwrap();
+        let err = CgroupV2::create(env(&t, None), &t.mount, &t.mount, "1", &[100])
+            .err()
+            .unwrap();
         assert!(matches!(err, Error::CgroupNotEnabled { .. }));
         assert!(err.to_string().contains("+cpuset"), "{err}");
         assert!(!t.mount.join("gleaner-1").exists());
@@ -288,10 +350,16 @@ mod tests {
     fn existing_group_is_never_taken_over_or_removed() {
         let t = tree("cpuset\n");
         put(&t.mount.join("gleaner-9/cgroup.procs"), "555\n");
-        let err = CgroupV2::create(env(&t, None), &t.mount, &t.mount, "9", &[]).err().unwrap();
+        let err = CgroupV2::create(env(&t, None), &t.mount, &t.mount, "9", &[])
+            .err()
+            .unwrap();
         assert!(matches!(err, Error::AlreadyExists { .. }), "{err}");
         assert_eq!(text(&t.mount.join("gleaner-9/cgroup.procs")), "555\n");
-        assert_eq!(text(&t.mount.join("cgroup.subtree_control")), "-cpuset", "own change undone");
+        assert_eq!(
+            text(&t.mount.join("cgroup.subtree_control")),
+            "-cpuset",
+            "own change undone"
+        );
     }
 
     #[test]
@@ -300,7 +368,10 @@ mod tests {
         let dir = t.mount.join("user.slice");
         put(&dir.join("cpuset.cpus"), "\n");
         put(&dir.join("cpuset.cpus.effective"), "0-3\n");
-        put(&dir.join("cpu.stat"), "usage_usec 123456\nuser_usec 100000\nsystem_usec 23456\n");
+        put(
+            &dir.join("cpu.stat"),
+            "usage_usec 123456\nuser_usec 100000\nsystem_usec 23456\n",
+        );
         put(&dir.join("cpu.pressure"), "some avg10=0.00 avg60=0.00 avg300=0.00 total=42\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=7\n");
         put(&dir.join("child/cgroup.procs"), "200\n");
         add_process(&t.proc, 200, 1, &[200], 60, "0::/user.slice/child\n");
@@ -308,23 +379,44 @@ mod tests {
         assert_eq!(cg.allowed().to_string(), "0-3");
         assert_eq!(cg.usage_usec().unwrap(), 123_456);
         assert_eq!(cg.pressure().unwrap().some_total_us, 42);
-        assert_eq!(cg.workload_tids().unwrap(), vec![(100, 100), (100, 101), (200, 200)]);
+        assert_eq!(
+            cg.workload_tids().unwrap(),
+            vec![(100, 100), (100, 101), (200, 200)]
+        );
         cg.set_active(&"0".parse().unwrap()).unwrap();
         assert_eq!(text(&dir.join("cpuset.cpus")), "0");
         cg.restore().unwrap();
-        assert_eq!(text(&dir.join("cpuset.cpus")), "\n", "empty (inherit) written back as a newline");
+        assert_eq!(
+            text(&dir.join("cpuset.cpus")),
+            "\n",
+            "empty (inherit) written back as a newline"
+        );
         assert!(dir.exists());
     }
 
     #[test]
     fn journal_alone_undoes_a_crashed_run() {
         let t = tree("cpuset\n");
-        let journal = Journal::create(&t.run, &ProcFs::new("/proc")).unwrap().into_shared();
-        let cg = CgroupV2::create(env(&t, Some(journal.clone())), &t.mount, &t.mount, "crash", &[100]).unwrap();
+        let journal = Journal::create(&t.run, &ProcFs::new("/proc"))
+            .unwrap()
+            .into_shared();
+        let cg = CgroupV2::create(
+            env(&t, Some(journal.clone())),
+            &t.mount,
+            &t.mount,
+            "crash",
+            &[100],
+        )
+        .unwrap();
         std::mem::forget(cg); // as if SIGKILLed: no destructor runs
         let path = journal.lock().unwrap().path().to_path_buf();
         let mut loaded = Journal::load(&path).unwrap();
-        undo_with(&mut loaded, &ProcFs::with_clock_ticks(&t.proc, 100), &FakeAffinity::new(&[])).unwrap();
+        undo_with(
+            &mut loaded,
+            &ProcFs::with_clock_ticks(&t.proc, 100),
+            &FakeAffinity::new(&[]),
+        )
+        .unwrap();
         assert!(!t.mount.join("gleaner-crash").exists());
         assert_eq!(text(&t.mount.join("user.slice/cgroup.procs")), "100");
         assert_eq!(text(&t.mount.join("cgroup.subtree_control")), "-cpuset");
