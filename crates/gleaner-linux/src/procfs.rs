@@ -918,6 +918,10 @@ Clock Event Device: lapic-deadline
         assert!(p.task_stat(me, me).unwrap().start_ticks > 0);
         assert!(!p.cgroup_of(me).unwrap().0.is_empty());
         assert!(!p.mountinfo().unwrap().is_empty());
+        // Root-only; when readable it must parse and cover every online CPU.
+        if let Some(idle) = p.timer_list().unwrap() {
+            assert_eq!(idle.len(), p.online_cpus().unwrap().len());
+        }
     }
 
     proptest! {

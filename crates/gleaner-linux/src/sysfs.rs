@@ -272,6 +272,18 @@ mod tests {
     }
 
     #[test]
+    fn reads_this_machines_sys() {
+        let s = SysFs::new("/sys");
+        let online = s.online_cpus().unwrap();
+        assert!(online.is_subset(&s.possible_cpus().unwrap()));
+        for cpu in online.iter() {
+            s.cpuidle_states(cpu).unwrap();
+        }
+        s.cpuidle_driver().unwrap();
+        s.haltpoll_params().unwrap();
+    }
+
+    #[test]
     fn reads_cpuidle_states_in_index_order() {
         let dir = this_guest();
         let r = dir.path();
