@@ -6,11 +6,15 @@
 //! assumes the machine it runs on. Readers only read; decisions live in `gleaner-policy`.
 
 pub mod cgroup;
+pub mod controller;
 pub mod error;
+pub mod idle_entries;
 pub mod journal;
 pub mod pmqos;
 pub mod procfs;
 pub mod retention;
+pub mod sampler;
+pub mod status;
 pub mod sysfs;
 pub mod wakeprobe;
 

@@ -1,1 +1,119 @@
-fn main() {}
+//! `gleaner`: the command line. Thin on purpose: each subcommand parses its flags and hands
+//! over to the crate that does the work.
+
+mod config;
+mod daemon;
+mod probe;
+mod status;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "gleaner", version, about = "Mitigates the blocked-waiter wakeup problem in multicore VMs", long_about = None)]
+struct Cli {
+    /// Log format on stderr
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    /// Log level filter (e.g. info, debug, gleaner_linux=debug) [default: info, or $GLEANER_LOG]
+    #[arg(long, global = true)]
+    log: Option<String>,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a command under Gleaner and exit with its exit code
+    Run {
+        #[command(flatten)]
+        flags: config::DaemonFlags,
+        /// The workload: `gleaner run [OPTIONS] -- CMD ARGS...`
+        #[arg(trailing_var_arg = true, required = true, value_name = "CMD")]
+        command: Vec<OsString>,
+    },
+    /// Manage a running process tree (by thread affinity) or an existing cpuset cgroup
+    Attach {
+        #[command(flatten)]
+        flags: config::DaemonFlags,
+        /// Process whose whole tree is managed
+        #[arg(required_unless_present = "cgroup", conflicts_with = "cgroup")]
+        pid: Option<u32>,
+        /// Existing cgroup directory (v1 cpuset or v2 with cpuset enabled)
+        #[arg(long, value_name = "PATH")]
+        cgroup: Option<PathBuf>,
+    },
+    /// Show the live state of running instances
+    Status(status::StatusArgs),
+    /// Undo what an instance that died together with its guard left behind
+    Recover {
+        /// Directory of crash journals [default: /run/gleaner, or $XDG_RUNTIME_DIR/gleaner]
+        #[arg(long, value_name = "DIR")]
+        state_dir: Option<PathBuf>,
+    },
+    /// Measure wake-up latency on this machine (the paper's Table 2)
+    Probe(probe::ProbeArgs),
+    /// Run a bundled workload
+    Workload(gleaner_workloads::WorkloadArgs),
+    /// Diagnose why a program stops scaling with more CPUs
+    Scale(gleaner_scale::ScaleArgs),
+    #[command(name = "__guard", hide = true)]
+    Guard { journal: PathBuf },
+}
+
+fn init_logging(format: LogFormat, filter: Option<&str>) {
+    use tracing_subscriber::EnvFilter;
+    let filter = filter
+        .map(EnvFilter::new)
+        .or_else(|| std::env::var("GLEANER_LOG").ok().map(EnvFilter::new))
+        .unwrap_or_else(|| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+fn main() -> ExitCode {
+    // A bug must not print a backtrace at a user; the restore paths still run on unwind.
+    std::panic::set_hook(Box::new(|info| {
+        let msg = info.payload().downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| info.payload().downcast_ref::<String>().cloned());
+        eprintln!("gleaner: internal error: {} (please report this)", msg.unwrap_or_else(|| "panic".into()));
+    }));
+    let cli = Cli::parse();
+    init_logging(cli.log_format, cli.log.as_deref());
+    let result = match cli.command {
+        Cmd::Run { flags, command } => daemon::manage(&flags, daemon::Target::Command(command)),
+        Cmd::Attach { flags, pid, cgroup } => match (pid, cgroup) {
+            (Some(pid), _) => daemon::manage(&flags, daemon::Target::Pid(pid)),
+            (None, Some(dir)) => daemon::manage(&flags, daemon::Target::Cgroup(dir)),
+            (None, None) => Err(anyhow::anyhow!("give a PID or --cgroup PATH")),
+        },
+        Cmd::Status(args) => status::run(args).map(|_| 0),
+        Cmd::Recover { state_dir } => daemon::recover(state_dir),
+        Cmd::Probe(args) => probe::run(args).map(|_| 0),
+        Cmd::Workload(args) => gleaner_workloads::run(args).map(|_| 0),
+        Cmd::Scale(args) => gleaner_scale::run(args).map(|_| 0),
+        Cmd::Guard { journal } => daemon::guard_main(&journal),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        Err(e) => {
+            eprintln!("gleaner: error: {}", one_line(&format!("{e:#}")));
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}

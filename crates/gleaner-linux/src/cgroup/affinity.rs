@@ -79,6 +79,9 @@ pub struct AffinityPlacement {
     log: UndoLog,
     /// tid → start time of each thread whose original mask is recorded.
     recorded: HashMap<u32, u64>,
+    /// Whether the tree is confined to less than `allowed` right now, and to what.
+    confined: bool,
+    last_active: Cpuset,
 }
 
 impl AffinityPlacement {
@@ -91,9 +94,11 @@ impl AffinityPlacement {
         Ok(Self {
             env,
             root_pid,
+            last_active: allowed.clone(),
             allowed,
             log,
             recorded: HashMap::new(),
+            confined: false,
         })
     }
 
@@ -132,9 +137,13 @@ impl Placement for AffinityPlacement {
         check_active(cpus, &self.allowed)?;
         for (pid, tid, start) in self.live_threads()? {
             if self.recorded.get(&tid) != Some(&start) {
-                let Some(original) = self.env.affinity.get(tid)? else {
+                let Some(current) = self.env.affinity.get(tid)? else {
                     continue;
                 };
+                // A thread created after we first confined the tree inherited the confined
+                // mask from its creator; what it would have had without Gleaner is the
+                // tree's original mask, so that is what restore must give it.
+                let original = if self.confined && current.is_subset(&self.last_active) { self.allowed.clone() } else { current };
                 self.log.record(UndoAction::ThreadAffinity {
                     pid,
                     tid,
@@ -145,6 +154,8 @@ impl Placement for AffinityPlacement {
             }
             self.env.affinity.set(tid, cpus)?;
         }
+        self.confined = *cpus != self.allowed;
+        self.last_active = cpus.clone();
         Ok(())
     }
 

@@ -1,0 +1,250 @@
+//! The daemon's loop: sample, ask the policy, apply, report — once per period.
+//!
+//! This is the only place where the pure policy meets the machine. It owns no policy logic:
+//! every choice comes from [`gleaner_policy::Gleaner`]; this module only measures, applies the
+//! decision through the placement and retention back ends, and records what happened.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use gleaner_policy::{Cpuset, Decision, EventKind, Gleaner, PolicyEvent, RetentionAction};
+
+use crate::cgroup::{Placement, PlacementKind};
+use crate::error::Result;
+use crate::pmqos::PollRetention;
+use crate::retention::{RetentionCounters, RetentionMode, RetentionPool};
+use crate::sampler::{Sampler, WorkloadView};
+use crate::status::{write_status, InstanceStatus, VcpuStatus};
+
+/// Why the loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// The managed workload has no threads left.
+    WorkloadGone,
+    /// The caller asked us to stop (a signal).
+    Requested,
+}
+
+pub struct ControllerOptions {
+    pub period: Duration,
+    /// Decide and log, but change nothing.
+    pub observe: bool,
+    /// Runnable-thread sub-samples per period.
+    pub sub_samples: u32,
+    pub status_path: Option<PathBuf>,
+    pub timeline: Option<File>,
+    /// Shown by `status`.
+    pub command: String,
+    pub placement_name: String,
+    pub retention_backend: String,
+}
+
+/// How idle vCPUs are held, if at all.
+pub enum Retainer<'a> {
+    /// Retention is off for this run (consolidation only, or observing).
+    None,
+    /// SCHED_IDLE yielding threads.
+    Yield(&'a RetentionPool),
+    /// The guest's cpuidle poll state through PM QoS.
+    Poll(&'a mut PollRetention),
+}
+
+impl Retainer<'_> {
+    fn counters(&self) -> Vec<(usize, RetentionCounters)> {
+        match self {
+            Retainer::Yield(pool) => pool.counters(),
+            _ => Vec::new(),
+        }
+    }
+
+    fn apply(&mut self, cpu: usize, action: RetentionAction) {
+        match self {
+            Retainer::None => {}
+            Retainer::Yield(pool) => {
+                let mode = match action {
+                    RetentionAction::Off => RetentionMode::Off,
+                    RetentionAction::Retain { timeout_ns } => RetentionMode::Yield { timeout_ns },
+                };
+                // A CPU outside the pool (none is expected) simply cannot be held.
+                let _ = pool.set_mode(cpu, mode);
+            }
+            Retainer::Poll(poll) => {
+                // In-kernel polling has no timeout of its own: the policy's per-period
+                // on/off decision is the timeout, at period granularity.
+                if let Err(e) = poll.set(cpu, action != RetentionAction::Off) {
+                    tracing::warn!("PM QoS on CPU {cpu}: {e}");
+                }
+            }
+        }
+    }
+}
+
+/// Number of past decisions kept for `status`.
+const EVENT_HISTORY: usize = 20;
+
+pub struct Controller<'a> {
+    policy: Gleaner,
+    placement: &'a mut dyn Placement,
+    retainer: Retainer<'a>,
+    sampler: Sampler,
+    opts: ControllerOptions,
+    applied_active: Cpuset,
+    status: InstanceStatus,
+    started: Instant,
+}
+
+impl<'a> Controller<'a> {
+    pub fn new(policy: Gleaner, placement: &'a mut dyn Placement, retainer: Retainer<'a>, sampler: Sampler, opts: ControllerOptions) -> Self {
+        let allowed = policy.allowed().clone();
+        let status = InstanceStatus {
+            pid: std::process::id(),
+            command: opts.command.clone(),
+            mode: format!("{:?}", policy.config().mode).to_lowercase(),
+            observe: opts.observe,
+            placement: opts.placement_name.clone(),
+            retention_backend: opts.retention_backend.clone(),
+            idle_source: format!("{:?}", sampler.idle_source()).to_lowercase(),
+            allowed: allowed.to_string(),
+            active: allowed.to_string(),
+            ..Default::default()
+        };
+        Self { policy, placement, retainer, sampler, opts, applied_active: allowed, status, started: Instant::now() }
+    }
+
+    /// Runs until the workload is gone or `stop()` says so.
+    pub fn run(&mut self, stop: &dyn Fn() -> bool) -> Result<StopReason> {
+        let t0 = Instant::now();
+        let now_ns = || t0.elapsed().as_nanos() as u64;
+        let (view, counters) = (self.view()?, self.retention_counters());
+        self.sampler.sample(now_ns(), &view, &counters)?;
+        let slice = self.opts.period / self.opts.sub_samples.max(1);
+        let mut view = self.view()?;
+        loop {
+            // An idle workload is not sub-sampled: Gleaner then costs one read per period.
+            let busy = self.status.characteristics.total_util >= self.policy.config().idle_util || self.status.periods == 0;
+            for _ in 0..self.opts.sub_samples.max(1) {
+                std::thread::sleep(slice);
+                if stop() {
+                    return Ok(StopReason::Requested);
+                }
+                if busy {
+                    self.sampler.observe_runnable(&view.tids, self.applied_active.len());
+                }
+            }
+            view = self.view()?;
+            if view.tids.is_empty() {
+                return Ok(StopReason::WorkloadGone);
+            }
+            let counters = self.retention_counters();
+            let Some(sample) = self.sampler.sample(now_ns(), &view, &counters)? else { continue };
+            let decision = self.policy.step(&sample);
+            for e in &decision.events {
+                tracing::info!(period = e.period, event = ?e.kind, observe = self.opts.observe, "{}", e.reason);
+            }
+            tracing::debug!(characteristics = ?decision.characteristics, active = %decision.active, "period");
+            if !self.opts.observe {
+                self.apply(&decision)?;
+            }
+            self.record(&sample, &decision, t0.elapsed());
+        }
+    }
+
+    fn view(&self) -> Result<WorkloadView> {
+        let tids = self.placement.workload_tids()?;
+        let mut pids: Vec<u32> = tids.iter().map(|(p, _)| *p).collect();
+        pids.sort_unstable();
+        pids.dedup();
+        Ok(WorkloadView { pids, tids, percpu_work_ns: self.placement.per_cpu_work_ns()?, total_work_ns: None, pressure_some_us: None })
+    }
+
+    fn retention_counters(&self) -> Vec<(usize, RetentionCounters)> {
+        self.retainer.counters()
+    }
+
+    fn apply(&mut self, d: &Decision) -> Result<()> {
+        // Threads created since the last change inherit a cpuset from their cgroup but an
+        // affinity mask only from their creator, so the affinity back end is re-applied every
+        // period while the workload is consolidated.
+        let refresh = self.placement.kind() == PlacementKind::Affinity && d.active != *self.placement.allowed();
+        if d.active != self.applied_active || refresh {
+            self.placement.set_active(&d.active)?;
+            self.applied_active = d.active.clone();
+        }
+        for (cpu, action) in &d.retention {
+            self.retainer.apply(*cpu, *action);
+        }
+        Ok(())
+    }
+
+    fn record(&mut self, sample: &gleaner_policy::PeriodSample, d: &Decision, elapsed: Duration) {
+        let secs = sample.period_ns as f64 / 1e9;
+        let st = &mut self.status;
+        st.uptime_s = self.started.elapsed().as_secs_f64();
+        st.periods += 1;
+        st.active = d.active.to_string();
+        st.rho = d.rho;
+        st.eta = d.eta;
+        st.retention_timeout_us = d.retention_timeout_ns as f64 / 1e3;
+        st.characteristics = d.characteristics;
+        st.vcpus = sample
+            .vcpus
+            .iter()
+            .map(|v| VcpuStatus {
+                cpu: v.cpu,
+                active: d.active.contains(v.cpu),
+                retaining: d.retention.iter().any(|(c, a)| *c == v.cpu && *a != RetentionAction::Off),
+                idle_transitions_per_sec: v.idle_periods() as f64 / secs,
+                halts_per_sec: v.idle_entries as f64 / secs,
+                work_util: v.work_ns as f64 / sample.period_ns as f64,
+                steal_fraction: v.steal_ns as f64 / sample.period_ns as f64,
+            })
+            .collect();
+        st.retention_cpu_s = self.retainer.counters().iter().map(|(_, c)| c.yield_ns).sum::<u64>() as f64 / 1e9;
+        st.self_cpu_s = own_cpu_seconds();
+        for e in &d.events {
+            match e.kind {
+                EventKind::Deactivate { .. } => st.consolidations += 1,
+                EventKind::Rollback { .. } => st.rollbacks += 1,
+                EventKind::MajorChange => st.major_changes += 1,
+                _ => {}
+            }
+        }
+        push_events(&mut st.last_events, &d.events);
+        if let Some(path) = &self.opts.status_path {
+            if let Err(e) = write_status(path, st) {
+                tracing::warn!("cannot write status file: {e}");
+            }
+        }
+        if let Some(f) = &mut self.opts.timeline {
+            let line = serde_json::json!({
+                "t_s": elapsed.as_secs_f64(),
+                "active": d.active.to_string(),
+                "n_active": d.active.len(),
+                "retaining": d.retention.iter().filter(|(_, a)| *a != RetentionAction::Off).map(|(c, _)| *c).collect::<Vec<_>>(),
+                "characteristics": d.characteristics,
+                "rho": d.rho,
+                "eta": d.eta,
+                "events": d.events,
+                "observe": self.opts.observe,
+            });
+            let _ = writeln!(f, "{line}");
+        }
+    }
+}
+
+fn push_events(history: &mut Vec<PolicyEvent>, new: &[PolicyEvent]) {
+    history.extend(new.iter().cloned());
+    if history.len() > EVENT_HISTORY {
+        history.drain(..history.len() - EVENT_HISTORY);
+    }
+}
+
+/// CPU time of this process (controller and retention threads), in seconds.
+pub fn own_cpu_seconds() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: writes into a local timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+}

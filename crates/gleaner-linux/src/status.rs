@@ -1,0 +1,119 @@
+//! The live state of a running instance, as `gleaner status` shows it.
+//!
+//! Written by the controller every period to a file only its owner (and root) can read,
+//! replaced atomically so a reader never sees half a file. A file, rather than a socket, means
+//! the status endpoint accepts no commands at all: nobody can change Gleaner's state through it.
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use gleaner_policy::{Characteristics, PolicyEvent};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct VcpuStatus {
+    pub cpu: usize,
+    pub active: bool,
+    pub retaining: bool,
+    /// Idle periods per second seen on this vCPU last period (held or halted).
+    pub idle_transitions_per_sec: f64,
+    /// Of those, the ones that ended in a halt (the kernel's idle loop).
+    pub halts_per_sec: f64,
+    pub work_util: f64,
+    pub steal_fraction: f64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct InstanceStatus {
+    pub pid: u32,
+    pub command: String,
+    pub mode: String,
+    pub observe: bool,
+    pub placement: String,
+    pub retention_backend: String,
+    pub idle_source: String,
+    pub uptime_s: f64,
+    pub periods: u64,
+    pub allowed: String,
+    pub active: String,
+    pub rho: f64,
+    pub eta: f64,
+    pub retention_timeout_us: f64,
+    pub characteristics: Characteristics,
+    pub vcpus: Vec<VcpuStatus>,
+    /// CPU time Gleaner's retention threads spent holding vCPUs, cumulative.
+    pub retention_cpu_s: f64,
+    /// Gleaner's own CPU time, cumulative (controller plus retention threads).
+    pub self_cpu_s: f64,
+    pub consolidations: u64,
+    pub rollbacks: u64,
+    pub major_changes: u64,
+    /// The most recent decisions, oldest first.
+    pub last_events: Vec<PolicyEvent>,
+}
+
+pub fn status_path(state_dir: &Path, pid: u32) -> PathBuf {
+    state_dir.join(format!("{pid}.status"))
+}
+
+/// Replaces the status file atomically with mode 0600.
+pub fn write_status(path: &Path, status: &InstanceStatus) -> Result<()> {
+    let tmp = path.with_extension("status.tmp");
+    let text = serde_json::to_vec_pretty(status).map_err(|e| Error::parse(path, "status", &e.to_string()))?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(|e| Error::io(&tmp, e))?;
+    f.write_all(&text).map_err(|e| Error::io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+}
+
+/// Every status file in `state_dir` whose instance is still alive.
+pub fn read_statuses(state_dir: &Path) -> Result<Vec<InstanceStatus>> {
+    let mut out = Vec::new();
+    let entries = match std::fs::read_dir(state_dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(Error::io(state_dir, e)),
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().to_string();
+        let Some(pid) = name.strip_suffix(".status").and_then(|p| p.parse::<u32>().ok()) else { continue };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+        let status: InstanceStatus = serde_json::from_str(&text).map_err(|e| Error::parse(&path, "status file", &e.to_string()))?;
+        out.push(status);
+    }
+    out.sort_by_key(|s| s.pid);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn status_round_trips_and_is_private() {
+        let dir = tempfile::tempdir().unwrap();
+        let me = std::process::id();
+        let path = status_path(dir.path(), me);
+        let s = InstanceStatus { pid: me, active: "0".into(), ..Default::default() };
+        write_status(&path, &s).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(read_statuses(dir.path()).unwrap(), vec![s]);
+        // A dead instance's file is ignored.
+        write_status(&status_path(dir.path(), u32::MAX - 1), &InstanceStatus::default()).unwrap();
+        assert_eq!(read_statuses(dir.path()).unwrap().len(), 1);
+    }
+}

@@ -1,0 +1,255 @@
+//! The daemon's configuration: TOML file, then command-line flags on top, then validation.
+//!
+//! Exists so that `gleaner run`, `gleaner attach` and the service read one format with one set
+//! of documented defaults, and a bad value is refused before any CPU is touched.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use gleaner_policy::{Mode, PolicyConfig};
+use serde::{Deserialize, Serialize};
+
+/// Where the workload's allowed CPUs are changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum BackendChoice {
+    /// cgroup v2 cpuset, else cgroup v1 cpuset, else thread affinity.
+    #[default]
+    Auto,
+    CgroupV2,
+    CgroupV1,
+    Affinity,
+}
+
+/// How idle vCPUs are held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum RetentionBackendChoice {
+    /// In-kernel polling through PM QoS where a cpuidle poll state exists, else yielding threads.
+    #[default]
+    Auto,
+    /// SCHED_IDLE yielding threads (§6 of the paper).
+    Yield,
+    /// `pm_qos_resume_latency_us = n/a`: the guest's cpuidle poll state.
+    Poll,
+}
+
+/// Everything `gleaner run` / `attach` / the service can be told, with its default.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DaemonConfig {
+    /// Sampling and decision period in milliseconds (default 100).
+    pub period_ms: u64,
+    /// Placement back end (default auto).
+    pub backend: BackendChoice,
+    /// Retention back end (default auto).
+    pub retention_backend: RetentionBackendChoice,
+    /// Measure and log every decision without acting on any (default false).
+    pub observe: bool,
+    /// Retention hold in microseconds; unset means derive it from a wake-latency measurement.
+    pub retention_timeout_us: Option<u64>,
+    /// Directory for the crash journal and status file; unset means /run/gleaner as root,
+    /// else $XDG_RUNTIME_DIR/gleaner.
+    pub state_dir: Option<PathBuf>,
+    /// The policy's tunables (mode, rho, eta, ...).
+    pub policy: PolicyConfig,
+    /// Per-period JSON lines go here (command line only).
+    #[serde(skip)]
+    pub timeline: Option<PathBuf>,
+}
+
+impl Default for DaemonConfig {
+    fn default() -> Self {
+        Self {
+            period_ms: 100,
+            backend: BackendChoice::Auto,
+            retention_backend: RetentionBackendChoice::Auto,
+            observe: false,
+            retention_timeout_us: None,
+            state_dir: None,
+            policy: PolicyConfig::default(),
+            timeline: None,
+        }
+    }
+}
+
+/// Flags shared by `run` and `attach`; each overrides the config file.
+#[derive(Debug, Clone, Default, Args)]
+pub struct DaemonFlags {
+    /// TOML configuration file (see README "Configuration" for every key).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Which mechanisms run: full, retention, consolidation, always-yield [default: full]
+    #[arg(long, value_parser = parse_mode)]
+    pub mode: Option<Mode>,
+    /// Load factor rho in (0, 1] [default: 1.0]
+    #[arg(long)]
+    pub rho: Option<f64>,
+    /// Granularity factor eta in (0, 1] [default: 1.0]
+    #[arg(long)]
+    pub eta: Option<f64>,
+    /// Sampling and decision period in milliseconds [default: 100]
+    #[arg(long, value_name = "MS")]
+    pub period_ms: Option<u64>,
+    /// Placement back end [default: auto]
+    #[arg(long, value_enum)]
+    pub backend: Option<BackendChoice>,
+    /// Retention back end [default: auto]
+    #[arg(long, value_enum)]
+    pub retention_backend: Option<RetentionBackendChoice>,
+    /// Retention hold in µs [default: derived from a wake-latency measurement]
+    #[arg(long, value_name = "US")]
+    pub retention_timeout_us: Option<u64>,
+    /// Measure and log every decision without acting on it
+    #[arg(long)]
+    pub observe: bool,
+    /// Append one JSON line per period (time, active vCPUs, characteristics) to FILE
+    #[arg(long, value_name = "FILE")]
+    pub timeline: Option<PathBuf>,
+    /// Directory for the crash journal and status file
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+}
+
+fn parse_mode(s: &str) -> Result<Mode, String> {
+    s.parse()
+}
+
+impl DaemonFlags {
+    /// The config file (if any) with these flags applied on top, validated.
+    pub fn resolve(&self) -> Result<DaemonConfig> {
+        let mut cfg = match &self.config {
+            Some(path) => load_file(path)?,
+            None => DaemonConfig::default(),
+        };
+        if let Some(m) = self.mode {
+            cfg.policy.mode = m;
+        }
+        if let Some(r) = self.rho {
+            cfg.policy.rho = r;
+        }
+        if let Some(e) = self.eta {
+            cfg.policy.eta = e;
+        }
+        if let Some(p) = self.period_ms {
+            cfg.period_ms = p;
+        }
+        if let Some(b) = self.backend {
+            cfg.backend = b;
+        }
+        if let Some(b) = self.retention_backend {
+            cfg.retention_backend = b;
+        }
+        if let Some(t) = self.retention_timeout_us {
+            cfg.retention_timeout_us = Some(t);
+        }
+        if self.observe {
+            cfg.observe = true;
+        }
+        if let Some(d) = &self.state_dir {
+            cfg.state_dir = Some(d.clone());
+        }
+        cfg.timeline = self.timeline.clone();
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+impl DaemonConfig {
+    pub fn validate(&self) -> Result<()> {
+        if !(10..=60_000).contains(&self.period_ms) {
+            bail!("period_ms = {} is out of range: use 10 to 60000 (default 100)", self.period_ms);
+        }
+        if let Some(t) = self.retention_timeout_us {
+            if !(1..=1_000_000).contains(&t) {
+                bail!("retention_timeout_us = {t} is out of range: use 1 to 1000000, or leave it unset to derive it");
+            }
+        }
+        self.policy.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok(())
+    }
+}
+
+/// Reads a TOML config file. When running as root, a file that other users can write is
+/// refused: whoever can write it could steer which CPUs a root daemon gives a workload.
+pub fn load_file(path: &Path) -> Result<DaemonConfig> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config file {}: check the path", path.display()))?;
+    if is_root() {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(path).with_context(|| format!("cannot stat {}", path.display()))?;
+        if meta.mode() & 0o022 != 0 {
+            bail!(
+                "config file {} is writable by group or others: run `chmod go-w {}` (refused when running as root)",
+                path.display(),
+                path.display()
+            );
+        }
+    }
+    parse(&text).with_context(|| format!("config file {}", path.display()))
+}
+
+pub fn parse(text: &str) -> Result<DaemonConfig> {
+    let cfg: DaemonConfig = toml::from_str(text).map_err(|e| anyhow::anyhow!("malformed TOML: {}", one_line(&e.to_string())))?;
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_documented_keys_parse() {
+        let cfg = parse("").unwrap();
+        assert_eq!(cfg, DaemonConfig::default());
+        let cfg = parse("period_ms = 200\nbackend = \"affinity\"\n[policy]\nmode = \"retention\"\nrho = 0.8\n").unwrap();
+        assert_eq!(cfg.period_ms, 200);
+        assert_eq!(cfg.backend, BackendChoice::Affinity);
+        assert_eq!(cfg.policy.mode, Mode::Retention);
+        assert_eq!(cfg.policy.rho, 0.8);
+    }
+
+    #[test]
+    fn bad_configs_get_one_line_errors() {
+        for (text, needle) in [
+            ("period_ms = \"x\"", "malformed TOML"),
+            ("[policy]\nrho = 1.5", "outside (0, 1]"),
+            ("[policy]\neta = 0", "outside (0, 1]"),
+            ("nonsense = 1", "malformed TOML"),
+            ("period_ms = 1", "out of range"),
+            ("[policy\n", "malformed TOML"),
+        ] {
+            let err = format!("{:#}", parse(text).unwrap_err());
+            assert!(err.contains(needle), "{text}: {err}");
+            assert!(!err.contains('\n'), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("g.toml");
+        std::fs::write(&path, "period_ms = 300\n[policy]\nrho = 0.5\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let flags = DaemonFlags { config: Some(path.clone()), rho: Some(0.7), ..Default::default() };
+        let cfg = flags.resolve().unwrap();
+        assert_eq!(cfg.period_ms, 300);
+        assert_eq!(cfg.policy.rho, 0.7);
+        if is_root() {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+            let err = format!("{:#}", flags.resolve().unwrap_err());
+            assert!(err.contains("chmod go-w"), "{err}");
+        }
+    }
+}

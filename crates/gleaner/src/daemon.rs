@@ -1,0 +1,425 @@
+//! `gleaner run` and `gleaner attach`: put a workload under Gleaner and keep it safe.
+//!
+//! The order of operations is the safety argument:
+//! 1. the crash journal exists and the guard process watches us *before* anything changes;
+//! 2. every change is journaled before it is made (the back ends do this);
+//! 3. on any exit we restore through the same undo code, then delete the journal; if we die
+//!    without running a destructor (SIGKILL, abort), the guard sees its pipe close and undoes
+//!    the journal within milliseconds; if the guard dies too, `gleaner recover` does it.
+
+use std::cell::Cell;
+use std::ffi::OsString;
+use std::io::Read;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use gleaner_linux::cgroup::{enter_cgroup_pre_exec, v1::V1Mounts, AffinityPlacement, CgroupV1, CgroupV2};
+use gleaner_linux::controller::{Controller, ControllerOptions, Retainer, StopReason};
+use gleaner_linux::journal::{self, Journal, UndoAction};
+use gleaner_linux::pmqos::PollRetention;
+use gleaner_linux::retention::{RetentionPool, YielderParams};
+use gleaner_linux::sampler::Sampler;
+use gleaner_linux::status::status_path;
+use gleaner_linux::sysfs::PmQosLatency;
+use gleaner_linux::{detect, Placement, PlacementEnv, PlacementKind, ProcFs, SharedJournal};
+use gleaner_policy::{Gleaner, Mode, RetentionTimeout};
+
+use crate::config::{BackendChoice, DaemonConfig, DaemonFlags, RetentionBackendChoice};
+
+/// The signal that asked us to stop, 0 if none.
+static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_stop_signal(sig: libc::c_int) {
+    STOP_SIGNAL.store(sig, Ordering::SeqCst);
+}
+
+fn install_stop_handlers() -> Result<()> {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+    let action = SigAction::new(SigHandler::Handler(on_stop_signal), SaFlags::SA_RESTART, SigSet::empty());
+    for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe { sigaction(sig, &action) }.with_context(|| format!("cannot install a {sig} handler"))?;
+    }
+    Ok(())
+}
+
+/// What is managed: a command we start, a process tree, or a cgroup.
+pub enum Target {
+    Command(Vec<OsString>),
+    Pid(u32),
+    Cgroup(PathBuf),
+}
+
+/// Runs Gleaner on `target` until it ends or we are told to stop; returns the exit code.
+pub fn manage(flags: &DaemonFlags, target: Target) -> Result<i32> {
+    let cfg = flags.resolve()?;
+    if let Target::Command(cmd) = &target {
+        if cmd.is_empty() {
+            bail!("no command given: use `gleaner run [OPTIONS] -- CMD ARGS...`");
+        }
+    }
+    let proc = ProcFs::new("/proc");
+    if let Target::Pid(pid) = target {
+        if proc.process_start_time(pid).is_err() {
+            bail!("no process with PID {pid}: give the PID of a running process (see `ps`)");
+        }
+    }
+    let state_dir = cfg.state_dir.clone().unwrap_or_else(Journal::default_dir);
+    let journal = Journal::create(&state_dir, &proc)
+        .with_context(|| format!("cannot create the crash journal in {}: pass --state-dir DIR you can write", state_dir.display()))?;
+    let journal_path = journal.path().to_path_buf();
+    let journal = journal.into_shared();
+    let guard = spawn_guard(&journal_path)?;
+    install_stop_handlers()?;
+
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| manage_inner(&cfg, target, &proc, &journal, &state_dir)));
+    // Back ends restored on their way out (drop runs during unwinding too); what they could
+    // not restore is still in the journal: try once more, then leave it to the guard.
+    let leftovers = finish_journal(&journal, &proc);
+    drop(guard); // closes the pipe: the guard undoes whatever is left and exits
+    let _ = std::fs::remove_file(status_path(&state_dir, std::process::id()));
+    let code = match outcome {
+        Ok(r) => r?,
+        Err(_) => bail!("internal error (a bug, please report it); the workload's CPUs were restored"),
+    };
+    leftovers?;
+    Ok(code)
+}
+
+fn manage_inner(cfg: &DaemonConfig, target: Target, proc: &ProcFs, journal: &SharedJournal, state_dir: &Path) -> Result<i32> {
+    let env = PlacementEnv::real(Some(journal.clone()));
+    let detection = detect(proc, Path::new("/")).context("cannot read /proc/self/mountinfo")?;
+    let kind = choose_backend(cfg.backend, &detection, &target)?;
+    let timeout = retention_timeout(cfg, state_dir);
+
+    let mut child: Option<Child> = None;
+    let mut placement: Box<dyn Placement> = match (&target, kind) {
+        (Target::Command(cmd), PlacementKind::CgroupV2) => {
+            let mount = detection.mounts.v2.clone().ok_or_else(|| anyhow!("no cgroup2 mount"))?;
+            let own = proc.own_cgroup()?.v2().unwrap_or("/").to_string();
+            let parent = mount.join(own.trim_start_matches('/'));
+            let cg = CgroupV2::create(env, &mount, &parent, &std::process::id().to_string(), &[]).context("cannot create the workload's cgroup")?;
+            child = Some(spawn(cmd, Some(vec![cg.procs_file()]))?);
+            Box::new(cg)
+        }
+        (Target::Command(cmd), PlacementKind::CgroupV1) => {
+            let mounts = V1Mounts::from_detected(&detection.mounts).ok_or_else(|| anyhow!("no cgroup v1 cpuset mount"))?;
+            let own = proc.own_cgroup()?.v1("cpuset").unwrap_or("/").to_string();
+            let cg = CgroupV1::create(env, mounts, &own, &std::process::id().to_string(), &[]).context("cannot create the workload's cgroup")?;
+            child = Some(spawn(cmd, Some(cg.procs_files()))?);
+            Box::new(cg)
+        }
+        (Target::Command(cmd), PlacementKind::Affinity) => {
+            let c = spawn(cmd, None)?;
+            let pid = c.id();
+            child = Some(c);
+            Box::new(AffinityPlacement::new(env, pid)?)
+        }
+        (Target::Pid(pid), _) => Box::new(AffinityPlacement::new(env, *pid)?),
+        (Target::Cgroup(dir), PlacementKind::CgroupV2) => {
+            let mount = detection.mounts.v2.clone().ok_or_else(|| anyhow!("no cgroup2 mount"))?;
+            Box::new(CgroupV2::attach(env, &mount, dir)?)
+        }
+        (Target::Cgroup(dir), _) => {
+            let mounts = V1Mounts::from_detected(&detection.mounts).ok_or_else(|| anyhow!("no cgroup v1 cpuset mount"))?;
+            Box::new(CgroupV1::attach(env, mounts, dir)?)
+        }
+    };
+    let allowed = placement.allowed().clone();
+    tracing::info!(placement = %kind, allowed = %allowed, timeout_us = timeout.ns / 1000, "managing workload");
+
+    let mut policy_cfg = cfg.policy.clone();
+    policy_cfg.retention_timeout_ns = timeout.ns;
+    let policy = Gleaner::new(policy_cfg, allowed.clone()).map_err(|e| anyhow!("{e}"))?;
+    let wants_retention = !cfg.observe && matches!(cfg.policy.mode, Mode::Full | Mode::Retention | Mode::AlwaysYield);
+    let mut poll = None;
+    let mut pool = None;
+    let mut retention_name = "none".to_string();
+    if wants_retention {
+        match choose_retention(cfg.retention_backend, &allowed, journal)? {
+            Ok(p) => {
+                poll = Some(p);
+                retention_name = "poll".into();
+            }
+            Err(why) => {
+                tracing::info!("retention by yielding threads: {why}");
+                pool = Some(RetentionPool::start(&allowed, YielderParams::default()).context("cannot start retention threads")?);
+                retention_name = "yield".into();
+            }
+        }
+    }
+    let retainer = match (&pool, &mut poll) {
+        (Some(p), _) => Retainer::Yield(p),
+        (None, Some(p)) => Retainer::Poll(p),
+        _ => Retainer::None,
+    };
+    let timeline = match &cfg.timeline {
+        Some(p) => Some(std::fs::OpenOptions::new().create(true).append(true).open(p).with_context(|| format!("cannot open timeline file {}", p.display()))?),
+        None => None,
+    };
+    let command = match &target {
+        Target::Command(c) => c.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" "),
+        Target::Pid(p) => format!("pid {p}"),
+        Target::Cgroup(d) => format!("cgroup {}", d.display()),
+    };
+    let opts = ControllerOptions {
+        period: Duration::from_millis(cfg.period_ms),
+        observe: cfg.observe,
+        sub_samples: 10,
+        status_path: Some(status_path(state_dir, std::process::id())),
+        timeline,
+        command,
+        placement_name: kind.to_string(),
+        retention_backend: retention_name,
+    };
+    let sampler = Sampler::new(ProcFs::new("/proc"), "/sys", allowed.clone());
+
+    let exited: Cell<Option<ExitStatus>> = Cell::new(None);
+    let child_cell = std::cell::RefCell::new(child);
+    let stop = || {
+        if STOP_SIGNAL.load(Ordering::SeqCst) != 0 {
+            return true;
+        }
+        if let Some(c) = child_cell.borrow_mut().as_mut() {
+            if let Ok(Some(status)) = c.try_wait() {
+                exited.set(Some(status));
+                return true;
+            }
+        }
+        false
+    };
+    let result = {
+        let mut controller = Controller::new(policy, placement.as_mut(), retainer, sampler, opts);
+        controller.run(&stop)
+    };
+    // Give everything back before reporting anything, error or not.
+    let restored = placement.restore();
+    if let Some(p) = &mut poll {
+        let _ = p.restore();
+    }
+    if let Some(p) = pool.take() {
+        p.stop();
+    }
+    let reason = result.context("Gleaner stopped managing the workload; its CPUs were restored")?;
+    restored.context("could not restore every CPU setting; run `gleaner recover`")?;
+    let sig = STOP_SIGNAL.load(Ordering::SeqCst);
+    let mut child = child_cell.into_inner();
+    if exited.get().is_none() && sig != 0 {
+        // Give a workload that got the same Ctrl-C a moment to exit, to report its status.
+        if let Some(c) = child.as_mut() {
+            for _ in 0..20 {
+                if let Ok(Some(st)) = c.try_wait() {
+                    exited.set(Some(st));
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+    Ok(match (exited.get(), reason) {
+        (Some(st), _) => exit_code(st),
+        (None, StopReason::WorkloadGone) => 0,
+        (None, StopReason::Requested) => {
+            if child.is_some() {
+                eprintln!("gleaner: stopped by signal {sig}; the workload keeps running with all its CPUs");
+            }
+            128 + sig
+        }
+    })
+}
+
+fn exit_code(st: ExitStatus) -> i32 {
+    st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0))
+}
+
+fn spawn(cmd: &[OsString], cgroup_procs: Option<Vec<PathBuf>>) -> Result<Child> {
+    let mut c = Command::new(&cmd[0]);
+    c.args(&cmd[1..]);
+    if let Some(files) = cgroup_procs {
+        let hook = enter_cgroup_pre_exec(&files)?;
+        // SAFETY: the hook only calls open/write/close (async-signal-safe) on pre-built paths.
+        unsafe { c.pre_exec(hook) };
+    }
+    c.spawn().with_context(|| format!("cannot start {:?}: check the command exists and is executable", cmd[0]))
+}
+
+fn choose_backend(choice: BackendChoice, det: &gleaner_linux::Detection, target: &Target) -> Result<PlacementKind> {
+    let why = |k: PlacementKind| det.skipped.iter().find(|(s, _)| *s == k).map(|(_, w)| w.clone());
+    let want = match choice {
+        BackendChoice::Auto => match target {
+            // Another process's threads are confined by affinity: moving someone else's
+            // process into a new cgroup would change its accounting and limits.
+            Target::Pid(_) => return Ok(PlacementKind::Affinity),
+            Target::Cgroup(_) if det.kind == PlacementKind::Affinity => {
+                bail!("--cgroup needs a cpuset controller: {}", why(PlacementKind::CgroupV1).unwrap_or_default())
+            }
+            _ => return Ok(det.kind),
+        },
+        BackendChoice::CgroupV2 => PlacementKind::CgroupV2,
+        BackendChoice::CgroupV1 => PlacementKind::CgroupV1,
+        BackendChoice::Affinity => PlacementKind::Affinity,
+    };
+    if let Some(reason) = why(want) {
+        bail!("the {want} back end cannot be used here: {reason}; use --backend auto");
+    }
+    Ok(want)
+}
+
+/// Picks in-kernel polling where it works (and is asked for or automatic), else yielding
+/// threads; `Err(reason)` inside means "use yielding threads".
+fn choose_retention(choice: RetentionBackendChoice, cpus: &gleaner_policy::Cpuset, journal: &SharedJournal) -> Result<std::result::Result<PollRetention, String>> {
+    if choice == RetentionBackendChoice::Yield {
+        return Ok(Err("asked for".into()));
+    }
+    let j = journal.clone();
+    let hook: gleaner_linux::pmqos::OriginalHook = Box::new(move |path: &Path, original: &str| {
+        let cpu = path
+            .components()
+            .filter_map(|c| c.as_os_str().to_str()?.strip_prefix("cpu")?.parse::<usize>().ok())
+            .next()
+            .unwrap_or(usize::MAX);
+        let original: PmQosLatency = original.parse().map_err(|e: String| e)?;
+        let mut j = j.lock().map_err(|_| "journal lock poisoned")?;
+        j.record(UndoAction::PmQos { cpu, file: path.to_path_buf(), original })?;
+        Ok(())
+    });
+    match PollRetention::new(Path::new("/sys"), cpus, hook) {
+        Ok(p) => Ok(Ok(p)),
+        Err(e) if choice == RetentionBackendChoice::Poll => bail!("--retention-backend poll cannot be used here: {e}; use --retention-backend auto"),
+        Err(e) => Ok(Err(e.to_string())),
+    }
+}
+
+/// The configured hold, or one derived from a wake-latency measurement, cached per boot.
+fn retention_timeout(cfg: &DaemonConfig, state_dir: &Path) -> RetentionTimeout {
+    if let Some(us) = cfg.retention_timeout_us {
+        return RetentionTimeout { ns: us * 1000 };
+    }
+    if !matches!(cfg.policy.mode, Mode::Full | Mode::Retention) {
+        return RetentionTimeout::default();
+    }
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default().trim().to_string();
+    let cache = state_dir.join("calibration.json");
+    if let Some(ns) = std::fs::read_to_string(&cache)
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .filter(|v| v["boot_id"] == boot.as_str())
+        .and_then(|v| v["timeout_ns"].as_u64())
+    {
+        return RetentionTimeout { ns };
+    }
+    match gleaner_linux::wakeprobe::quick_calibration() {
+        Ok(c) => {
+            tracing::info!(busy_us = c.busy_p50_ns / 1000, halted_us = c.halted_p50_ns / 1000, timeout_us = c.timeout.ns / 1000, "calibrated retention timeout");
+            let v = serde_json::json!({"boot_id": boot, "timeout_ns": c.timeout.ns, "busy_p50_ns": c.busy_p50_ns, "halted_p50_ns": c.halted_p50_ns});
+            let _ = std::fs::write(&cache, v.to_string());
+            c.timeout
+        }
+        Err(e) => {
+            tracing::warn!("cannot measure wake costs ({e}); using the default hold");
+            RetentionTimeout::default()
+        }
+    }
+}
+
+/// Undoes whatever the back ends left in the journal and deletes it if empty.
+fn finish_journal(journal: &SharedJournal, proc: &ProcFs) -> Result<()> {
+    let mut j = journal.lock().map_err(|_| anyhow!("journal lock poisoned"))?;
+    if !j.entries().is_empty() {
+        journal::undo(&mut j, proc).context("could not undo every change; run `gleaner recover`")?;
+    }
+    std::fs::remove_file(j.path()).or_else(|e| if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) }).context("cannot remove the journal")?;
+    Ok(())
+}
+
+/// Starts the guard: a separate process (own session, so a terminal's Ctrl-C does not reach
+/// it) that waits for our end of a pipe to close and then undoes our journal.
+fn spawn_guard(journal_path: &Path) -> Result<GuardHandle> {
+    let exe = std::env::current_exe().context("cannot find our own executable for the guard")?;
+    let mut c = Command::new(exe);
+    c.arg("__guard").arg(journal_path).stdin(Stdio::piped()).stdout(Stdio::null());
+    // SAFETY: setsid is async-signal-safe.
+    unsafe {
+        c.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        })
+    };
+    let child = c.spawn().context("cannot start the guard process")?;
+    Ok(GuardHandle { child })
+}
+
+pub struct GuardHandle {
+    child: Child,
+}
+
+impl Drop for GuardHandle {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        // The guard exits as soon as it has checked the journal; reap it if it already has.
+        let _ = self.child.try_wait();
+    }
+}
+
+/// The guard's body (`gleaner __guard JOURNAL`): block until the pipe closes, then undo.
+pub fn guard_main(journal_path: &Path) -> Result<i32> {
+    use nix::sys::signal::{signal, SigHandler, Signal};
+    for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, Signal::SIGPIPE] {
+        // SAFETY: ignoring a signal installs no handler code.
+        let _ = unsafe { signal(sig, SigHandler::SigIgn) };
+    }
+    let mut sink = [0u8; 64];
+    let mut stdin = std::io::stdin();
+    while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
+    if !journal_path.exists() {
+        return Ok(0); // clean exit: everything was already restored
+    }
+    let proc = ProcFs::new("/proc");
+    let mut j = Journal::load(journal_path)?;
+    let n = j.entries().len();
+    journal::undo(&mut j, &proc).context("guard could not undo every change; run `gleaner recover`")?;
+    let _ = j.remove();
+    if n > 0 {
+        eprintln!("gleaner guard: instance {} ended without cleaning up; restored {n} change(s)", journal_path.display());
+    }
+    Ok(0)
+}
+
+/// `gleaner recover`: undo what instances that died with their guard left behind.
+pub fn recover(state_dir: Option<PathBuf>) -> Result<i32> {
+    let dir = state_dir.unwrap_or_else(Journal::default_dir);
+    let proc = ProcFs::new("/proc");
+    let mut failed = 0;
+    let mut done = 0;
+    for j in journal::stale_journals(&dir, &proc)? {
+        match j {
+            Ok(mut j) => {
+                let path = j.path().to_path_buf();
+                let n = j.entries().len();
+                match journal::undo(&mut j, &proc) {
+                    Ok(()) => {
+                        let _ = j.remove();
+                        println!("recovered {}: undid {n} change(s)", path.display());
+                        done += 1;
+                    }
+                    Err(e) => {
+                        eprintln!("gleaner: {}: {e}", path.display());
+                        failed += 1;
+                    }
+                }
+            }
+            Err(e) => {
+                eprintln!("gleaner: {e}");
+                failed += 1;
+            }
+        }
+    }
+    if done == 0 && failed == 0 {
+        println!("nothing to recover in {}", dir.display());
+    }
+    Ok(if failed > 0 { 1 } else { 0 })
+}

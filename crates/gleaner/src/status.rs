@@ -1,0 +1,88 @@
+//! `gleaner status`: what each running instance is doing and why.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use gleaner_linux::journal::Journal;
+use gleaner_linux::status::{read_statuses, InstanceStatus};
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Print JSON instead of a table
+    #[arg(long)]
+    json: bool,
+    /// Directory of status files [default: /run/gleaner, or $XDG_RUNTIME_DIR/gleaner]
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+}
+
+pub fn run(args: StatusArgs) -> Result<()> {
+    let dir = args.state_dir.unwrap_or_else(Journal::default_dir);
+    let all = read_statuses(&dir).with_context(|| format!("cannot read status files in {}", dir.display()))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&all)?);
+        return Ok(());
+    }
+    if all.is_empty() {
+        println!("no running gleaner instance (looked in {})", dir.display());
+    }
+    for s in &all {
+        print!("{}", render(s));
+    }
+    Ok(())
+}
+
+fn us(ns: f64) -> String {
+    format!("{:.1} µs", ns / 1e3)
+}
+
+pub fn render(s: &InstanceStatus) -> String {
+    let c = &s.characteristics;
+    let mut out = String::new();
+    out += &format!("gleaner pid {} — {}\n", s.pid, s.command);
+    out += &format!(
+        "  mode {}{}  placement {}  retention {}  idle counts from {}  up {:.0} s ({} periods)\n",
+        s.mode,
+        if s.observe { " (observe only)" } else { "" },
+        s.placement,
+        s.retention_backend,
+        s.idle_source,
+        s.uptime_s,
+        s.periods
+    );
+    out += &format!("  active vCPUs {} of {}   rho {:.3}  eta {:.3}  retention timeout {:.1} µs\n", s.active, s.allowed, s.rho, s.eta, s.retention_timeout_us);
+    out += &format!(
+        "  l_comp {}  g_comp {}  l_idle {}  utilization {:.2}  runnable wait {:.0} %  steal {:.1} %\n",
+        us(c.l_comp_ns),
+        us(c.g_comp_ns),
+        us(c.l_idle_ns),
+        c.total_util,
+        c.runnable_wait_fraction * 100.0,
+        c.steal_fraction * 100.0
+    );
+    out += &format!(
+        "  consolidations {}  rollbacks {}  major changes {}  retention CPU {:.2} s  gleaner CPU {:.2} s\n",
+        s.consolidations, s.rollbacks, s.major_changes, s.retention_cpu_s, s.self_cpu_s
+    );
+    out += "  vCPU  active  held  work %  idle transitions/s  halts/s  steal %\n";
+    for v in &s.vcpus {
+        out += &format!(
+            "  {:>4}  {:>6}  {:>4}  {:>6.1}  {:>18.0}  {:>7.0}  {:>7.1}\n",
+            v.cpu,
+            if v.active { "yes" } else { "no" },
+            if v.retaining { "yes" } else { "no" },
+            v.work_util * 100.0,
+            v.idle_transitions_per_sec,
+            v.halts_per_sec,
+            v.steal_fraction * 100.0
+        );
+    }
+    if !s.last_events.is_empty() {
+        out += "  last decisions:\n";
+        for e in s.last_events.iter().rev().take(8) {
+            out += &format!("    period {:>5}: {:?} — {}\n", e.period, e.kind, e.reason);
+        }
+    }
+    out
+}
