@@ -3,14 +3,17 @@
 
 mod config;
 mod daemon;
+mod man;
+mod metrics;
 mod probe;
+mod service;
 mod status;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(name = "gleaner", version, about = "Mitigates the blocked-waiter wakeup problem in multicore VMs", long_about = None)]
@@ -52,6 +55,8 @@ enum Cmd {
         #[arg(long, value_name = "PATH")]
         cgroup: Option<PathBuf>,
     },
+    /// Run as a system service managing the cgroups in a config file, with metrics
+    Daemon(service::ServiceArgs),
     /// Show the live state of running instances
     Status(status::StatusArgs),
     /// Undo what an instance that died together with its guard left behind
@@ -68,6 +73,12 @@ enum Cmd {
     Scale(gleaner_scale::ScaleArgs),
     #[command(name = "__guard", hide = true)]
     Guard { journal: PathBuf },
+    /// Write the man pages (generated from these definitions) into DIR
+    #[command(hide = true)]
+    Man {
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
 }
 
 fn init_logging(format: LogFormat, filter: Option<&str>) {
@@ -98,12 +109,19 @@ fn main() -> ExitCode {
             (None, Some(dir)) => daemon::manage(&flags, daemon::Target::Cgroup(dir)),
             (None, None) => Err(anyhow::anyhow!("give a PID or --cgroup PATH")),
         },
+        Cmd::Daemon(args) => service::run(args, service::ChildLogging { json: matches!(cli.log_format, LogFormat::Json), filter: cli.log.clone() }),
         Cmd::Status(args) => status::run(args).map(|_| 0),
         Cmd::Recover { state_dir } => daemon::recover(state_dir),
         Cmd::Probe(args) => probe::run(args).map(|_| 0),
         Cmd::Workload(args) => gleaner_workloads::run(args).map(|_| 0),
         Cmd::Scale(args) => gleaner_scale::run(args).map(|_| 0),
         Cmd::Guard { journal } => daemon::guard_main(&journal),
+        Cmd::Man { out } => man::write_pages(Cli::command(), &out).map(|files| {
+            for f in files {
+                println!("{}", f.display());
+            }
+            0
+        }),
     };
     match result {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),

@@ -1,0 +1,474 @@
+//! Prometheus metrics for `gleaner daemon`: rendering, the loopback HTTP endpoint and the
+//! node_exporter textfile.
+//!
+//! Exists so an operator watches Gleaner with the tools already on the fleet. Rendering is a
+//! pure function of a [`Snapshot`] (tested by plain string comparison); the endpoint is a
+//! deliberately tiny HTTP/1.1 responder that answers `GET /metrics` and nothing else, so it
+//! accepts no input that could change Gleaner's state.
+
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use gleaner_linux::status::InstanceStatus;
+
+/// What one managed target looks like at scrape time.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TargetMetrics {
+    /// The `[[target]]` name, used as the `target` label.
+    pub name: String,
+    /// The cgroup directory the target resolved to (empty while it cannot be resolved).
+    pub cgroup: String,
+    /// Whether an instance is managing the target right now.
+    pub running: bool,
+    /// Instances started for this target after the first (failures and workload restarts).
+    pub restarts: u64,
+    /// The running instance's last status, once it has written one.
+    pub status: Option<InstanceStatus>,
+}
+
+/// Everything a scrape reports.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Snapshot {
+    pub targets: Vec<TargetMetrics>,
+    /// Whether the last SIGHUP reload (or the initial load) was applied.
+    pub last_reload_successful: bool,
+    /// Unix time of the last successful load, in seconds.
+    pub last_reload_success_timestamp_seconds: f64,
+}
+
+/// One metric family: its header and its samples, written together as the format requires.
+struct Family<'a> {
+    out: &'a mut String,
+}
+
+impl<'a> Family<'a> {
+    fn new(out: &'a mut String, name: &str, kind: &str, help: &str) -> Self {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        Family { out }
+    }
+
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
+        self.out.push_str(name);
+        if !labels.is_empty() {
+            self.out.push('{');
+            for (i, (k, v)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.out.push(',');
+                }
+                let _ = write!(self.out, "{k}=\"{}\"", escape_label(v));
+            }
+            self.out.push('}');
+        }
+        let _ = writeln!(self.out, " {}", format_value(value));
+    }
+}
+
+/// Label values escape backslash, double quote and newline (exposition format 0.0.4).
+fn escape_label(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+fn format_value(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v.is_infinite() {
+        if v > 0.0 { "+Inf" } else { "-Inf" }.into()
+    } else {
+        format!("{v}")
+    }
+}
+
+/// A gauge or counter with one sample per target that has a status.
+fn per_target(out: &mut String, s: &Snapshot, name: &str, kind: &str, help: &str, value: impl Fn(&InstanceStatus) -> f64) {
+    if !s.targets.iter().any(|t| t.status.is_some()) {
+        return;
+    }
+    let mut f = Family::new(out, name, kind, help);
+    for t in &s.targets {
+        if let Some(st) = &t.status {
+            f.sample(name, &[("target", &t.name)], value(st));
+        }
+    }
+}
+
+/// A gauge with one sample per vCPU of each target that has a status.
+fn per_vcpu(out: &mut String, s: &Snapshot, name: &str, help: &str, value: impl Fn(&gleaner_linux::status::VcpuStatus) -> f64) {
+    if !s.targets.iter().any(|t| t.status.as_ref().is_some_and(|st| !st.vcpus.is_empty())) {
+        return;
+    }
+    let mut f = Family::new(out, name, "gauge", help);
+    for t in &s.targets {
+        for v in t.status.iter().flat_map(|st| &st.vcpus) {
+            f.sample(name, &[("target", &t.name), ("cpu", &v.cpu.to_string())], value(v));
+        }
+    }
+}
+
+fn count_cpus(list: &str) -> f64 {
+    list.parse::<gleaner_policy::Cpuset>().map(|c| c.len() as f64).unwrap_or(f64::NAN)
+}
+
+fn bool_value(b: bool) -> f64 {
+    if b {
+        1.0
+    } else {
+        0.0
+    }
+}
+
+/// Renders the Prometheus text exposition (format 0.0.4) of `s`. Base units throughout:
+/// seconds, ratios in 0..=1, counts.
+pub fn render(s: &Snapshot) -> String {
+    let mut out = String::new();
+    {
+        let mut f = Family::new(&mut out, "gleaner_config_last_reload_successful", "gauge", "Whether the last configuration load (start or SIGHUP) was applied.");
+        f.sample("gleaner_config_last_reload_successful", &[], bool_value(s.last_reload_successful));
+    }
+    {
+        let name = "gleaner_config_last_reload_success_timestamp_seconds";
+        let mut f = Family::new(&mut out, name, "gauge", "Unix time of the last successful configuration load.");
+        f.sample(name, &[], s.last_reload_success_timestamp_seconds);
+    }
+    if !s.targets.is_empty() {
+        let name = "gleaner_target_up";
+        let mut f = Family::new(&mut out, name, "gauge", "Whether an instance is managing the target (0: waiting for its cgroup or restarting).");
+        for t in &s.targets {
+            f.sample(name, &[("target", &t.name), ("cgroup", &t.cgroup)], bool_value(t.running));
+        }
+        let name = "gleaner_target_restarts_total";
+        let mut f = Family::new(&mut out, name, "counter", "Instances started for the target after the first.");
+        for t in &s.targets {
+            f.sample(name, &[("target", &t.name)], t.restarts as f64);
+        }
+    }
+    if s.targets.iter().any(|t| t.status.is_some()) {
+        let name = "gleaner_info";
+        let mut f = Family::new(&mut out, name, "gauge", "How each target is managed (always 1).");
+        for t in &s.targets {
+            if let Some(st) = &t.status {
+                let observe = if st.observe { "true" } else { "false" };
+                f.sample(
+                    name,
+                    &[
+                        ("target", &t.name),
+                        ("mode", &st.mode),
+                        ("observe", observe),
+                        ("placement", &st.placement),
+                        ("retention_backend", &st.retention_backend),
+                        ("idle_source", &st.idle_source),
+                    ],
+                    1.0,
+                );
+            }
+        }
+    }
+    per_target(&mut out, s, "gleaner_allowed_vcpus", "gauge", "vCPUs the target may use.", |st| count_cpus(&st.allowed));
+    per_target(&mut out, s, "gleaner_active_vcpus", "gauge", "vCPUs the target runs on now (fewer than allowed while consolidated).", |st| count_cpus(&st.active));
+    per_target(&mut out, s, "gleaner_consolidations_total", "counter", "vCPUs taken away from the target by imbalanced scheduling.", |st| st.consolidations as f64);
+    per_target(&mut out, s, "gleaner_rollbacks_total", "counter", "Consolidations undone because the workload slowed down.", |st| st.rollbacks as f64);
+    per_target(&mut out, s, "gleaner_major_changes_total", "counter", "Workload phase changes that reset the target to all its vCPUs.", |st| st.major_changes as f64);
+    per_target(&mut out, s, "gleaner_periods_total", "counter", "Sampling periods completed.", |st| st.periods as f64);
+    per_target(&mut out, s, "gleaner_rho", "gauge", "Load factor rho of condition (1) in force.", |st| st.rho);
+    per_target(&mut out, s, "gleaner_eta", "gauge", "Granularity factor eta of condition (2) in force.", |st| st.eta);
+    per_target(&mut out, s, "gleaner_retention_timeout_seconds", "gauge", "How long an idle vCPU is held before it may halt.", |st| st.retention_timeout_us / 1e6);
+    per_target(&mut out, s, "gleaner_l_comp_seconds", "gauge", "l_comp: mean computation on a vCPU between two idle periods, last period.", |st| st.characteristics.l_comp_ns / 1e9);
+    per_target(&mut out, s, "gleaner_g_comp_seconds", "gauge", "g_comp: mean computation in a thread between two synchronization points, last period.", |st| {
+        st.characteristics.g_comp_ns / 1e9
+    });
+    per_target(&mut out, s, "gleaner_l_idle_seconds", "gauge", "l_idle: mean length of an idle period, last period.", |st| st.characteristics.l_idle_ns / 1e9);
+    per_target(&mut out, s, "gleaner_workload_cpus", "gauge", "The target's CPU use summed over active vCPUs, last period (1 = one vCPU busy).", |st| st.characteristics.total_util);
+    per_target(&mut out, s, "gleaner_steal_ratio", "gauge", "Steal time as a fraction of the period, mean over active vCPUs, last period.", |st| st.characteristics.steal_fraction);
+    per_target(&mut out, s, "gleaner_runnable_wait_ratio", "gauge", "Fraction of the period some workload thread waited for a CPU, last period.", |st| {
+        st.characteristics.runnable_wait_fraction
+    });
+    per_target(&mut out, s, "gleaner_retention_cpu_seconds_total", "counter", "CPU time spent holding idle vCPUs (yielding retention threads).", |st| st.retention_cpu_s);
+    per_target(&mut out, s, "gleaner_cpu_seconds_total", "counter", "CPU time of the instance managing the target, retention included.", |st| st.self_cpu_s);
+    per_target(&mut out, s, "gleaner_uptime_seconds", "gauge", "How long the instance managing the target has run.", |st| st.uptime_s);
+    per_vcpu(&mut out, s, "gleaner_vcpu_active", "Whether the vCPU is in the target's active set.", |v| bool_value(v.active));
+    per_vcpu(&mut out, s, "gleaner_vcpu_retaining", "Whether the vCPU is held when idle.", |v| bool_value(v.retaining));
+    per_vcpu(&mut out, s, "gleaner_vcpu_idle_transitions_per_second", "Idle periods begun on the vCPU per second (held or halted), last period.", |v| v.idle_transitions_per_sec);
+    per_vcpu(&mut out, s, "gleaner_vcpu_halts_per_second", "Idle periods that ended in a halt per second, last period.", |v| v.halts_per_sec);
+    per_vcpu(&mut out, s, "gleaner_vcpu_work_ratio", "Fraction of the period the target's threads ran on the vCPU, last period.", |v| v.work_util);
+    per_vcpu(&mut out, s, "gleaner_vcpu_steal_ratio", "Steal time as a fraction of the period on the vCPU, last period.", |v| v.steal_fraction);
+    out
+}
+
+/// Writes `text` to `path` so that a reader (node_exporter) never sees half a file: a
+/// temporary file in the same directory, then a rename. World-readable, because
+/// node_exporter runs as its own user.
+pub fn write_textfile(path: &Path, text: &str) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .open(&tmp)
+        .with_context(|| format!("cannot write metrics textfile {}: create {} or fix [metrics] textfile", tmp.display(), dir.display()))?;
+    f.write_all(text.as_bytes()).with_context(|| format!("cannot write {}", tmp.display()))?;
+    drop(f);
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))
+}
+
+/// The loopback HTTP endpoint; stops when dropped.
+pub struct MetricsServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl MetricsServer {
+    /// Binds `addr` and serves `GET /metrics` with whatever `scrape` returns at that moment.
+    pub fn start(addr: SocketAddr, scrape: Arc<dyn Fn() -> String + Send + Sync>) -> Result<Self> {
+        let listener = TcpListener::bind(addr).with_context(|| format!("cannot listen on {addr}: pick a free port in [metrics] listen"))?;
+        let addr = listener.local_addr().context("cannot read the metrics listener's address")?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop_flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("gleaner-metrics".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    if stop_flag.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    // One scrape at a time is plenty for Prometheus and bounds what a
+                    // misbehaving client can cost; slow clients are cut off by timeouts.
+                    if let Ok(stream) = conn {
+                        if let Err(e) = serve(stream, &*scrape) {
+                            tracing::debug!("metrics request: {e}");
+                        }
+                    }
+                }
+            })
+            .context("cannot start the metrics thread")?;
+        Ok(MetricsServer { addr, stop, thread: Some(thread) })
+    }
+
+    /// The bound address (the real port when the configured one was 0).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // accept() blocks: a connection of our own wakes it to see the flag.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Longest request head accepted; a scrape's is a few hundred bytes.
+const MAX_REQUEST: usize = 8192;
+
+fn serve(mut stream: TcpStream, scrape: &dyn Fn() -> String) -> std::io::Result<()> {
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && !head.windows(2).any(|w| w == b"\n\n") {
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        head.extend_from_slice(&buf[..n]);
+        if head.len() > MAX_REQUEST {
+            return respond(&mut stream, "431 Request Header Fields Too Large", "text/plain", "request too large\n", true);
+        }
+    }
+    let first = String::from_utf8_lossy(&head).lines().next().unwrap_or_default().to_string();
+    let mut parts = first.split_whitespace();
+    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let path = target.split('?').next().unwrap_or("");
+    match (method, path) {
+        ("GET" | "HEAD", "/metrics") => respond(&mut stream, "200 OK", "text/plain; version=0.0.4; charset=utf-8", &scrape(), method == "GET"),
+        ("GET" | "HEAD", "/") => respond(&mut stream, "200 OK", "text/plain; charset=utf-8", "gleaner: metrics at /metrics\n", method == "GET"),
+        ("GET" | "HEAD", _) => respond(&mut stream, "404 Not Found", "text/plain", "not found: use /metrics\n", true),
+        _ => respond(&mut stream, "405 Method Not Allowed", "text/plain", "only GET /metrics\n", true),
+    }
+}
+
+fn respond(stream: &mut TcpStream, status: &str, content_type: &str, body: &str, with_body: bool) -> std::io::Result<()> {
+    let head = format!("HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+    stream.write_all(head.as_bytes())?;
+    if with_body {
+        stream.write_all(body.as_bytes())?;
+    }
+    stream.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gleaner_linux::status::VcpuStatus;
+    use gleaner_policy::Characteristics;
+
+    fn sample_status() -> InstanceStatus {
+        InstanceStatus {
+            pid: 42,
+            command: "cgroup /sys/fs/cgroup/cpuset/db".into(),
+            mode: "full".into(),
+            placement: "cgroup-v1".into(),
+            retention_backend: "yield".into(),
+            idle_source: "tracepoint".into(),
+            uptime_s: 12.5,
+            periods: 120,
+            allowed: "0-3".into(),
+            active: "0-1".into(),
+            rho: 0.9,
+            eta: 1.0,
+            retention_timeout_us: 250.0,
+            characteristics: Characteristics {
+                l_comp_ns: 40_000.0,
+                g_comp_ns: 80_000.0,
+                l_idle_ns: 25_000.0,
+                max_vcpu_util: 0.7,
+                total_util: 1.25,
+                idle_periods_per_sec: 9000.0,
+                steal_fraction: 0.02,
+                runnable_wait_fraction: 0.0,
+            },
+            vcpus: vec![
+                VcpuStatus { cpu: 0, active: true, retaining: true, idle_transitions_per_sec: 9500.0, halts_per_sec: 100.0, work_util: 0.7, steal_fraction: 0.03 },
+                VcpuStatus { cpu: 2, active: false, retaining: false, idle_transitions_per_sec: 0.0, halts_per_sec: 0.0, work_util: 0.0, steal_fraction: 0.0 },
+            ],
+            retention_cpu_s: 1.5,
+            self_cpu_s: 2.25,
+            consolidations: 3,
+            rollbacks: 1,
+            major_changes: 2,
+            last_events: vec![],
+            observe: false,
+        }
+    }
+
+    #[test]
+    fn renders_every_figure_in_base_units() {
+        let snap = Snapshot {
+            targets: vec![
+                TargetMetrics { name: "db".into(), cgroup: "/sys/fs/cgroup/cpuset/db".into(), running: true, restarts: 0, status: Some(sample_status()) },
+                TargetMetrics { name: "web \"x\"".into(), cgroup: String::new(), running: false, restarts: 4, status: None },
+            ],
+            last_reload_successful: true,
+            last_reload_success_timestamp_seconds: 1_700_000_000.0,
+        };
+        let text = render(&snap);
+        let expected_lines = [
+            "gleaner_config_last_reload_successful 1",
+            "gleaner_config_last_reload_success_timestamp_seconds 1700000000",
+            "gleaner_target_up{target=\"db\",cgroup=\"/sys/fs/cgroup/cpuset/db\"} 1",
+            "gleaner_target_up{target=\"web \\\"x\\\"\",cgroup=\"\"} 0",
+            "gleaner_target_restarts_total{target=\"web \\\"x\\\"\"} 4",
+            "gleaner_info{target=\"db\",mode=\"full\",observe=\"false\",placement=\"cgroup-v1\",retention_backend=\"yield\",idle_source=\"tracepoint\"} 1",
+            "gleaner_allowed_vcpus{target=\"db\"} 4",
+            "gleaner_active_vcpus{target=\"db\"} 2",
+            "gleaner_consolidations_total{target=\"db\"} 3",
+            "gleaner_rollbacks_total{target=\"db\"} 1",
+            "gleaner_major_changes_total{target=\"db\"} 2",
+            "gleaner_periods_total{target=\"db\"} 120",
+            "gleaner_rho{target=\"db\"} 0.9",
+            "gleaner_eta{target=\"db\"} 1",
+            "gleaner_retention_timeout_seconds{target=\"db\"} 0.00025",
+            "gleaner_l_comp_seconds{target=\"db\"} 0.00004",
+            "gleaner_g_comp_seconds{target=\"db\"} 0.00008",
+            "gleaner_l_idle_seconds{target=\"db\"} 0.000025",
+            "gleaner_workload_cpus{target=\"db\"} 1.25",
+            "gleaner_steal_ratio{target=\"db\"} 0.02",
+            "gleaner_retention_cpu_seconds_total{target=\"db\"} 1.5",
+            "gleaner_cpu_seconds_total{target=\"db\"} 2.25",
+            "gleaner_vcpu_active{target=\"db\",cpu=\"0\"} 1",
+            "gleaner_vcpu_active{target=\"db\",cpu=\"2\"} 0",
+            "gleaner_vcpu_retaining{target=\"db\",cpu=\"0\"} 1",
+            "gleaner_vcpu_idle_transitions_per_second{target=\"db\",cpu=\"0\"} 9500",
+            "gleaner_vcpu_halts_per_second{target=\"db\",cpu=\"0\"} 100",
+            "gleaner_vcpu_steal_ratio{target=\"db\",cpu=\"0\"} 0.03",
+        ];
+        let lines: Vec<&str> = text.lines().collect();
+        for want in expected_lines {
+            assert!(lines.contains(&want), "missing {want:?} in:\n{text}");
+        }
+        // A target without a status contributes no figures, only its up/restarts lines.
+        assert!(!text.contains("gleaner_rho{target=\"web"), "{text}");
+    }
+
+    #[test]
+    fn every_family_has_help_and_type_before_its_samples_and_names_follow_conventions() {
+        let snap = Snapshot {
+            targets: vec![TargetMetrics { name: "db".into(), cgroup: "/x".into(), running: true, restarts: 0, status: Some(sample_status()) }],
+            last_reload_successful: false,
+            last_reload_success_timestamp_seconds: 0.0,
+        };
+        let text = render(&snap);
+        let mut declared: Vec<(String, String)> = Vec::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let mut it = rest.split(' ');
+                declared.push((it.next().unwrap().into(), it.next().unwrap().into()));
+            } else if !line.starts_with('#') {
+                let name = line.split(['{', ' ']).next().unwrap();
+                let (family, kind) = declared.last().expect("sample before any TYPE");
+                assert_eq!(name, family, "sample outside its family: {line}");
+                assert_eq!(kind == "counter", name.ends_with("_total"), "counter names end in _total: {line}");
+                assert!(name.starts_with("gleaner_"), "{line}");
+                let value: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+                assert!(value.is_finite(), "{line}");
+            }
+        }
+        let names: Vec<&String> = declared.iter().map(|(n, _)| n).collect();
+        let mut unique = names.clone();
+        unique.dedup();
+        assert_eq!(names.len(), unique.len(), "a family declared twice");
+        assert!(text.contains("gleaner_config_last_reload_successful 0\n"));
+    }
+
+    #[test]
+    fn endpoint_serves_metrics_only() {
+        let server = MetricsServer::start("127.0.0.1:0".parse().unwrap(), Arc::new(|| "gleaner_x 1\n".to_string())).unwrap();
+        let get = |req: &str| {
+            let mut s = TcpStream::connect(server.addr()).unwrap();
+            s.write_all(req.as_bytes()).unwrap();
+            let mut resp = String::new();
+            s.read_to_string(&mut resp).unwrap();
+            resp
+        };
+        let ok = get("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert!(ok.starts_with("HTTP/1.1 200 OK\r\n"), "{ok}");
+        assert!(ok.contains("version=0.0.4"), "{ok}");
+        assert!(ok.ends_with("\r\n\r\ngleaner_x 1\n"), "{ok}");
+        assert!(get("GET /other HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
+        assert!(get("POST /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 405"));
+        // Exactly one byte too many and no end of head: the server has read all of it when
+        // it answers, so closing cannot reset the connection under the client.
+        let prefix = "GET /metrics HTTP/1.1\r\nX: ";
+        let huge = format!("{prefix}{}", "a".repeat(MAX_REQUEST + 1 - prefix.len()));
+        assert!(get(&huge).starts_with("HTTP/1.1 431"));
+        drop(server); // must return: the wake-up connection unblocks accept()
+    }
+
+    #[test]
+    fn textfile_is_replaced_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gleaner.prom");
+        write_textfile(&path, "a 1\n").unwrap();
+        write_textfile(&path, "a 2\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "a 2\n");
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(leftovers.len(), 1, "{leftovers:?}");
+        let err = format!("{:#}", write_textfile(&dir.path().join("missing/g.prom"), "x").unwrap_err());
+        assert!(err.contains("[metrics] textfile"), "{err}");
+    }
+}
