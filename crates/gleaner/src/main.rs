@@ -87,7 +87,9 @@ fn init_logging(format: LogFormat, filter: Option<&str>) {
         .map(EnvFilter::new)
         .or_else(|| std::env::var("GLEANER_LOG").ok().map(EnvFilter::new))
         .unwrap_or_else(|| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false);
+    // Colour only on a terminal: journald and the daemon's log forwarding get plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).with_ansi(ansi);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),

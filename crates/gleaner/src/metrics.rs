@@ -141,7 +141,7 @@ pub fn render(s: &Snapshot) -> String {
         let name = "gleaner_target_up";
         let mut f = Family::new(&mut out, name, "gauge", "Whether an instance is managing the target (0: waiting for its cgroup or restarting).");
         for t in &s.targets {
-            f.sample(name, &[("target", &t.name), ("cgroup", &t.cgroup)], bool_value(t.running));
+            f.sample(name, &[("target", &t.name)], bool_value(t.running));
         }
         let name = "gleaner_target_restarts_total";
         let mut f = Family::new(&mut out, name, "counter", "Instances started for the target after the first.");
@@ -151,7 +151,7 @@ pub fn render(s: &Snapshot) -> String {
     }
     if s.targets.iter().any(|t| t.status.is_some()) {
         let name = "gleaner_info";
-        let mut f = Family::new(&mut out, name, "gauge", "How each target is managed (always 1).");
+        let mut f = Family::new(&mut out, name, "gauge", "How each target is managed, and its cgroup (always 1).");
         for t in &s.targets {
             if let Some(st) = &t.status {
                 let observe = if st.observe { "true" } else { "false" };
@@ -159,6 +159,7 @@ pub fn render(s: &Snapshot) -> String {
                     name,
                     &[
                         ("target", &t.name),
+                        ("cgroup", &t.cgroup),
                         ("mode", &st.mode),
                         ("observe", observe),
                         ("placement", &st.placement),
@@ -370,10 +371,10 @@ mod tests {
         let expected_lines = [
             "gleaner_config_last_reload_successful 1",
             "gleaner_config_last_reload_success_timestamp_seconds 1700000000",
-            "gleaner_target_up{target=\"db\",cgroup=\"/sys/fs/cgroup/cpuset/db\"} 1",
-            "gleaner_target_up{target=\"web \\\"x\\\"\",cgroup=\"\"} 0",
+            "gleaner_target_up{target=\"db\"} 1",
+            "gleaner_target_up{target=\"web \\\"x\\\"\"} 0",
             "gleaner_target_restarts_total{target=\"web \\\"x\\\"\"} 4",
-            "gleaner_info{target=\"db\",mode=\"full\",observe=\"false\",placement=\"cgroup-v1\",retention_backend=\"yield\",idle_source=\"tracepoint\"} 1",
+            "gleaner_info{target=\"db\",cgroup=\"/sys/fs/cgroup/cpuset/db\",mode=\"full\",observe=\"false\",placement=\"cgroup-v1\",retention_backend=\"yield\",idle_source=\"tracepoint\"} 1",
             "gleaner_allowed_vcpus{target=\"db\"} 4",
             "gleaner_active_vcpus{target=\"db\"} 2",
             "gleaner_consolidations_total{target=\"db\"} 3",
