@@ -1,0 +1,95 @@
+//! The `gleaner sim` command line: one scenario, or a sweep of one parameter over a list.
+//!
+//! Prints a summary table (or the JSON with `--json`) and writes the full JSON report with
+//! `--out`. A sweep's JSON is `{ "sweep": PATH, "values": [...], "runs": [report, ...] }`.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use serde::Serialize;
+
+use crate::report::{table, SimReport};
+use crate::scenario::{load_value, Scenario, Sweep};
+use crate::simulate;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct SimArgs {
+    /// Scenario file (TOML), e.g. scenarios/table2-c.toml
+    pub scenario: PathBuf,
+    /// Run once per value of one scenario field: PATH=V1,V2,... (e.g. host.pcpus=4,8,16 or
+    /// vm.0.guest=none,gleaner)
+    #[arg(long)]
+    pub sweep: Option<String>,
+    /// Write the full report as JSON to FILE
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// Override the scenario's random seed
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Print the JSON report on stdout instead of the summary table
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize)]
+struct SweepReport<'a> {
+    sweep: &'a str,
+    values: &'a [String],
+    /// Per run: mean over VMs of each VM's speedup relative to the first run (Figure 7(b)).
+    relative_to_first: Vec<Option<f64>>,
+    runs: &'a [SimReport],
+}
+
+pub fn run(args: SimArgs) -> anyhow::Result<()> {
+    let base = load_value(&args.scenario)?;
+    let (json, rows_text) = match &args.sweep {
+        None => {
+            let mut scenario = Scenario::from_value(base, &args.scenario)?;
+            if let Some(seed) = args.seed {
+                scenario.seed = seed;
+            }
+            let report = simulate(&scenario);
+            let text = table(&[(None, &report, None)]);
+            (serde_json::to_string_pretty(&report)?, text)
+        }
+        Some(spec) => {
+            let sweep = Sweep::parse(spec)?;
+            let mut reports = Vec::new();
+            for k in 0..sweep.values.len() {
+                let mut value = base.clone();
+                sweep.apply(&mut value, k)?;
+                let mut scenario = Scenario::from_value(value, &args.scenario)
+                    .with_context(|| format!("with {}={}", sweep.path, sweep.labels[k]))?;
+                if let Some(seed) = args.seed {
+                    scenario.seed = seed;
+                }
+                reports.push(simulate(&scenario));
+            }
+            let relative: Vec<Option<f64>> = reports.iter().map(|r| r.relative_to(&reports[0])).collect();
+            let rows: Vec<_> = reports
+                .iter()
+                .zip(&sweep.labels)
+                .zip(&relative)
+                .map(|((r, label), rel)| (Some(label.clone()), r, *rel))
+                .collect();
+            let text = table(&rows);
+            let out = SweepReport {
+                sweep: &sweep.path,
+                values: &sweep.labels,
+                relative_to_first: relative.clone(),
+                runs: &reports,
+            };
+            (serde_json::to_string_pretty(&out)?, text)
+        }
+    };
+    if let Some(path) = &args.out {
+        std::fs::write(path, format!("{json}\n"))
+            .with_context(|| format!("cannot write {}: check the directory exists", path.display()))?;
+    }
+    if args.json {
+        println!("{json}");
+    } else {
+        print!("{rows_text}");
+    }
+    Ok(())
+}

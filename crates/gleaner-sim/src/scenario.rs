@@ -1,0 +1,673 @@
+//! Scenario files: the host, the cost model, and the VMs with their guest policy and workload.
+//!
+//! A scenario is TOML. Parsing goes through `toml::Value` first so that a sweep
+//! (`--sweep host.pcpus=4,8,16`) can override any field by its dotted path before the typed
+//! structs are built. Every error is one line naming the file, the field and the fix.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::time::{Dur, Ns, MS, US};
+use crate::workload::{Op, Preset, ThreadGroup};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    #[error("cannot read scenario {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path}:{line}:{column}: {message}")]
+    Parse { path: PathBuf, line: usize, column: usize, message: String },
+    #[error("{path}: {field}: {problem}")]
+    Invalid { path: PathBuf, field: String, problem: String },
+    #[error("bad --sweep {spec:?}: {problem} (expected PATH=V1,V2,..., e.g. host.pcpus=4,8,16)")]
+    Sweep { spec: String, problem: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HostPolicy {
+    /// Linux CFS as is.
+    Cfs,
+    /// Balanced scheduling: sibling vCPUs never share a run queue.
+    Bal,
+    /// Self-boosted co-scheduling (SBCO paper §III).
+    Sbco,
+    /// Gang scheduling in global time slots; a pCPU whose gang vCPU is halted stays idle.
+    CoschedStrict,
+    /// Gang scheduling in global time slots; idle slot pCPUs run other VMs' vCPUs until the
+    /// gang's vCPU wakes (work-conserving).
+    CoschedRelaxed,
+}
+
+impl HostPolicy {
+    pub fn name(self) -> &'static str {
+        match self {
+            HostPolicy::Cfs => "cfs",
+            HostPolicy::Bal => "bal",
+            HostPolicy::Sbco => "sbco",
+            HostPolicy::CoschedStrict => "cosched-strict",
+            HostPolicy::CoschedRelaxed => "cosched-relaxed",
+        }
+    }
+    pub fn is_cosched(self) -> bool {
+        matches!(self, HostPolicy::CoschedStrict | HostPolicy::CoschedRelaxed)
+    }
+    /// Policies that never place two sibling vCPUs on one run queue.
+    pub fn spreads_siblings(self) -> bool {
+        matches!(self, HostPolicy::Bal | HostPolicy::Sbco)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GuestPolicy {
+    /// Idle vCPUs halt at once.
+    None,
+    /// cpuidle-haltpoll: poll before halting, with the adaptive poll limit of Linux.
+    Haltpoll,
+    /// A yielding thread on every vCPU with a fixed hold (`retention_timeout`), from the
+    /// start and never adapted: Table 2 setting B, the naive idle daemon of Song et al.
+    Hold,
+    /// gleaner-policy in `Mode::Retention`: holds decided every period, no consolidation.
+    Retention,
+    /// gleaner-policy as configured (`Mode::Full` by default): retention and consolidation.
+    Gleaner,
+}
+
+impl GuestPolicy {
+    pub fn name(self) -> &'static str {
+        match self {
+            GuestPolicy::None => "none",
+            GuestPolicy::Haltpoll => "haltpoll",
+            GuestPolicy::Hold => "hold",
+            GuestPolicy::Retention => "retention",
+            GuestPolicy::Gleaner => "gleaner",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+    #[serde(default)]
+    pub sim: SimConfig,
+    pub host: HostConfig,
+    #[serde(default)]
+    pub costs: Costs,
+    #[serde(default)]
+    pub guest: GuestConfig,
+    #[serde(rename = "vm")]
+    pub vms: Vec<VmConfig>,
+}
+
+fn default_seed() -> u64 {
+    1
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SimConfig {
+    /// Simulated time limit. A run also stops once every VM with finite work is done.
+    pub duration: Dur,
+    /// Also simulate each VM alone on the same host and report weighted speedup.
+    pub weighted_speedup: bool,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self { duration: Dur(10_000 * MS), weighted_speedup: false }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostConfig {
+    pub pcpus: usize,
+    #[serde(default = "default_host_policy")]
+    pub policy: HostPolicy,
+    /// CFS tunables, defaults as Linux scales them for ≥ 8 CPUs (×4).
+    #[serde(default = "d_latency")]
+    pub sched_latency: Dur,
+    #[serde(default = "d_min_gran")]
+    pub min_granularity: Dur,
+    #[serde(default = "d_wakeup_gran")]
+    pub wakeup_granularity: Dur,
+    #[serde(default = "d_balance")]
+    pub balance_interval: Dur,
+    /// pCPUs per last-level-cache domain: wakeups look for an idle pCPU in the domain, and
+    /// periodic balancing looks at the domain (and at the whole host every 8th time).
+    #[serde(default = "d_llc")]
+    pub llc_size: usize,
+    /// SBCO's D_threshold = alpha × run queue length.
+    #[serde(default = "d_alpha")]
+    pub sbco_alpha: f64,
+    /// Gang time slot; default sched_latency / number of VMs, at least min_granularity.
+    #[serde(default)]
+    pub cosched_slice: Option<Dur>,
+}
+
+fn default_host_policy() -> HostPolicy {
+    HostPolicy::Cfs
+}
+fn d_latency() -> Dur {
+    Dur(24 * MS)
+}
+fn d_min_gran() -> Dur {
+    Dur(3 * MS)
+}
+fn d_wakeup_gran() -> Dur {
+    Dur(4 * MS)
+}
+fn d_balance() -> Dur {
+    Dur(4 * MS)
+}
+fn d_llc() -> usize {
+    16
+}
+fn d_alpha() -> f64 {
+    2.0 / 3.0
+}
+
+/// The cost model. Defaults are calibrated so that the Table 2 scenarios come out at the
+/// paper's 6 / 17 / 37 / 96 µs (see README.md, "Calibration").
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Costs {
+    /// Guest thread switch incl. futex wake return (RT): Table 2 A.
+    pub guest_switch: Dur,
+    /// Reschedule IPI from one vCPU to another through the VMM (IPI).
+    pub ipi: Dur,
+    /// Host kicking a halted vCPU thread awake, before it is runnable (part of RV).
+    pub halt_wake: Dur,
+    /// Host context switch plus VM entry whenever a vCPU gets a pCPU (part of RV).
+    pub vcpu_switch: Dur,
+    /// Extra time a vCPU loses refilling caches and TLBs when the pCPU last ran another vCPU.
+    pub cache_refill: Dur,
+    /// haltpoll: a polling vCPU noticing new work (no IPI needed).
+    pub poll_wake: Dur,
+    /// Pause-loop exiting: spinning this long triggers a VM exit and a directed yield.
+    pub ple_window: Dur,
+    /// Cost of one pause-loop exit.
+    pub ple_exit: Dur,
+}
+
+impl Default for Costs {
+    fn default() -> Self {
+        Self {
+            guest_switch: Dur(6 * US),
+            ipi: Dur(11 * US),
+            halt_wake: Dur(12 * US),
+            vcpu_switch: Dur(8 * US),
+            cache_refill: Dur(59 * US),
+            poll_wake: Dur(US),
+            ple_window: Dur(20 * US),
+            ple_exit: Dur(2 * US),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GuestConfig {
+    /// Guest scheduler time slice between threads sharing a vCPU.
+    pub slice: Dur,
+    /// Guest periodic load balancing.
+    pub balance_interval: Dur,
+    /// Retention hold for `hold`, `retention` and `gleaner`; default: the break-even hold
+    /// derived from the cost model (wake on a halted vCPU minus wake on a busy one, §4.1).
+    pub retention_timeout: Option<Dur>,
+    /// cpuidle-haltpoll parameters (Linux defaults).
+    pub halt_poll_max: Dur,
+    pub halt_poll_grow_start: Dur,
+    pub halt_poll_grow: u64,
+    pub halt_poll_shrink: u64,
+    /// Gleaner's sampling period.
+    pub policy_period: Dur,
+}
+
+impl Default for GuestConfig {
+    fn default() -> Self {
+        Self {
+            slice: Dur(3 * MS),
+            balance_interval: Dur(4 * MS),
+            retention_timeout: None,
+            halt_poll_max: Dur(200 * US),
+            halt_poll_grow_start: Dur(50 * US),
+            halt_poll_grow: 2,
+            halt_poll_shrink: 2,
+            policy_period: Dur(100 * MS),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmConfig {
+    #[serde(default)]
+    pub name: String,
+    pub vcpus: usize,
+    #[serde(default = "default_guest_policy")]
+    pub guest: GuestPolicy,
+    /// CFS weight of each vCPU (nice 0 = 1024).
+    #[serde(default = "default_weight")]
+    pub weight: u64,
+    /// Host CPUs this VM's vCPUs may run on, kernel list syntax ("0-3"); default all.
+    #[serde(default)]
+    pub host_cpus: Option<String>,
+    /// Pin vCPU i to the i-th pCPU of `host_cpus` (a dedicated-hardware VM).
+    #[serde(default)]
+    pub pin_vcpus: bool,
+    /// Overrides `guest.retention_timeout` for this VM.
+    #[serde(default)]
+    pub retention_timeout: Option<Dur>,
+    /// gleaner-policy tunables for `retention` / `gleaner` (its `PolicyConfig`; the hold is
+    /// `retention_timeout`, not `retention_timeout_ns`).
+    #[serde(default)]
+    pub gleaner: Option<gleaner_policy::PolicyConfig>,
+    #[serde(default)]
+    pub workload: Option<Preset>,
+    #[serde(default)]
+    pub threads: Vec<ThreadGroup>,
+    /// Capacities of named queues; an undeclared queue holds 64 items.
+    #[serde(default)]
+    pub queues: BTreeMap<String, usize>,
+    /// Parties of named barriers; an undeclared barrier waits for every thread that uses it.
+    #[serde(default)]
+    pub barriers: BTreeMap<String, usize>,
+}
+
+fn default_guest_policy() -> GuestPolicy {
+    GuestPolicy::None
+}
+fn default_weight() -> u64 {
+    1024
+}
+
+pub const DEFAULT_QUEUE_CAPACITY: usize = 64;
+
+impl VmConfig {
+    /// The VM's threads with the preset expanded, and its queue capacities.
+    pub fn expanded(&self) -> (Vec<ThreadGroup>, BTreeMap<String, usize>) {
+        let mut threads = Vec::new();
+        let mut queues = BTreeMap::new();
+        if let Some(preset) = &self.workload {
+            let e = preset.expand(self.vcpus);
+            threads.extend(e.threads);
+            queues.extend(e.queues);
+        }
+        threads.extend(self.threads.iter().cloned());
+        queues.extend(self.queues.iter().map(|(k, v)| (k.clone(), *v)));
+        (threads, queues)
+    }
+}
+
+impl Scenario {
+    /// Read, parse and validate a scenario file.
+    pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
+        let value = load_value(path)?;
+        Scenario::from_value(value, path)
+    }
+
+    /// Parse and validate TOML text; `path` only labels errors.
+    pub fn from_str(text: &str, path: &Path) -> Result<Scenario, ScenarioError> {
+        let value = parse_value(text, path)?;
+        Scenario::from_value(value, path)
+    }
+
+    pub fn from_value(value: toml::Value, path: &Path) -> Result<Scenario, ScenarioError> {
+        let scenario: Scenario = Scenario::deserialize(value).map_err(|e| ScenarioError::Parse {
+            path: path.to_path_buf(),
+            line: 0,
+            column: 0,
+            message: one_line(e.message()),
+        })?;
+        scenario.validate(path)?;
+        Ok(scenario)
+    }
+
+    fn validate(&self, path: &Path) -> Result<(), ScenarioError> {
+        let bad = |field: String, problem: String| ScenarioError::Invalid {
+            path: path.to_path_buf(),
+            field,
+            problem,
+        };
+        let h = &self.host;
+        if h.pcpus == 0 || h.pcpus > 65_536 {
+            return Err(bad("host.pcpus".into(), format!("{} must be 1..=65536", h.pcpus)));
+        }
+        if h.min_granularity.0 == 0 || h.sched_latency.0 < h.min_granularity.0 {
+            return Err(bad(
+                "host.sched_latency".into(),
+                "must be ≥ host.min_granularity > 0".into(),
+            ));
+        }
+        if h.balance_interval.0 == 0 || h.llc_size == 0 {
+            return Err(bad(
+                "host.balance_interval / host.llc_size".into(),
+                "must be > 0".into(),
+            ));
+        }
+        if !(h.sbco_alpha > 0.0 && h.sbco_alpha < 1.0) {
+            return Err(bad("host.sbco_alpha".into(), format!("{} must be in (0, 1)", h.sbco_alpha)));
+        }
+        if self.sim.duration.0 == 0 {
+            return Err(bad("sim.duration".into(), "must be > 0".into()));
+        }
+        let g = &self.guest;
+        if g.slice.0 == 0 || g.balance_interval.0 == 0 || g.policy_period.0 == 0 {
+            return Err(bad(
+                "guest.slice / guest.balance_interval / guest.policy_period".into(),
+                "must be > 0".into(),
+            ));
+        }
+        if self.vms.is_empty() {
+            return Err(bad("vm".into(), "no [[vm]] tables; add at least one VM".into()));
+        }
+        for (i, vm) in self.vms.iter().enumerate() {
+            let f = |name: &str| format!("vm[{i}].{name}");
+            if vm.vcpus == 0 || vm.vcpus > 8192 {
+                return Err(bad(f("vcpus"), format!("{} must be 1..=8192", vm.vcpus)));
+            }
+            if vm.weight == 0 {
+                return Err(bad(f("weight"), "must be > 0 (1024 is nice 0)".into()));
+            }
+            let host_cpus = self.host_cpus(i).map_err(|p| bad(f("host_cpus"), p))?;
+            if vm.pin_vcpus && host_cpus.len() < vm.vcpus {
+                return Err(bad(
+                    f("pin_vcpus"),
+                    format!(
+                        "{} vCPUs cannot be pinned to {} host CPUs; list more host_cpus",
+                        vm.vcpus,
+                        host_cpus.len()
+                    ),
+                ));
+            }
+            if h.policy.is_cosched() && vm.vcpus > h.pcpus {
+                return Err(bad(
+                    f("vcpus"),
+                    format!(
+                        "co-scheduling needs vcpus ≤ host.pcpus ({} > {})",
+                        vm.vcpus, h.pcpus
+                    ),
+                ));
+            }
+            if let Some(cfg) = &vm.gleaner {
+                if cfg.retention_timeout_ns != gleaner_policy::PolicyConfig::default().retention_timeout_ns {
+                    return Err(bad(
+                        f("gleaner.retention_timeout_ns"),
+                        "the simulator sets the hold; use vm.retention_timeout instead".into(),
+                    ));
+                }
+                cfg.validate().map_err(|e| bad(f("gleaner"), e.to_string()))?;
+            }
+            let (threads, _) = vm.expanded();
+            if threads.is_empty() {
+                return Err(bad(
+                    f("workload"),
+                    "the VM has no threads; add a workload preset or [[vm.threads]]".into(),
+                ));
+            }
+            let mut barrier_users: BTreeMap<&str, usize> = BTreeMap::new();
+            for (j, group) in threads.iter().enumerate() {
+                let gf = |name: &str| format!("vm[{i}].threads[{j}].{name}");
+                if let Some(pin) = group.pin {
+                    if pin >= vm.vcpus {
+                        return Err(bad(
+                            gf("pin"),
+                            format!("vCPU {pin} does not exist (the VM has {})", vm.vcpus),
+                        ));
+                    }
+                }
+                if group.count == 0 || group.count > 1_000_000 {
+                    return Err(bad(gf("count"), format!("{} must be 1..=1000000", group.count)));
+                }
+                if !group.program.iter().any(|op| matches!(op, Op::Compute(_) | Op::Sleep(_))) {
+                    return Err(bad(
+                        gf("program"),
+                        "needs at least one compute or sleep op so that time advances".into(),
+                    ));
+                }
+                let mut seen = Vec::new();
+                for op in &group.program {
+                    if let Op::Barrier(b) = op {
+                        if !seen.contains(&b) {
+                            seen.push(b);
+                            *barrier_users.entry(b.as_str()).or_default() += group.count;
+                        }
+                    }
+                }
+            }
+            for (name, parties) in &vm.barriers {
+                let users = barrier_users.get(name.as_str()).copied().unwrap_or(0);
+                if *parties == 0 || *parties > users {
+                    return Err(bad(
+                        f(&format!("barriers.{name}")),
+                        format!("{parties} parties but {users} threads use it; it would never open"),
+                    ));
+                }
+            }
+            let (_, queues) = vm.expanded();
+            if let Some((name, _)) = queues.iter().find(|(_, cap)| **cap == 0) {
+                return Err(bad(f(&format!("queues.{name}")), "capacity must be ≥ 1".into()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The pCPUs VM `i` may use.
+    pub fn host_cpus(&self, i: usize) -> Result<Vec<usize>, String> {
+        let all: Vec<usize> = (0..self.host.pcpus).collect();
+        let Some(list) = &self.vms[i].host_cpus else { return Ok(all) };
+        let set: gleaner_policy::Cpuset = list.parse().map_err(|e| format!("{e}"))?;
+        let cpus: Vec<usize> = set.iter().collect();
+        if let Some(bad) = cpus.iter().find(|&&c| c >= self.host.pcpus) {
+            return Err(format!(
+                "host CPU {bad} does not exist (host.pcpus = {})",
+                self.host.pcpus
+            ));
+        }
+        if cpus.is_empty() {
+            return Err("empty CPU list".into());
+        }
+        Ok(cpus)
+    }
+
+    /// The same scenario with only VM `i`: the solo baseline for weighted speedup.
+    pub fn solo(&self, i: usize) -> Scenario {
+        let mut s = self.clone();
+        s.vms = vec![self.vms[i].clone()];
+        s.sim.weighted_speedup = false;
+        s
+    }
+
+    /// The retention hold for VM `i`: explicit, or the break-even of the cost model (a wake on
+    /// a halted vCPU costs halt_wake + vcpu_switch more than on a busy one).
+    pub fn retention_timeout(&self, i: usize) -> Ns {
+        if let Some(d) = self.vms[i].retention_timeout.or(self.guest.retention_timeout) {
+            return d.0;
+        }
+        let c = &self.costs;
+        let busy = c.ipi.0 + c.guest_switch.0;
+        let halted = busy + c.halt_wake.0 + c.vcpu_switch.0;
+        gleaner_policy::RetentionTimeout::from_wake_costs(halted, busy).ns
+    }
+
+    pub fn gang_slice(&self) -> Ns {
+        match self.host.cosched_slice {
+            Some(d) => d.0.max(1),
+            None => (self.host.sched_latency.0 / self.vms.len().max(1) as u64)
+                .max(self.host.min_granularity.0),
+        }
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+pub fn load_value(path: &Path) -> Result<toml::Value, ScenarioError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|source| ScenarioError::Read { path: path.to_path_buf(), source })?;
+    parse_value(&text, path)
+}
+
+fn parse_value(text: &str, path: &Path) -> Result<toml::Value, ScenarioError> {
+    text.parse::<toml::Table>().map(toml::Value::Table).map_err(|e| {
+        let (line, column) = match e.span() {
+            Some(span) => {
+                let before = &text[..span.start.min(text.len())];
+                let line = before.matches('\n').count() + 1;
+                let column = before.len() - before.rfind('\n').map_or(0, |p| p + 1) + 1;
+                (line, column)
+            }
+            None => (0, 0),
+        };
+        ScenarioError::Parse { path: path.to_path_buf(), line, column, message: one_line(e.message()) }
+    })
+}
+
+/// A parsed `--sweep PATH=V1,V2,...`.
+#[derive(Debug, Clone)]
+pub struct Sweep {
+    pub path: String,
+    pub values: Vec<toml::Value>,
+    pub labels: Vec<String>,
+}
+
+impl Sweep {
+    pub fn parse(spec: &str) -> Result<Sweep, ScenarioError> {
+        let err = |problem: &str| ScenarioError::Sweep { spec: spec.into(), problem: problem.into() };
+        let (path, list) = spec.split_once('=').ok_or_else(|| err("missing '='"))?;
+        let path = path.trim();
+        if path.is_empty() || path.split('.').any(str::is_empty) {
+            return Err(err("empty path segment"));
+        }
+        let labels: Vec<String> = list.split(',').map(|v| v.trim().to_string()).collect();
+        if labels.iter().any(String::is_empty) {
+            return Err(err("empty value in the list"));
+        }
+        let values = labels.iter().map(|raw| parse_scalar(raw)).collect();
+        Ok(Sweep { path: path.into(), values, labels })
+    }
+
+    /// Set the sweep path to its `k`-th value in a scenario's TOML tree.
+    pub fn apply(&self, root: &mut toml::Value, k: usize) -> Result<(), ScenarioError> {
+        set_path(root, &self.path, self.values[k].clone()).map_err(|problem| ScenarioError::Sweep {
+            spec: format!("{}={}", self.path, self.labels.join(",")),
+            problem,
+        })
+    }
+}
+
+/// A sweep value as TOML (number, bool, quoted string, array), else as a bare string, so that
+/// `host.policy=cfs,sbco` needs no quotes.
+fn parse_scalar(raw: &str) -> toml::Value {
+    format!("v = {raw}")
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(raw.to_string()))
+}
+
+/// Set `a.b.0.c` in a TOML tree: table keys by name, array elements by index. The last key is
+/// created if missing, so optional fields can be swept too.
+pub fn set_path(root: &mut toml::Value, path: &str, value: toml::Value) -> Result<(), String> {
+    let parts: Vec<&str> = path.split('.').collect();
+    let mut node = root;
+    for (i, part) in parts.iter().enumerate() {
+        let last = i + 1 == parts.len();
+        node = match node {
+            toml::Value::Table(t) => {
+                if last {
+                    t.insert(part.to_string(), value);
+                    return Ok(());
+                }
+                t.get_mut(*part).ok_or_else(|| format!("no field {part:?} in the scenario"))?
+            }
+            toml::Value::Array(a) => {
+                let idx: usize =
+                    part.parse().map_err(|_| format!("{part:?} must be an index into an array"))?;
+                let len = a.len();
+                let slot =
+                    a.get_mut(idx).ok_or_else(|| format!("index {idx} out of range ({len} items)"))?;
+                if last {
+                    *slot = value;
+                    return Ok(());
+                }
+                slot
+            }
+            _ => return Err(format!("{part:?} goes inside a value that is not a table")),
+        };
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+        [host]
+        pcpus = 2
+        [[vm]]
+        vcpus = 2
+        workload = { preset = "matmul" }
+    "#;
+
+    fn parse(text: &str) -> Result<Scenario, ScenarioError> {
+        Scenario::from_str(text, Path::new("t.toml"))
+    }
+
+    #[test]
+    fn minimal_scenario_gets_defaults() {
+        let s = parse(MINIMAL).unwrap();
+        assert_eq!(s.host.policy, HostPolicy::Cfs);
+        assert_eq!(s.costs.ipi.0, 11_000);
+        assert_eq!(s.vms[0].guest, GuestPolicy::None);
+        assert_eq!(s.vms[0].expanded().0[0].count, 2);
+    }
+
+    #[test]
+    fn errors_are_one_line_and_name_the_problem() {
+        let cases = [
+            ("[host]\npcpus = \n", "t.toml:2:"),
+            ("[host]\npcpus = 2\npolicy = \"fifo\"\n[[vm]]\nvcpus=1\nworkload={preset=\"matmul\"}", "unknown variant"),
+            ("[host]\npcpus = 0\n[[vm]]\nvcpus=1\nworkload={preset=\"matmul\"}", "host.pcpus"),
+            ("[host]\npcpus = 2\n", "missing field"),
+            ("[host]\npcpus = 2\n[[vm]]\nvcpus = 2\n", "no threads"),
+            ("[host]\npcpus = 2\n[[vm]]\nvcpus = 2\n[[vm.threads]]\npin = 5\nprogram = [{compute = \"1us\"}]", "vm[0].threads[0].pin"),
+            ("[host]\npcpus = 2\n[[vm]]\nvcpus = 2\n[[vm.threads]]\nprogram = [{lock = \"m\"}, {unlock = \"m\"}]", "time advances"),
+            ("[host]\npcpus = 2\n[[vm]]\nvcpus = 2\n[[vm.threads]]\nprogram = [{compute = \"1 parsec\"}]", "unknown unit"),
+            ("[host]\npcpus = 2\n[[vm]]\nvcpus = 2\nhost_cpus = \"0-7\"\nworkload={preset=\"matmul\"}", "host CPU 2 does not exist"),
+            ("[host]\npcpus = 2\n[[vm]]\nvcpus = 2\nbarriers = { b = 3 }\n[[vm.threads]]\ncount = 2\nprogram = [{compute = 5}, {barrier = \"b\"}]", "never open"),
+            ("[host]\npcpus = 2\nbogus = 1\n[[vm]]\nvcpus = 2\nworkload={preset=\"matmul\"}", "unknown field"),
+        ];
+        for (text, needle) in cases {
+            let err = parse(text).unwrap_err().to_string();
+            assert!(!err.contains('\n'), "multi-line error: {err}");
+            assert!(err.contains(needle), "{err:?} should mention {needle:?}");
+        }
+    }
+
+    #[test]
+    fn sweep_overrides_nested_fields() {
+        let sweep = Sweep::parse("vm.0.guest=none,gleaner").unwrap();
+        let mut value = parse_value(MINIMAL, Path::new("t")).unwrap();
+        sweep.apply(&mut value, 1).unwrap();
+        let s = Scenario::from_value(value, Path::new("t")).unwrap();
+        assert_eq!(s.vms[0].guest, GuestPolicy::Gleaner);
+
+        let sweep = Sweep::parse("host.pcpus=4,8").unwrap();
+        assert_eq!(sweep.values[1], toml::Value::Integer(8));
+        assert!(Sweep::parse("host.pcpus").is_err());
+        assert!(Sweep::parse("host..pcpus=1").is_err());
+        let mut value = parse_value(MINIMAL, Path::new("t")).unwrap();
+        let err = Sweep::parse("vm.3.guest=none").unwrap().apply(&mut value, 0).unwrap_err();
+        assert!(err.to_string().contains("out of range"));
+    }
+}
