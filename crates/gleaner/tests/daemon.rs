@@ -1,0 +1,212 @@
+//! End-to-end tests of `gleaner run` on this machine: real workloads, real cgroups, real
+//! kill -9. They need root and a cgroup cpuset hierarchy; elsewhere they print why they skip.
+//!
+//! The policy assertions are about clear-cut cases only (a ping-pong that spends almost all
+//! its time waking its partner, a CPU-bound job with nothing to wait for) so that they hold on
+//! any 2-vCPU guest, noisy or not.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// These tests measure the machine; run them one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn gleaner() -> &'static str {
+    env!("CARGO_BIN_EXE_gleaner")
+}
+
+fn skip_reason() -> Option<String> {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root".into());
+    }
+    if !Path::new("/sys/fs/cgroup/cpuset/cpuset.cpus").exists() && !Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+        return Some("no cgroup cpuset hierarchy".into());
+    }
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_default();
+    if online.trim() == "0" {
+        return Some("only one CPU".into());
+    }
+    None
+}
+
+macro_rules! require_machine {
+    () => {
+        if let Some(why) = skip_reason() {
+            eprintln!("skipping: {why}");
+            return;
+        }
+    };
+}
+
+fn timeline(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path).unwrap_or_default().lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
+}
+
+fn leftover_cgroups() -> Vec<String> {
+    let mut out = vec![];
+    for root in ["/sys/fs/cgroup/cpuset", "/sys/fs/cgroup/cpuacct"] {
+        if let Ok(rd) = std::fs::read_dir(root) {
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().to_string();
+                if name.starts_with("gleaner-") && !name.starts_with("gleaner-test") {
+                    out.push(format!("{root}/{name}"));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn allowed_of(pid: u32) -> Option<String> {
+    let mut lists = vec![];
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
+        let s = std::fs::read_to_string(t.path().join("status")).ok()?;
+        let l = s.lines().find(|l| l.starts_with("Cpus_allowed_list:"))?;
+        lists.push(l.split_whitespace().nth(1)?.to_string());
+    }
+    lists.sort();
+    lists.dedup();
+    Some(lists.join(" "))
+}
+
+#[test]
+fn light_ping_pong_is_consolidated_onto_one_vcpu() {
+    require_machine!();
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let tl = dir.path().join("t.jsonl");
+    let st = Command::new(gleaner())
+        .args(["run", "--mode", "consolidation", "--state-dir"])
+        .arg(dir.path())
+        .arg("--timeline")
+        .arg(&tl)
+        .args(["--", gleaner(), "workload", "pingpong", "--duration", "4"])
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let periods = timeline(&tl);
+    assert!(periods.len() > 10, "too few periods: {}", periods.len());
+    let last = periods.last().unwrap();
+    assert_eq!(last["n_active"], 1, "ping-pong not consolidated; timeline tail: {:?}", &periods[periods.len().saturating_sub(5)..]);
+    assert!(leftover_cgroups().is_empty(), "{:?}", leftover_cgroups());
+}
+
+#[test]
+fn cpu_bound_threads_keep_both_vcpus() {
+    require_machine!();
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let tl = dir.path().join("t.jsonl");
+    let st = Command::new(gleaner())
+        .args(["run", "--state-dir"])
+        .arg(dir.path())
+        .arg("--timeline")
+        .arg(&tl)
+        .args(["--", gleaner(), "workload", "matmul", "--threads", "2", "--duration", "3"])
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let periods = timeline(&tl);
+    assert!(periods.len() > 10);
+    for p in &periods {
+        assert_eq!(p["n_active"], 2, "a CPU-bound workload lost a vCPU: {p}");
+    }
+}
+
+#[test]
+fn exit_code_of_the_workload_is_returned() {
+    require_machine!();
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let st = Command::new(gleaner()).args(["run", "--state-dir"]).arg(dir.path()).args(["--", "sh", "-c", "exit 7"]).status().unwrap();
+    assert_eq!(st.code(), Some(7));
+    let st = Command::new(gleaner()).args(["run", "--state-dir"]).arg(dir.path()).args(["--", "/nonexistent/cmd"]).output().unwrap();
+    assert_eq!(st.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&st.stderr);
+    assert!(err.contains("cannot start") && err.lines().filter(|l| l.contains("error")).count() == 1, "{err}");
+    assert!(leftover_cgroups().is_empty());
+}
+
+#[test]
+fn kill_9_restores_the_workload_cpus_within_a_second() {
+    require_machine!();
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let mut g = Command::new(gleaner())
+        .args(["run", "--mode", "consolidation", "--state-dir"])
+        .arg(dir.path())
+        .args(["--", gleaner(), "workload", "pingpong", "--duration", "8"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The workload is gleaner's child: find it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let child = loop {
+        let kids = std::fs::read_to_string(format!("/proc/{}/task/{}/children", g.id(), g.id())).unwrap_or_default();
+        if let Some(pid) = kids.split_whitespace().filter_map(|p| p.parse::<u32>().ok()).find(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/cmdline")).is_ok_and(|c| c.contains("pingpong"))
+        }) {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "workload did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // Wait until it has been consolidated, so there is something to restore.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while allowed_of(child).as_deref() == Some("0-1") {
+        assert!(Instant::now() < deadline, "never consolidated: {:?}", allowed_of(child));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let killed = Instant::now();
+    g.kill().unwrap(); // SIGKILL
+    let _ = g.wait();
+    while allowed_of(child).as_deref() != Some("0-1") {
+        assert!(killed.elapsed() < Duration::from_secs(1), "CPUs not restored within 1 s: {:?}", allowed_of(child));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let restored_in = killed.elapsed();
+    eprintln!("restored in {restored_in:?}");
+    assert!(Path::new(&format!("/proc/{child}")).exists(), "workload died with gleaner");
+    // The guard also removed the cgroup and the journal.
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while !leftover_cgroups().is_empty() {
+        assert!(Instant::now() < deadline, "cgroups left: {:?}", leftover_cgroups());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let journals: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().filter(|e| e.path().extension().is_some_and(|x| x == "json")).collect();
+    assert!(journals.iter().all(|j| j.file_name() == "calibration.json"), "journal left behind");
+    let _ = Command::new("kill").arg(child.to_string()).status();
+}
+
+#[test]
+fn bad_input_gets_one_line_errors() {
+    let cases: &[&[&str]] = &[
+        &["run", "--rho", "1.5", "--", "true"],
+        &["run", "--eta", "0", "--", "true"],
+        &["attach", "4000000"],
+        &["run", "--config", "/nonexistent.toml", "--", "true"],
+        &["run", "--mode", "bogus", "--", "true"],
+    ];
+    for args in cases {
+        let out = Command::new(gleaner()).args(*args).output().unwrap();
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        let lines: Vec<_> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert!(lines.iter().any(|l| l.contains("error")), "{args:?}: {err}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[policy\nrho = 2").unwrap();
+    let out = Command::new(gleaner()).arg("run").arg("--config").arg(&bad).args(["--", "true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("malformed TOML"), "{err}");
+}
