@@ -16,6 +16,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from . import report  # noqa: E402
 
@@ -115,19 +116,26 @@ def _numbers(value: object) -> list[float]:
 
 
 def latency_cdf(probe: object, path: Path) -> Path | None:
+    """One panel per probe setting (same vCPU, busy, halted, ...), one line per gap."""
     series = latency_series(probe)
     if not series:
         return None
-    figure, axes = plt.subplots(figsize=(6.5, 4.5))
+    panels: dict[str, list[tuple[str, list[tuple[float, float]]]]] = {}
     for label, points in series:
-        xs = [x for x, _ in points]
-        ys = [y for _, y in points]
-        axes.step(xs, ys, where="post", label=label, marker="." if len(points) < 20 else None)
-    axes.set_xscale("log")
-    axes.set_xlabel("wake latency (ns; points are min, p50, p90, p99, max)")
-    axes.set_ylabel("cumulative fraction")
-    axes.set_title("wake-latency CDF (gleaner probe)")
-    axes.legend(fontsize="x-small")
+        setting, _, gap = label.partition(" gap ")
+        panels.setdefault(setting, []).append((f"gap {gap}" if gap else label, points))
+    figure, axes_row = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4), sharex=True, sharey=True,
+                                    squeeze=False)
+    for axes, (setting, lines) in zip(axes_row[0], panels.items(), strict=True):
+        for label, points in lines:
+            axes.step([x for x, _ in points], [y for _, y in points], where="post", label=label,
+                      marker="." if len(points) < 20 else None)
+        axes.set_xscale("log")
+        axes.set_title(setting, fontsize="medium")
+        axes.set_xlabel("wake latency (ns)")
+        axes.legend(fontsize="x-small")
+    axes_row[0][0].set_ylabel("cumulative fraction (min, p50, p90, p99, max)")
+    figure.suptitle("wake-latency CDF per setting (gleaner probe)")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
@@ -145,7 +153,8 @@ def active_timeline(timeline: list[dict], phases: list[tuple[str, float]], path:
         axes.axvspan(start, start + seconds, alpha=0.12, color="tab:orange" if label == "coarse" else "tab:blue")
         axes.text(start + seconds / 2, 0.2, label, ha="center")
         start += seconds
-    axes.set_ylim(bottom=0)
+    axes.set_ylim(0, max(row["n_active"] for row in timeline) + 0.5)
+    axes.yaxis.set_major_locator(MaxNLocator(integer=True))
     axes.set_xlabel("time since gleaner start (s)")
     axes.set_ylabel("active vCPUs")
     axes.set_title("gleaner active vCPUs, pipeline " + ",".join(f"{label}:{seconds:g}s" for label, seconds in phases))

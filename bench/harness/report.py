@@ -122,8 +122,7 @@ def markdown(results: dict) -> str:
     lines.append("")
     for config in results["configs"]:
         status = "" if config["status"] == "ran" else f" — **{config['status']}: {config['reason']}**"
-        note = f" ({config['note']})" if config.get("note") else ""
-        lines.append(f"- `{config['name']}`: {config['description']}{note}{status}")
+        lines.append(f"- `{config['name']}`: {config['description']}{status}")
     lines.append("")
     lines.append("Workloads:")
     lines.append("")

@@ -47,6 +47,14 @@ def test_stress_ng_picks_the_named_stressor_real_time_rate():
         parse.stress_ng_bogo_ops_per_s(STRESS_NG, "mutex")
 
 
+def test_stress_ng_mutex_ignores_the_miscellaneous_metrics_line():
+    text = (
+        "stress-ng: metrc: [3557] mutex               673.12 nanosecs per mutex (geometic mean of 4 instances)\n"
+        "stress-ng: metrc: [3557] mutex           1605799      1.11      0.57      3.14   1445919.29      432628.06\n"
+    )
+    assert parse.stress_ng_bogo_ops_per_s(text, "mutex") == pytest.approx(1445919.29)
+
+
 def test_missing_line_is_a_parse_error():
     with pytest.raises(parse.ParseError, match="total time"):
         parse.sysbench_events_per_s("gleaner: started\n")

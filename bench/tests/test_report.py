@@ -71,7 +71,7 @@ def test_markdown_table_rows_and_warnings(results):
     assert "| sysbench-mutex (s ↓) | 2.00 [2.00–2.00] ×1.00 | 1.00 [1.00–1.00] ×2.00 |" in text
     assert "not run: setup failed: no mysql user" in text
     assert "WARNING: 1-minute load average was 0.90" in text
-    assert "`haltpoll`: halt poll (ineffective) — **skipped: cpuidle driver is 'none'**" in text
+    assert "`haltpoll`: halt poll — **skipped: cpuidle driver is 'none'**" in text
     assert "sysbench-threads / gleaner rep 1: exit status 1: boom" in text
     assert "Only 3 repetition(s)" in text
     assert "| sysbench-threads | 25.0 | 2.50 |" in text
