@@ -110,9 +110,21 @@ def main(argv: list[str]) -> int:
             "or leave them out with --workloads")
         return 1
 
+    try:
+        args.results_dir.mkdir(parents=True, exist_ok=True)
+        probe_file = args.results_dir / ".write-test"
+        probe_file.write_text("")
+        probe_file.unlink()
+    except OSError as error:
+        log(f"error: cannot write results to {args.results_dir} ({error}); pass a writable --results-dir")
+        return 1
+
     STACK.install()
     try:
         written = run_suite(options, STACK)
+    except OSError as error:  # e.g. an unwritable --results-dir; state is restored below
+        log(f"error: {error}")
+        return 1
     finally:
         STACK.run_all()
     for path in written:

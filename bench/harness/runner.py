@@ -215,6 +215,28 @@ def run_suite(options: Options, stack: CleanupStack) -> list[Path]:
     log(f"suite {suite.name}: {len(suite.workloads)} workloads x {len(configs)} configurations x "
         f"{options.reps} reps = {total_runs} runs, estimated {estimate_min:.1f} min")
     done = 0
+
+    def measure_workload(workload: Workload, record: dict) -> None:
+        """Prepares `workload` and runs it under every configuration, interleaved."""
+        nonlocal done
+        log(f"{workload.name}: preparing")
+        try:
+            workload.prepare(ctx)
+        except (WorkloadError, MariaDBError, OSError) as error:
+            record["error"] = f"setup failed: {error}"
+            log(f"{workload.name}: {record['error']}")
+            return
+        for rep, config in interleave(configs, options.reps):
+            done += 1
+            run = measure_once(workload, config, rep, ctx, scratch, options.haltpoll_param)
+            record["runs"].append(run)
+            outcome = (f"{run['value']:.4g} {workload.unit} in {run['wall_s']:.1f} s" if run["ok"]
+                       else f"FAILED: {run['error']}")
+            log(f"[{done}/{total_runs}] {workload.name} {config.name} rep {rep + 1}/{options.reps}: {outcome}")
+            # Rewritten after every run so an interrupted suite keeps what it measured.
+            record["summary"] = report.summarise_workload(record, config_names)
+            write_outputs(results, stem, with_plots=False)
+
     with stack.scoped(f"remove {scratch}", lambda: shutil.rmtree(scratch, ignore_errors=True)):
         if uses_gleaner:
             log("gleaner probe --json (wake-latency table)")
@@ -225,29 +247,14 @@ def run_suite(options: Options, stack: CleanupStack) -> list[Path]:
             record = workload.describe() | {"runs": [], "error": None}
             record["summary"] = report.summarise_workload(record, config_names)
             results["workloads"].append(record)
-            log(f"{workload.name}: preparing")
             try:
-                workload.prepare(ctx)
-                for rep, config in interleave(configs, options.reps):
-                    done += 1
-                    run = measure_once(workload, config, rep, ctx, scratch, options.haltpoll_param)
-                    record["runs"].append(run)
-                    outcome = (f"{run['value']:.4g} {workload.unit} in {run['wall_s']:.1f} s" if run["ok"]
-                               else f"FAILED: {run['error']}")
-                    log(f"[{done}/{total_runs}] {workload.name} {config.name} rep {rep + 1}/{options.reps}: {outcome}")
-                    # Rewritten after every run so an interrupted suite keeps what it measured.
-                    record["summary"] = report.summarise_workload(record, config_names)
-                    write_outputs(results, stem, with_plots=False)
-            except (WorkloadError, MariaDBError, OSError) as error:
-                record["error"] = f"setup failed: {error}"
-                log(f"{workload.name}: {record['error']}")
+                measure_workload(workload, record)
             finally:
                 try:
                     workload.teardown(ctx)
                 except (WorkloadError, MariaDBError, OSError) as error:
                     results["notes"].append(f"{workload.name} teardown: {error}")
-            record["summary"] = report.summarise_workload(record, config_names)
-            write_outputs(results, stem, with_plots=False)
+                record["summary"] = report.summarise_workload(record, config_names)
         if uses_gleaner and suite.phase_run and any(config.name == "gleaner" for config in configs):
             log("phase-change run for the active-vCPU timeline")
             results["phase_run"] = phase_run(options, ctx, scratch)

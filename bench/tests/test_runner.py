@@ -14,12 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from harness import runner
+pytest.importorskip("matplotlib")  # run_suite draws the plots at the end
+
+from harness import runner  # noqa: E402
 from harness.cleanup import CleanupStack
 from harness.configs import select_configs
 from harness.haltpoll import HaltpollStatus
 from harness.suites import Suite
-from harness.workloads import CommandWorkload
+from harness.workloads import CommandWorkload, WorkloadError
 
 FAKE_GLEANER = textwrap.dedent(
     """\
@@ -144,3 +146,33 @@ def test_output_stem_adds_time_when_taken(tmp_path):
     assert first.name == "quick-2026-01-02"
     first.with_suffix(".json").write_text("{}")
     assert runner.output_stem(tmp_path, "quick", now).name == "quick-2026-01-02-030405"
+
+
+class BrokenSetup(CommandWorkload):
+    """prepare() fails half-way; teardown() must still run."""
+
+    torn_down = False
+
+    def prepare(self, ctx):
+        raise WorkloadError("no input file")
+
+    def teardown(self, ctx):
+        BrokenSetup.torn_down = True
+
+
+def test_setup_failure_is_recorded_and_torn_down(tmp_path):
+    broken = BrokenSetup("broken", "d", "x", "x", True, 0.1, (), argv=["true"], metric_of=lambda _o, _w: 1.0)
+    options = runner.Options(
+        suite=Suite("quick", "test", (broken,), reps=1, phase_run=()),
+        configs=select_configs(["baseline"]),
+        reps=1,
+        gleaner=tmp_path / "absent",
+        results_dir=tmp_path / "results",
+        haltpoll=HaltpollStatus(False, False, "none", "no module"),
+    )
+    written = runner.run_suite(options, CleanupStack())
+    results = json.loads(written[0].read_text())
+    assert results["workloads"][0]["error"] == "setup failed: no input file"
+    assert results["workloads"][0]["runs"] == []
+    assert BrokenSetup.torn_down
+    assert "not run: setup failed: no input file" in written[1].read_text()
