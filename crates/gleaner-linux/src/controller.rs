@@ -130,7 +130,7 @@ impl<'a> Controller<'a> {
                     return Ok(StopReason::Requested);
                 }
                 if busy {
-                    self.sampler.observe_runnable(&view.tids, self.applied_active.len());
+                    self.sampler.observe_runnable(&view.tids, &self.applied_active);
                 }
             }
             view = self.view()?;
@@ -156,7 +156,7 @@ impl<'a> Controller<'a> {
         let mut pids: Vec<u32> = tids.iter().map(|(p, _)| *p).collect();
         pids.sort_unstable();
         pids.dedup();
-        Ok(WorkloadView { pids, tids, percpu_work_ns: self.placement.per_cpu_work_ns()?, total_work_ns: None, pressure_some_us: None })
+        Ok(WorkloadView { pids, tids, percpu_work_ns: self.placement.per_cpu_work_ns()?, total_work_ns: None })
     }
 
     fn retention_counters(&self) -> Vec<(usize, RetentionCounters)> {

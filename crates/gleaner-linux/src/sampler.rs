@@ -12,10 +12,11 @@
 //!   else the workload's processes' CPU clocks (nanosecond precise) spread over the vCPUs in
 //!   proportion to their non-retention busy time;
 //! * S_work: voluntary plus involuntary context switches of every workload thread;
-//! * runnable wait: the workload cgroup's PSI when there is one, else sub-samples of the
-//!   workload threads' run states (PSI of the whole system would count Gleaner's own
-//!   SCHED_IDLE threads as waiting, and so would turn retention off by its mere presence;
-//!   the system's runnable count would blame the workload for everyone else's threads).
+//! * runnable wait: sub-samples of the workload threads' run states and CPUs, counting the
+//!   moments when threads queue on one active vCPU while another has none of them (PSI of
+//!   the whole system would count Gleaner's own SCHED_IDLE threads as waiting, and so would
+//!   turn retention off by its mere presence; the system's runnable count would blame the
+//!   workload for everyone else's threads).
 //!
 //! schedstat `run_delay` is not used: it does not see BWW (a wakee is enqueued only after its
 //! vCPU left HLT), and on this test bed it is all zeros anyway.
@@ -38,7 +39,6 @@ struct Snapshot {
     retention: HashMap<usize, RetentionCounters>,
     percpu_work: Option<Vec<u64>>,
     work_total_ns: u64,
-    pressure_us: Option<u64>,
 }
 
 /// What the caller knows about the workload at the end of a period.
@@ -52,8 +52,6 @@ pub struct WorkloadView {
     pub percpu_work_ns: Option<Vec<u64>>,
     /// Cumulative workload CPU ns from the cgroup, when the back end measures it.
     pub total_work_ns: Option<u64>,
-    /// Cumulative µs some workload thread waited for a CPU (cgroup PSI), when available.
-    pub pressure_some_us: Option<u64>,
 }
 
 /// Threads whose run state is read per sub-sample; a rotating window keeps the cost flat
@@ -90,30 +88,35 @@ impl Sampler {
         self.entries.source()
     }
 
-    /// Called several times per period: do more workload threads want to run than the
-    /// workload has active vCPUs? Reads the run state of up to [`RUNNABLE_WINDOW`] threads,
-    /// rotating through larger workloads, and scales the count up.
-    pub fn observe_runnable(&mut self, tids: &[(u32, u32)], active_vcpus: usize) {
-        if tids.is_empty() {
+    /// Called several times per period: are workload threads queueing on one vCPU while
+    /// another active vCPU has none of them? That is the moment a retention thread does harm:
+    /// an idle vCPU would pull the waiting thread over by new-idle balancing, a held one does
+    /// not. Reads the run state and CPU of up to [`RUNNABLE_WINDOW`] threads, rotating
+    /// through larger workloads.
+    pub fn observe_runnable(&mut self, tids: &[(u32, u32)], active: &Cpuset) {
+        if tids.is_empty() || active.len() < 2 {
             return;
         }
         let n = tids.len().min(RUNNABLE_WINDOW);
+        let mut per_cpu: HashMap<usize, usize> = HashMap::new();
         let mut seen = 0usize;
-        let mut running = 0usize;
         for k in 0..n {
             let (pid, tid) = tids[(self.rotate + k) % tids.len()];
             if let Ok(st) = self.procfs.task_stat(pid, tid) {
                 seen += 1;
-                running += (st.state == 'R') as usize;
+                if st.state == 'R' {
+                    *per_cpu.entry(st.processor).or_default() += 1;
+                }
             }
         }
         self.rotate = (self.rotate + n) % tids.len();
         if seen == 0 {
             return;
         }
-        let estimate = running * tids.len() / seen;
         self.crowded.1 += 1;
-        if estimate > active_vcpus {
+        let queued = active.iter().any(|c| per_cpu.get(&c).copied().unwrap_or(0) >= 2);
+        let empty = active.iter().any(|c| per_cpu.get(&c).copied().unwrap_or(0) == 0);
+        if queued && empty {
             self.crowded.0 += 1;
         }
     }
@@ -164,11 +167,7 @@ impl Sampler {
                 spread(total, &spare, period_ns, &mut vcpus);
             }
         }
-        let runnable_wait = match (snap.pressure_us, prev.pressure_us) {
-            (Some(a), Some(b)) => Some(a.saturating_sub(b) * 1000),
-            _ if crowded.1 > 0 => Some(period_ns * crowded.0 as u64 / crowded.1 as u64),
-            _ => None,
-        };
+        let runnable_wait = (crowded.1 > 0).then(|| period_ns * crowded.0 as u64 / crowded.1 as u64);
         Ok(Some(PeriodSample { period_ns, vcpus, work_switches, work_threads, work_runnable_wait_ns: runnable_wait }))
     }
 
@@ -195,7 +194,6 @@ impl Sampler {
             retention: retention.iter().copied().collect(),
             percpu_work: work.percpu_work_ns.clone(),
             work_total_ns,
-            pressure_us: work.pressure_some_us,
         })
     }
 

@@ -68,9 +68,9 @@ pub struct PolicyConfig {
     pub retain_idle_factor: f64,
     /// Turn retention off when fewer than this fraction of held idle periods ended with work.
     pub min_retention_hit_ratio: f64,
-    /// Workload threads waiting for a CPU more than this fraction of a period: the vCPUs are
-    /// oversubscribed by the workload itself, so neither consolidate nor hold (a held vCPU does
-    /// not pull waiting threads over by new-idle balancing).
+    /// Workload threads queue on one active vCPU while another has none for more than this
+    /// fraction of a period: the guest must balance load, so neither consolidate nor hold (a
+    /// held vCPU does not pull waiting threads over by new-idle balancing).
     pub max_runnable_wait: f64,
     /// Below this total utilization the workload is idle: hold nothing.
     pub idle_util: f64,

@@ -50,8 +50,8 @@ pub struct PeriodSample {
     pub work_switches: u64,
     /// Threads in the workload at the end of the period.
     pub work_threads: u64,
-    /// Time some workload thread was runnable but waiting for a CPU (PSI "some" of the
-    /// workload's cgroup, or of the system when no cgroup is available); `None` if unknown.
+    /// Time workload threads queued on one active vCPU while another active vCPU had none of
+    /// them (estimated from sub-samples of the threads' run states); `None` if unknown.
     pub work_runnable_wait_ns: Option<u64>,
 }
 
