@@ -391,7 +391,7 @@ impl Gleaner {
             } else if idle {
                 Some("workload idle")
             } else if crowded {
-                Some("workload threads wait for CPU; held vCPUs would block load balancing")
+                Some("workload threads queue on one vCPU while another has none; a held vCPU would not pull them over")
             } else if let Some(v) = v.filter(|_| st.retaining) {
                 retention_not_paying(v, secs, min_rate / 2.0, self.cfg.min_retention_hit_ratio)
             } else {
