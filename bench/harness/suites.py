@@ -149,4 +149,26 @@ def full() -> Suite:
     )
 
 
-SUITES = {"quick": quick, "full": full}
+def daemon() -> Suite:
+    """The workloads of the daemon's acceptance target (issue 2): each must run no more than
+    3 % slower under `gleaner run` than without, and within 5 % of the best fixed policy."""
+    return Suite(
+        "daemon",
+        "the daemon's acceptance workloads: fine/coarse pipeline, ping-pong, sysbench threads, stress-ng futex, pigz, CPU-bound",
+        (
+            _pipeline("fine", 500, 3),
+            _pipeline("coarse", 5000, 3),
+            bundled("pingpong", "pingpong", "round_trips/s", 3, ["--duration", "3s"], "two threads bouncing a token (futex)"),
+            sysbench_threads(3),
+            stress_ng("futex", 3),
+            PigzWorkload("pigz", size_mib=64, est_s=3.0),
+            bundled("matmul", "matmul", "reps/s", 3, ["--duration", "3s"], "CPU-bound, no blocking"),
+        ),
+        reps=5,
+        phase_run=(("fine", 5.0), ("coarse", 5.0)),
+        probe_args=("--samples", "100"),
+        probe_est_s=5.0,
+    )
+
+
+SUITES = {"quick": quick, "full": full, "daemon": daemon}
