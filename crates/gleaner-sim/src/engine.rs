@@ -48,6 +48,8 @@ enum Event {
     GuestTick { vcpu: u32, gen: u64 },
     GuestBalance { vm: u32 },
     PolicyPeriod { vm: u32 },
+    /// Sub-sample of the workload's run states for `work_runnable_wait_ns`.
+    WaitSample { vm: u32 },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,6 +105,9 @@ struct Vcpu {
     retention: Option<Ns>,
     ipi_pending: bool,
     wake_pending: bool,
+    /// VM exits taken by the guest code now running (IPI sends), added to its current
+    /// activity: the guest sees them as time its instruction took.
+    exit_debt: Ns,
     tick_gen: u64,
     tick_armed: bool,
     c: Counters,
@@ -182,9 +187,8 @@ struct Vm {
     done_at: Option<Ns>,
     iterations: u64,
     thread_switches: u64,
-    ready: u32,
-    ready_since: Ns,
-    runnable_wait_ns: Ns,
+    /// Estimated time threads queued on one active vCPU while another had none.
+    imbalance_wait_ns: Ns,
     live_threads: u64,
     latency: Histogram,
     gleaner: Option<Gleaner>,
@@ -192,12 +196,15 @@ struct Vm {
     last_switches: u64,
     last_wait: Ns,
     active_history: Vec<usize>,
+    retaining_history: Vec<usize>,
+    policy_events: Vec<gleaner_policy::PolicyEvent>,
+    last_characteristics: Option<gleaner_policy::Characteristics>,
 }
 
 #[derive(Debug, Clone, Copy)]
 enum Waker {
-    /// A thread running on a vCPU (the unlock, push or barrier arrival that wakes).
-    Thread,
+    /// A thread running on this vCPU (the unlock, push or barrier arrival that wakes).
+    Thread(u32),
     /// A timer on this vCPU (the sleeping thread's own).
     Timer(u32),
     /// Placement by the policy or a balancer, from no particular vCPU.
@@ -207,6 +214,7 @@ enum Waker {
 struct Costs {
     guest_switch: Ns,
     ipi: Ns,
+    ipi_send: Ns,
     halt_wake: Ns,
     poll_wake: Ns,
     ple_window: Ns,
@@ -278,7 +286,7 @@ impl Sim {
             vcpu_switch: s.costs.vcpu_switch.0,
             cache_refill: s.costs.cache_refill.0,
         };
-        let host = Host::new(hp, s.host.pcpus, &specs);
+        let host = Host::new(hp, s.host.pcpus, &specs, s.seed);
         let mut sim = Sim {
             now: 0,
             end: s.sim.duration.0,
@@ -295,6 +303,7 @@ impl Sim {
             costs: Costs {
                 guest_switch: s.costs.guest_switch.0,
                 ipi: s.costs.ipi.0,
+                ipi_send: s.costs.ipi_send.0,
                 halt_wake: s.costs.halt_wake.0,
                 poll_wake: s.costs.poll_wake.0,
                 ple_window: s.costs.ple_window.0.max(1),
@@ -344,6 +353,7 @@ impl Sim {
                 retention: (cfg.guest == GuestPolicy::Hold).then_some(hold),
                 ipi_pending: false,
                 wake_pending: false,
+                exit_debt: 0,
                 tick_gen: 0,
                 tick_armed: false,
                 c: Counters::default(),
@@ -463,9 +473,7 @@ impl Sim {
             done_at: None,
             iterations: 0,
             thread_switches: 0,
-            ready: 0,
-            ready_since: 0,
-            runnable_wait_ns: 0,
+            imbalance_wait_ns: 0,
             live_threads: local_thread as u64,
             latency: Histogram::default(),
             gleaner,
@@ -473,6 +481,9 @@ impl Sim {
             last_switches: 0,
             last_wait: 0,
             active_history: Vec::new(),
+            retaining_history: Vec::new(),
+            policy_events: Vec::new(),
+            last_characteristics: None,
         });
     }
 
@@ -486,7 +497,6 @@ impl Sim {
             }
             self.now = at;
             self.events += 1;
-
             self.handle(ev);
             if self.any_finite && self.finite_vms_left == 0 {
                 break;
@@ -522,6 +532,7 @@ impl Sim {
             }
             if self.vms[vm as usize].gleaner.is_some() {
                 self.q.push(self.g.policy_period, Event::PolicyPeriod { vm });
+                self.q.push(self.wait_sample_interval(), Event::WaitSample { vm });
             }
         }
     }
@@ -573,6 +584,10 @@ impl Sim {
             Event::PolicyPeriod { vm } => {
                 self.policy_period(vm);
                 self.q.push(self.now + self.g.policy_period, Event::PolicyPeriod { vm });
+            }
+            Event::WaitSample { vm } => {
+                self.wait_sample(vm);
+                self.q.push(self.now + self.wait_sample_interval(), Event::WaitSample { vm });
             }
         }
     }
@@ -652,6 +667,9 @@ impl Sim {
         let vc = &mut self.vcpus[v as usize];
         vc.act = act;
         vc.remaining = remaining;
+        if Self::timed(act) {
+            vc.remaining = vc.remaining.saturating_add(std::mem::take(&mut vc.exit_debt));
+        }
         self.resume_timer(v);
         self.refresh_acct(v);
     }
@@ -828,7 +846,6 @@ impl Sim {
     fn dispatch(&mut self, v: u32, extra: Ns) {
         let next = match self.vcpus[v as usize].runq.pop_front() {
             Some(t) => {
-                self.ready_delta(self.threads[t as usize].vm, -1);
                 Some(t)
             }
             None => self.steal_thread(v),
@@ -868,9 +885,7 @@ impl Sim {
             .runq
             .iter()
             .rposition(|&t| self.threads[t as usize].pin.is_none())?;
-        let t = self.vcpus[u as usize].runq.remove(pos)?;
-        self.ready_delta(self.threads[t as usize].vm, -1);
-        Some(t)
+        self.vcpus[u as usize].runq.remove(pos)
     }
 
     fn arm_guest_tick(&mut self, v: u32) {
@@ -895,9 +910,7 @@ impl Sim {
         match self.vcpus[v as usize].act {
             Activity::Running(t) if self.threads[t as usize].spin_held == 0 => {
                 self.preempt_thread(v, t);
-                let vm = self.threads[t as usize].vm;
                 self.vcpus[v as usize].runq.push_back(t);
-                self.ready_delta(vm, 1);
                 self.dispatch(v, 0);
             }
             _ => self.arm_guest_tick(v),
@@ -925,23 +938,40 @@ impl Sim {
         self.set_act(v, Activity::Idle, 0);
     }
 
-    fn ready_delta(&mut self, vm: u32, delta: i32) {
-        let now = self.now;
-        let vm = &mut self.vms[vm as usize];
-        if vm.ready > 0 {
-            vm.runnable_wait_ns += now - vm.ready_since;
+    fn wait_sample_interval(&self) -> Ns {
+        (self.g.policy_period / 100).max(1)
+    }
+
+    /// Does some active vCPU hold two or more runnable workload threads while another active
+    /// vCPU holds none? Sampled, as gleaner-linux's sampler does from the threads' run states
+    /// and CPUs.
+    fn wait_sample(&mut self, vm_id: u32) {
+        let vm = &self.vms[vm_id as usize];
+        if vm.active.iter().filter(|&&a| a).count() < 2 {
+            return;
         }
-        vm.ready_since = now;
-        vm.ready = (vm.ready as i32 + delta) as u32;
+        let (mut queued, mut empty) = (false, false);
+        for i in 0..vm.n {
+            if !vm.active[i as usize] {
+                continue;
+            }
+            let vc = &self.vcpus[(vm.base + i) as usize];
+            let running = usize::from(matches!(vc.act, Activity::Switching(_) | Activity::Running(_)));
+            let runnable = vc.runq.len() + running;
+            queued |= runnable >= 2;
+            empty |= runnable == 0;
+        }
+        if queued && empty {
+            let step = self.wait_sample_interval();
+            self.vms[vm_id as usize].imbalance_wait_ns += step;
+        }
     }
 
     fn enqueue_ready(&mut self, t: u32, v: u32) {
         let th = &mut self.threads[t as usize];
         th.state = TState::Ready;
         th.vcpu = v;
-        let vm = th.vm;
         self.vcpus[v as usize].runq.push_back(t);
-        self.ready_delta(vm, 1);
     }
 
     // ---- guest: wakeups --------------------------------------------------------------------
@@ -1008,7 +1038,7 @@ impl Sim {
                     self.leave_idle(v, extra);
                 }
             }
-            Activity::Retaining => self.send_ipi(v),
+            Activity::Retaining => self.send_ipi(v, waker),
             Activity::Idle => {
                 if self.host.vcpus[v as usize].state != VState::Halted {
                     return;
@@ -1016,17 +1046,21 @@ impl Sim {
                 match waker {
                     // The vCPU's own timer: the host's hrtimer kicks it, no IPI.
                     Waker::Timer(u) if u == v => self.host_kick(v),
-                    _ => self.send_ipi(v),
+                    _ => self.send_ipi(v, waker),
                 }
             }
         }
     }
 
-    fn send_ipi(&mut self, v: u32) {
-        let vc = &mut self.vcpus[v as usize];
-        if vc.ipi_pending {
+    fn send_ipi(&mut self, v: u32, from: Waker) {
+        if self.vcpus[v as usize].ipi_pending {
             return;
         }
+        if let Waker::Thread(sender) = from {
+            // Writing the APIC ICR exits to the VMM on the sender.
+            self.vcpus[sender as usize].exit_debt += self.costs.ipi_send;
+        }
+        let vc = &mut self.vcpus[v as usize];
         vc.ipi_pending = true;
         vc.c.ipis += 1;
         self.q.push(self.now + self.costs.ipi, Event::IpiArrive { vcpu: v });
@@ -1122,7 +1156,7 @@ impl Sim {
                     let mx = &mut self.mutexes[m as usize];
                     mx.owner = None;
                     if let Some(w) = mx.waiters.pop_front() {
-                        self.wake_thread(w, Waker::Thread);
+                        self.wake_thread(w, Waker::Thread(v));
                     }
                 }
                 ROp::Push(q) => {
@@ -1131,7 +1165,7 @@ impl Sim {
                         qu.len += 1;
                         self.threads[t as usize].op += 1;
                         if let Some(w) = self.queues[q as usize].poppers.pop_front() {
-                            self.wake_thread(w, Waker::Thread);
+                            self.wake_thread(w, Waker::Thread(v));
                         }
                     } else {
                         qu.pushers.push_back(t);
@@ -1144,7 +1178,7 @@ impl Sim {
                         qu.len -= 1;
                         self.threads[t as usize].op += 1;
                         if let Some(w) = self.queues[q as usize].pushers.pop_front() {
-                            self.wake_thread(w, Waker::Thread);
+                            self.wake_thread(w, Waker::Thread(v));
                         }
                     } else {
                         qu.poppers.push_back(t);
@@ -1159,7 +1193,7 @@ impl Sim {
                         ba.arrived = 0;
                         let waiters = std::mem::take(&mut ba.waiters);
                         for w in waiters {
-                            self.wake_thread(w, Waker::Thread);
+                            self.wake_thread(w, Waker::Thread(v));
                         }
                     } else {
                         ba.waiters.push(t);
@@ -1289,7 +1323,6 @@ impl Sim {
         for u in base..base + n {
             self.refresh_acct(u);
         }
-        self.ready_delta(vm_id, 0);
         let vm = &self.vms[vm_id as usize];
         let mut vcpus = Vec::with_capacity(n as usize);
         for i in 0..n as usize {
@@ -1309,15 +1342,20 @@ impl Sim {
             vcpus,
             work_switches: vm.thread_switches - vm.last_switches,
             work_threads: vm.live_threads,
-            work_runnable_wait_ns: Some(vm.runnable_wait_ns - vm.last_wait),
+            work_runnable_wait_ns: Some(vm.imbalance_wait_ns - vm.last_wait),
         };
         let vm = &mut self.vms[vm_id as usize];
         vm.last = (0..n as usize).map(|i| self.vcpus[base as usize + i].c.clone()).collect();
         vm.last_switches = vm.thread_switches;
-        vm.last_wait = vm.runnable_wait_ns;
+        vm.last_wait = vm.imbalance_wait_ns;
         let Some(gleaner) = vm.gleaner.as_mut() else { return };
         let decision = gleaner.step(&sample);
         vm.active_history.push(decision.active.len());
+        vm.retaining_history.push(
+            decision.retention.iter().filter(|(_, a)| *a != RetentionAction::Off).count(),
+        );
+        vm.policy_events.extend(decision.events.iter().cloned());
+        vm.last_characteristics = Some(decision.characteristics);
         for (cpu, action) in &decision.retention {
             if *cpu >= n as usize {
                 continue;
@@ -1351,7 +1389,6 @@ impl Sim {
     /// migrates them at once).
     fn evict(&mut self, u: u32) {
         while let Some(t) = self.vcpus[u as usize].runq.pop_front() {
-            self.ready_delta(self.threads[t as usize].vm, -1);
             self.requeue(t);
         }
         if let Activity::Switching(t) | Activity::Running(t) = self.vcpus[u as usize].act {
@@ -1375,9 +1412,6 @@ impl Sim {
     fn report(mut self) -> SimReport {
         for v in 0..self.vcpus.len() as u32 {
             self.refresh_acct(v);
-        }
-        for vm in 0..self.vms.len() as u32 {
-            self.ready_delta(vm, 0);
         }
         self.host.finish(self.now);
         let now = self.now;
@@ -1422,6 +1456,9 @@ impl Sim {
                     thread_switches: vm.thread_switches,
                     vcpus,
                     active_vcpus: vm.active_history.clone(),
+                    retaining_vcpus: vm.retaining_history.clone(),
+                    policy_events: vm.policy_events.clone(),
+                    last_characteristics: vm.last_characteristics,
                     solo_run_time_ns: None,
                     solo_throughput_per_s: None,
                     speedup: None,

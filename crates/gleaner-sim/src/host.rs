@@ -23,6 +23,9 @@
 //! The host never looks inside a guest. It reports what happened as [`Effect`]s that the engine
 //! turns into guest-visible consequences (a vCPU stops or starts executing) and timer events.
 
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
 use crate::ostree::OsTree;
 use crate::scenario::HostPolicy;
 use crate::time::Ns;
@@ -90,6 +93,9 @@ pub struct Pcpu {
     tick_armed: bool,
     /// SBCO debt list: (slow vCPU, fast vCPU that lent, vruntime lent).
     debts: Vec<(u32, u32, u64)>,
+    /// CFS next buddy (set by a directed yield): picked over the leftmost task unless that
+    /// would be unfair by more than wakeup_granularity.
+    next_buddy: Option<u32>,
     balances: u64,
     busy_since: Option<Ns>,
     pub busy_ns: Ns,
@@ -132,7 +138,12 @@ pub struct Host {
 }
 
 impl Host {
-    pub fn new(p: HostParams, pcpus: usize, vms: &[VmSpec]) -> Host {
+    /// `seed` spreads the vCPUs' initial vruntimes over one scheduling period, as if they
+    /// had been running before time 0; otherwise every queue would start in the same order and
+    /// all VMs would be co-scheduled by accident.
+    pub fn new(p: HostParams, pcpus: usize, vms: &[VmSpec], seed: u64) -> Host {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        rng.set_stream(u64::MAX);
         let mut vcpus = Vec::new();
         let mut vm_vcpus = Vec::new();
         let mut pcpu_list: Vec<Pcpu> = vec![Pcpu::default(); pcpus];
@@ -154,7 +165,7 @@ impl Host {
                 vcpus.push(HostVcpu {
                     vm: vm as u32,
                     weight: spec.weight,
-                    vruntime: 0,
+                    vruntime: rng.gen_range(0..p.latency.max(1)),
                     state: VState::Halted,
                     last_pcpu: first.unwrap_or(((gang_offset + i) % pcpus) as u32),
                     pin,
@@ -450,6 +461,16 @@ impl Host {
     }
 
     fn pick(&mut self, p: usize) -> Option<u32> {
+        if let Some(b) = self.pcpus[p].next_buddy.take() {
+            let left = self.pcpus[p].rq.first();
+            let hv = &self.vcpus[b as usize];
+            let fair = left.is_some_and(|(vr, _)| {
+                hv.vruntime <= vr + self.p.wakeup_gran * 1024 / hv.weight
+            });
+            if hv.state == VState::Queued(p as u32) && fair && !self.p.policy.is_cosched() {
+                return Some(b);
+            }
+        }
         match self.p.policy {
             HostPolicy::Cfs | HostPolicy::Bal => self.pcpus[p].rq.first().map(|(_, v)| v),
             HostPolicy::Sbco => {
@@ -648,19 +669,13 @@ impl Host {
 
     /// Pause-loop exit of a spinning vCPU: KVM's directed yield (`kvm_vcpu_on_spin` →
     /// `yield_to(target, preempt=true)`): the preempted lock holder becomes its queue's next
-    /// buddy and that queue reschedules now.
+    /// buddy and that queue reschedules now. Its vruntime is untouched, so the boost is
+    /// bounded by wakeup_granularity, as in CFS.
     pub fn yield_to(&mut self, target: u32, now: Ns) {
         let VState::Queued(q) = self.vcpus[target as usize].state else { return };
         let q = q as usize;
         self.stats.directed_yields += 1;
-        self.update_curr(q, now);
-        let first = self.pcpus[q].rq.first().map(|(vr, _)| vr);
-        let curr = self.pcpus[q].curr.map(|c| self.vcpus[c as usize].vruntime);
-        let floor = first.into_iter().chain(curr).min().unwrap_or(0);
-        self.tree_remove(q, target);
-        let hv = &mut self.vcpus[target as usize];
-        hv.vruntime = hv.vruntime.min(floor.saturating_sub(1));
-        self.tree_insert(q, target);
+        self.pcpus[q].next_buddy = Some(target);
         self.schedule(q, now);
     }
 
@@ -745,7 +760,7 @@ mod tests {
 
     #[test]
     fn cfs_runs_leftmost_and_charges_switch_costs() {
-        let mut h = Host::new(params(HostPolicy::Cfs), 1, &[vm(1), vm(1)]);
+        let mut h = Host::new(params(HostPolicy::Cfs), 1, &[vm(1), vm(1)], 0);
         queue(&mut h, 0, 0, 500);
         queue(&mut h, 1, 0, 100);
         h.schedule(0, 0);
@@ -757,38 +772,39 @@ mod tests {
 
     #[test]
     fn woken_vcpu_preempts_only_beyond_wakeup_granularity() {
-        let mut h = Host::new(params(HostPolicy::Cfs), 1, &[vm(1), vm(1)]);
+        let mut h = Host::new(params(HostPolicy::Cfs), 1, &[vm(1), vm(1)], 0);
         running(&mut h, 0, 0, 0);
-        h.vcpus[0].exec_start = 0;
+        h.vcpus[1].vruntime = 0;
         // After 20 ms of running, vruntime 20 ms; a sleeper is placed at min − 12 ms = 8 ms,
         // 12 ms behind: more than the 4 ms granularity, so it preempts.
         h.wake(1, 20 * MS);
         assert_eq!(h.current(0), Some(1));
         assert!(h.fx.contains(&Effect::Preempted { pcpu: 0, vcpu: 0 }));
 
-        let mut h = Host::new(params(HostPolicy::Cfs), 1, &[vm(1), vm(1)]);
+        let mut h = Host::new(params(HostPolicy::Cfs), 1, &[vm(1), vm(1)], 0);
         running(&mut h, 0, 0, 0);
+        h.vcpus[1].vruntime = 0;
         h.wake(1, 2 * MS);
         assert_eq!(h.current(0), Some(0), "2 ms ahead is within the granularity");
     }
 
     #[test]
     fn wake_prefers_idle_pcpu_and_bal_never_stacks_siblings() {
-        let mut h = Host::new(params(HostPolicy::Cfs), 2, &[vm(2), vm(1)]);
+        let mut h = Host::new(params(HostPolicy::Cfs), 2, &[vm(2), vm(1)], 0);
         running(&mut h, 2, 0, 0);
         h.vcpus[0].last_pcpu = 0;
         h.wake(0, 0);
         assert_eq!(h.vcpus[0].state, VState::Running(1), "idle pCPU 1 is chosen over busy 0");
 
         // BAL: vCPU 1's sibling runs on pCPU 1, pCPU 0 is busy with another VM: it queues on 0.
-        let mut h = Host::new(params(HostPolicy::Bal), 2, &[vm(2), vm(1)]);
+        let mut h = Host::new(params(HostPolicy::Bal), 2, &[vm(2), vm(1)], 0);
         running(&mut h, 0, 1, 0);
         running(&mut h, 2, 0, 0);
         h.vcpus[1].last_pcpu = 1;
         h.wake(1, MS);
         assert_eq!(h.vcpus[1].state, VState::Queued(0));
         // CFS would have stacked it on its previous pCPU with its sibling.
-        let mut h = Host::new(params(HostPolicy::Cfs), 2, &[vm(2), vm(1)]);
+        let mut h = Host::new(params(HostPolicy::Cfs), 2, &[vm(2), vm(1)], 0);
         running(&mut h, 0, 1, 0);
         running(&mut h, 2, 0, 0);
         h.vcpus[1].last_pcpu = 1;
@@ -799,7 +815,7 @@ mod tests {
     /// pCPU 0: idle, queue [x0 (vr 100), o1 (vr 200)]. pCPU 1: runs o2; queue
     /// [o3, o4, o5, o6, x1]: x1's ordinate is 4, its queue length 6, D_threshold = 2/3 × 6 = 4.
     fn sbco_setup(policy: HostPolicy) -> Host {
-        let mut h = Host::new(params(policy), 2, &[vm(2), vm(1), vm(1), vm(1), vm(1), vm(1), vm(1)]);
+        let mut h = Host::new(params(policy), 2, &[vm(2), vm(1), vm(1), vm(1), vm(1), vm(1), vm(1)], 0);
         queue(&mut h, 0, 0, 100);
         queue(&mut h, 2, 0, 200);
         running(&mut h, 3, 1, 0);
@@ -848,7 +864,7 @@ mod tests {
             [(HostPolicy::CoschedStrict, None), (HostPolicy::CoschedRelaxed, Some(2))]
         {
             // VM 0 (2 vCPUs) bound to pCPUs 0 and 1; VM 1 (1 vCPU) bound to pCPU 0.
-            let mut h = Host::new(params(policy), 2, &[vm(2), vm(1)]);
+            let mut h = Host::new(params(policy), 2, &[vm(2), vm(1)], 0);
             assert_eq!(h.vcpus[2].gang_pcpu, 0);
             h.wake(0, 0);
             assert_eq!(h.current(0), Some(0), "the slot VM's vCPU runs at once");
@@ -864,17 +880,25 @@ mod tests {
 
     #[test]
     fn directed_yield_runs_the_preempted_holder_next() {
-        let mut h = Host::new(params(HostPolicy::Cfs), 1, &[vm(2), vm(1)]);
+        let mut h = Host::new(params(HostPolicy::Cfs), 1, &[vm(2), vm(1)], 0);
+        running(&mut h, 2, 0, 0);
+        queue(&mut h, 0, 0, 3 * MS);
+        h.yield_to(0, MS);
+        assert_eq!(h.current(0), Some(0), "next buddy within wakeup_granularity runs");
+        assert_eq!(h.vcpus[0].vruntime, 3 * MS, "and keeps its vruntime");
+        assert_eq!(h.stats.directed_yields, 1);
+
+        // A buddy more than wakeup_granularity behind in fairness does not jump the queue.
+        let mut h = Host::new(params(HostPolicy::Cfs), 1, &[vm(2), vm(1)], 0);
         running(&mut h, 2, 0, 0);
         queue(&mut h, 0, 0, 50 * MS);
         h.yield_to(0, MS);
-        assert_eq!(h.current(0), Some(0));
-        assert_eq!(h.stats.directed_yields, 1);
+        assert_eq!(h.current(0), Some(2));
     }
 
     #[test]
     fn periodic_balance_pulls_from_a_busier_queue() {
-        let mut h = Host::new(params(HostPolicy::Cfs), 2, &[vm(1), vm(1), vm(1)]);
+        let mut h = Host::new(params(HostPolicy::Cfs), 2, &[vm(1), vm(1), vm(1)], 0);
         running(&mut h, 0, 0, 0);
         queue(&mut h, 1, 0, 10);
         queue(&mut h, 2, 0, 20);

@@ -166,6 +166,12 @@ pub struct VmReport {
     pub vcpus: Vec<VcpuReport>,
     /// Number of active vCPUs after each Gleaner period.
     pub active_vcpus: Vec<usize>,
+    /// vCPUs with retention on after each Gleaner period.
+    pub retaining_vcpus: Vec<usize>,
+    /// Gleaner's decisions with their reasons, as the daemon logs them.
+    pub policy_events: Vec<gleaner_policy::PolicyEvent>,
+    /// The workload characteristics Gleaner measured in its last period.
+    pub last_characteristics: Option<gleaner_policy::Characteristics>,
     /// Solo baseline and this VM's speedup against it (when weighted speedup is on).
     pub solo_run_time_ns: Option<Ns>,
     pub solo_throughput_per_s: Option<f64>,

@@ -180,8 +180,10 @@ fn d_alpha() -> f64 {
 pub struct Costs {
     /// Guest thread switch incl. futex wake return (RT): Table 2 A.
     pub guest_switch: Dur,
-    /// Reschedule IPI from one vCPU to another through the VMM (IPI).
+    /// Reschedule IPI from one vCPU to another through the VMM, send to delivery (IPI).
     pub ipi: Dur,
+    /// The part of `ipi` the sending vCPU loses: its VM exit on the APIC ICR write.
+    pub ipi_send: Dur,
     /// Host kicking a halted vCPU thread awake, before it is runnable (part of RV).
     pub halt_wake: Dur,
     /// Host context switch plus VM entry whenever a vCPU gets a pCPU (part of RV).
@@ -201,6 +203,7 @@ impl Default for Costs {
         Self {
             guest_switch: Dur(6 * US),
             ipi: Dur(11 * US),
+            ipi_send: Dur(2 * US),
             halt_wake: Dur(12 * US),
             vcpu_switch: Dur(8 * US),
             cache_refill: Dur(59 * US),

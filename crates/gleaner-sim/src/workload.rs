@@ -152,7 +152,7 @@ fn one() -> usize {
 pub enum Preset {
     /// PARSEC dedup: a 5-stage pipeline (fragment → refine → dedup → compress → reorder)
     /// over bounded queues, with a hash-table mutex in the dedup stage. `threads` per parallel
-    /// stage; `items` chunks in total. Finite.
+    /// stage (default 16, PARSEC's `-n 16` as in the paper); `items` chunks in total. Finite.
     Dedup {
         #[serde(default)]
         threads: Option<usize>,
@@ -213,7 +213,7 @@ pub enum Preset {
 }
 
 fn dedup_items() -> u64 {
-    20_000
+    200_000
 }
 fn streamcluster_phases() -> u64 {
     2_000
@@ -259,14 +259,18 @@ impl Preset {
         let mut out = Expanded::default();
         match self {
             Preset::Dedup { threads, items } => {
-                // Per-chunk costs, after dedup's native run: ~170k chunks of ~4 KiB through
-                // 16 threads in ~7 s, compression dominating. Every stage boundary is a
-                // condvar queue, so threads block and wake once per chunk per stage.
-                let n = threads.unwrap_or(vcpus).max(1);
+                // PARSEC dedup barely scales past 4 cores natively (7.1 s on 4, 7.6 s on 16):
+                // the serial fragment stage bounds it, and chunk allocation and the hash
+                // table are hot mutexes (in the guest kernel and libc). Per-chunk costs are
+                // chosen so: a serial 8 us fragment stage, ~35 us of parallel work, and two
+                // 3 us critical sections on a shared allocator lock per chunk. Every stage
+                // boundary is a condvar queue, so threads block and wake once per chunk per
+                // stage.
+                let n = threads.unwrap_or(16).max(1);
                 let per = (*items / n as u64).max(1);
                 let items = per * n as u64;
-                for (q, cap) in [("chunks", 64), ("refined", 64), ("unique", 64), ("packed", 64)] {
-                    out.queues.insert(s(q), cap);
+                for q in ["chunks", "refined", "unique", "packed"] {
+                    out.queues.insert(s(q), 64);
                 }
                 let group = |count, iterations, program| ThreadGroup {
                     count,
@@ -274,34 +278,23 @@ impl Preset {
                     iterations: Some(iterations),
                     program,
                 };
-                out.threads.push(group(
-                    1,
-                    items,
-                    vec![c(Dist::Exp(4_000)), Op::Push(s("chunks"))],
-                ));
-                out.threads.push(group(
-                    n,
-                    per,
-                    vec![Op::Pop(s("chunks")), c(Dist::Exp(20_000)), Op::Push(s("refined"))],
-                ));
-                out.threads.push(group(
-                    n,
-                    per,
-                    vec![
-                        Op::Pop(s("refined")),
-                        c(Dist::Exp(5_000)),
-                        Op::Lock(s("hashtable")),
-                        c(Dist::Exp(2_000)),
-                        Op::Unlock(s("hashtable")),
-                        Op::Push(s("unique")),
-                    ],
-                ));
-                out.threads.push(group(
-                    n,
-                    per,
-                    vec![Op::Pop(s("unique")), c(Dist::Exp(60_000)), Op::Push(s("packed"))],
-                ));
-                out.threads.push(group(1, items, vec![Op::Pop(s("packed")), c(Dist::Exp(3_000))]));
+                let locked = |lock: &str, hold: u64| {
+                    [Op::Lock(s(lock)), c(Dist::Exp(hold)), Op::Unlock(s(lock))]
+                };
+                out.threads.push(group(1, items, vec![c(Dist::Exp(8_000)), Op::Push(s("chunks"))]));
+                let mut refine = vec![Op::Pop(s("chunks")), c(Dist::Exp(8_000))];
+                refine.extend(locked("alloc", 3_000));
+                refine.push(Op::Push(s("refined")));
+                out.threads.push(group(n, per, refine));
+                let mut dedup = vec![Op::Pop(s("refined")), c(Dist::Exp(2_000))];
+                dedup.extend(locked("hashtable", 3_000));
+                dedup.push(Op::Push(s("unique")));
+                out.threads.push(group(n, per, dedup));
+                let mut compress = vec![Op::Pop(s("unique")), c(Dist::Exp(18_000))];
+                compress.extend(locked("alloc", 3_000));
+                compress.push(Op::Push(s("packed")));
+                out.threads.push(group(n, per, compress));
+                out.threads.push(group(1, items, vec![Op::Pop(s("packed")), c(Dist::Exp(2_000))]));
             }
             Preset::Streamcluster { threads, phases, work } => {
                 let n = threads.unwrap_or(vcpus).max(1);
