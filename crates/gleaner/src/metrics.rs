@@ -206,7 +206,7 @@ pub fn render(s: &Snapshot) -> String {
 /// temporary file in the same directory, then a rename. World-readable, because
 /// node_exporter runs as its own user.
 pub fn write_textfile(path: &Path, text: &str) -> Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
     let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
@@ -217,6 +217,8 @@ pub fn write_textfile(path: &Path, text: &str) -> Result<()> {
         .mode(0o644)
         .open(&tmp)
         .with_context(|| format!("cannot write metrics textfile {}: create {} or fix [metrics] textfile", tmp.display(), dir.display()))?;
+    // Explicitly, because the service runs with UMask=0077.
+    f.set_permissions(std::fs::Permissions::from_mode(0o644)).with_context(|| format!("cannot chmod {}", tmp.display()))?;
     f.write_all(text.as_bytes()).with_context(|| format!("cannot write {}", tmp.display()))?;
     drop(f);
     std::fs::rename(&tmp, path).with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))
@@ -467,6 +469,8 @@ mod tests {
         write_textfile(&path, "a 1\n").unwrap();
         write_textfile(&path, "a 2\n").unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "a 2\n");
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o644, "node_exporter must read it");
         let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(leftovers.len(), 1, "{leftovers:?}");
         let err = format!("{:#}", write_textfile(&dir.path().join("missing/g.prom"), "x").unwrap_err());

@@ -463,13 +463,17 @@ struct Supervisor {
 impl Supervisor {
     fn new(config_path: PathBuf, cfg: ServiceConfig, exe: PathBuf, logging: ChildLogging) -> Result<Self> {
         let shared = Arc::new(Mutex::new(Shared { reload_ok: true, reload_ts: unix_now(), state_dir: cfg.state_dir.clone(), targets: vec![] }));
-        let server = start_server(cfg.metrics.listen, &shared)?;
         if cfg.targets.is_empty() {
             tracing::warn!("no [[target]] in {}: serving metrics only; add a target and reload", config_path.display());
         }
         let targets = cfg.targets.iter().cloned().map(TargetRun::new).collect();
-        tracing::info!(config = %config_path.display(), targets = cfg.targets.len(), "gleaner daemon started");
-        Ok(Supervisor { config_path, cfg, exe, logging, targets, shared, server, next_textfile: Instant::now() })
+        let listen = cfg.metrics.listen;
+        let mut sup = Supervisor { config_path, cfg, exe, logging, targets, shared, server: None, next_textfile: Instant::now() };
+        // The first scrape already lists every configured target.
+        sup.publish();
+        sup.server = start_server(listen, &sup.shared)?;
+        tracing::info!(config = %sup.config_path.display(), targets = sup.cfg.targets.len(), "gleaner daemon started");
+        Ok(sup)
     }
 
     fn run(&mut self) -> Result<()> {
@@ -643,6 +647,7 @@ impl Supervisor {
         }
         self.cfg = new;
         self.next_textfile = Instant::now();
+        self.publish();
         if let Ok(mut s) = self.shared.lock() {
             s.reload_ok = true;
             s.reload_ts = unix_now();
@@ -864,6 +869,26 @@ eta = 0.5
         }
         // Explicitly allowed, a non-loopback endpoint is accepted.
         assert!(parse("[metrics]\nlisten = \"0.0.0.0:9477\"\nallow_non_loopback = true").is_ok());
+    }
+
+    #[test]
+    fn shipped_default_config_is_valid_commented_and_uncommented() {
+        let shipped = include_str!("../../../packaging/gleaner.toml");
+        let cfg = parse(shipped).unwrap();
+        assert!(cfg.targets.is_empty());
+        // Every commented-out setting (`#key = ...`, no space after #) must be valid too.
+        let uncommented: String = shipped
+            .lines()
+            .map(|l| match l.strip_prefix('#') {
+                Some(rest) if !rest.is_empty() && !rest.starts_with([' ', '#']) => rest,
+                _ => l,
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let cfg = parse(&uncommented).unwrap();
+        assert_eq!(cfg.targets.len(), 2);
+        assert_eq!(cfg.targets[1].daemon.policy.rho, 0.9);
+        assert_eq!(cfg.metrics.textfile.as_deref(), Some(Path::new("/var/lib/node_exporter/textfile/gleaner.prom")));
     }
 
     #[test]
