@@ -439,6 +439,24 @@ mod tests {
     }
 
     #[test]
+    fn grafana_dashboard_uses_only_metrics_we_export() {
+        let dashboard = include_str!("../../../packaging/grafana-dashboard.json");
+        let snap = Snapshot {
+            targets: vec![TargetMetrics { name: "db".into(), cgroup: "/x".into(), running: true, restarts: 0, status: Some(sample_status()) }],
+            last_reload_successful: true,
+            last_reload_success_timestamp_seconds: 1.0,
+        };
+        let exported = render(&snap);
+        let mut used = 0;
+        for (i, _) in dashboard.match_indices("gleaner_") {
+            let name: String = dashboard[i..].chars().take_while(|c| c.is_ascii_lowercase() || *c == '_').collect();
+            assert!(exported.contains(&format!("# TYPE {name} ")), "dashboard queries {name}, which is not exported");
+            used += 1;
+        }
+        assert!(used >= 15, "only {used} metric references found");
+    }
+
+    #[test]
     fn endpoint_serves_metrics_only() {
         let server = MetricsServer::start("127.0.0.1:0".parse().unwrap(), Arc::new(|| "gleaner_x 1\n".to_string())).unwrap();
         let get = |req: &str| {

@@ -656,10 +656,11 @@ impl Supervisor {
     }
 
     fn reload_failed(&self, why: &str) {
-        tracing::error!("reload failed, keeping the running configuration: {}", one_line(why));
+        // The metric first: whoever reads the log line must find the scrape agreeing.
         if let Ok(mut s) = self.shared.lock() {
             s.reload_ok = false;
         }
+        tracing::error!("reload failed, keeping the running configuration: {}", one_line(why));
     }
 
     fn shutdown(&mut self) {

@@ -325,8 +325,9 @@ fn daemon_manages_a_real_cgroup_and_its_metrics_move_with_the_workload() {
     let after = scrape_until(addr, Duration::from_secs(10), "periods advancing after the failed reload", |m| {
         m.get("gleaner_periods_total{target=\"svc\"}").is_some_and(|p| *p >= later["gleaner_periods_total{target=\"svc\"}"] + 5.0)
     });
-    assert_eq!(after["gleaner_config_last_reload_successful"], 0.0);
-    assert_eq!(after["gleaner_target_restarts_total{target=\"svc\"}"], 0.0, "{pid_before}\nlog:\n{}", daemon.log_text());
+    let log = daemon.log_text();
+    assert_eq!(after["gleaner_config_last_reload_successful"], 0.0, "log:\n{log}");
+    assert_eq!(after["gleaner_target_restarts_total{target=\"svc\"}"], 0.0, "{pid_before}\nlog:\n{log}");
     assert_eq!(daemon.log.iter().filter(|l| l.contains("managing target")).count(), 1, "{pid_before}");
 
     assert_eq!(daemon.stop(), Some(0), "log:\n{}", daemon.log.join("\n"));
