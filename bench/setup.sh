@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the third-party tools the Gleaner benchmark harness drives:
 # sysbench, stress-ng, pigz, MariaDB server/client (for sysbench OLTP),
-# util-linux (taskset) and matplotlib for the plots.
+# util-linux (taskset), perf (linux-perf, exact idle-entry counts) and matplotlib for the plots.
 #
 # Usage: sudo bench/setup.sh        (PYTHON=/path/to/python3 to pick the interpreter
 #                                    that will run bench/run.py; default: python3)
@@ -31,9 +31,15 @@ trap cleanup EXIT
 
 echo "bench/setup.sh: apt-get update" >&2
 apt-get update -q >&2
-echo "bench/setup.sh: installing sysbench stress-ng pigz mariadb-server mariadb-client util-linux" >&2
-DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-    sysbench stress-ng pigz mariadb-server mariadb-client util-linux >&2
+PACKAGES=(sysbench stress-ng pigz mariadb-server mariadb-client util-linux)
+# perf counts the power:cpu_idle tracepoint, the exact idle-entry source on guests without
+# a cpuidle driver (bench/harness/idle.py). Only installed when missing, so an existing
+# perf is not upgraded behind the user's back.
+if ! command -v perf >/dev/null 2>&1; then
+    PACKAGES+=(linux-perf)
+fi
+echo "bench/setup.sh: installing ${PACKAGES[*]}" >&2
+DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${PACKAGES[@]}" >&2
 
 if ! "$PYTHON" -c 'import matplotlib' 2>/dev/null; then
     echo "bench/setup.sh: installing matplotlib for $PYTHON" >&2

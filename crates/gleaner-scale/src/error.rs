@@ -32,6 +32,8 @@ pub enum ScaleError {
     Read { path: PathBuf, source: std::io::Error },
     #[error("cannot parse {path}: {detail}")]
     Parse { path: PathBuf, detail: String },
+    #[error("{0}")]
+    System(#[from] gleaner_linux::Error),
     #[error("{path} has no entry for CPU {cpu}")]
     MissingCpu { path: PathBuf, cpu: usize },
     #[error("cannot write the plot {path}: {detail}; check that the directory exists and is writable")]

@@ -26,7 +26,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 pub use error::ScaleError;
 use report::{ScaleReport, Setup};
 use run::{CounterPlan, Measurement, PreparedCommand, Runner};
-use system::{allowed_cpus, IdleCounterSource, SystemRoots};
+use system::{allowed_cpus, IdleCounter, SystemRoots};
 
 /// Command-line surface of `gleaner scale`.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -83,7 +83,8 @@ pub fn measure(args: &ScaleArgs, roots: &SystemRoots) -> Result<ScaleReport, Sca
     let command = PreparedCommand::new(&args.command)?;
 
     let largest = counts.last().copied().unwrap_or(1);
-    let idle_source = IdleCounterSource::detect(roots, &allowed[..largest]);
+    // Opened once on every CPU any run uses: one source for the whole report.
+    let mut idle = IdleCounter::open(roots, &allowed[..largest]);
     let runner = Runner::new(roots.clone(), CounterPlan::probe(), args.show_output);
 
     let progress = ProgressBar::new(counts.len() as u64 * u64::from(args.repeat));
@@ -96,7 +97,7 @@ pub fn measure(args: &ScaleArgs, roots: &SystemRoots) -> Result<ScaleReport, Sca
     for repeat in 1..=args.repeat {
         for (index, &count) in counts.iter().enumerate() {
             progress.set_message(format!("{count} CPU(s), run {repeat}"));
-            let measurement = runner.measure(&command, &allowed[..count], &idle_source);
+            let measurement = runner.measure(&command, &allowed[..count], &mut idle);
             let measurement = match measurement {
                 Ok(measurement) => measurement,
                 Err(err) => {
@@ -122,7 +123,7 @@ pub fn measure(args: &ScaleArgs, roots: &SystemRoots) -> Result<ScaleReport, Sca
         command: command.display.clone(),
         allowed_cpus: allowed.clone(),
         repeat: args.repeat,
-        idle_source,
+        idle_source: idle.source(),
         counters: runner.plan.clone(),
     };
     let per_count = counts.iter().zip(runs).map(|(&count, runs)| (allowed[..count].to_vec(), runs)).collect();

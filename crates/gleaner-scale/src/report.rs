@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
+use gleaner_linux::idle_entries::IdleEntrySource;
 use plotters::prelude::*;
 use serde::Serialize;
 
@@ -16,7 +17,7 @@ use crate::classify::{classify, Diagnosis, ScalingPoint};
 use crate::error::ScaleError;
 use crate::fit::{fit_amdahl, fit_usl, AmdahlFit, SpeedupPoint, UslFit};
 use crate::run::{CounterPlan, EventRole, HardwareEvent, Measurement, SoftwareEvent};
-use crate::system::IdleCounterSource;
+use crate::system::describe_idle_source;
 
 /// How the measurement was set up (what the report's numbers mean).
 #[derive(Debug, Clone, Serialize)]
@@ -24,7 +25,7 @@ pub struct Setup {
     pub command: String,
     pub allowed_cpus: Vec<usize>,
     pub repeat: u32,
-    pub idle_source: IdleCounterSource,
+    pub idle_source: IdleEntrySource,
     pub counters: CounterPlan,
 }
 
@@ -336,11 +337,13 @@ pub fn render_table(report: &ScaleReport) -> String {
     }
 
     let mut notes: Vec<String> = diagnosis.caveats.clone();
-    match &setup.idle_source {
-        IdleCounterSource::Unavailable(why) => notes.push(format!("idle transitions unavailable: {why}")),
+    match setup.idle_source {
+        IdleEntrySource::Unavailable => {
+            notes.push(format!("idle transitions {}", describe_idle_source(IdleEntrySource::Unavailable)))
+        }
         source => notes.push(format!(
             "idle entries from {}; they include other activity on those CPUs",
-            source.describe()
+            describe_idle_source(source)
         )),
     }
     notes.extend(setup.counters.notes.iter().cloned());
@@ -537,7 +540,7 @@ mod tests {
             command: "demo --threads 4".to_string(),
             allowed_cpus: vec![0, 1, 2, 3],
             repeat: 3,
-            idle_source: IdleCounterSource::TimerList,
+            idle_source: IdleEntrySource::TimerList,
             counters: CounterPlan::default(),
         }
     }
@@ -593,7 +596,7 @@ mod tests {
         assert_eq!(json["rows"].as_array().unwrap().len(), 3);
         assert!(json["fits"]["amdahl"]["serial_fraction"].is_number());
         assert!(json["diagnosis"]["primary"]["limiter"].is_string());
-        assert_eq!(json["setup"]["idle_source"]["kind"], "timer_list");
+        assert_eq!(json["setup"]["idle_source"], "timer-list");
     }
 
     #[test]

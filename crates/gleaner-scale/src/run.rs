@@ -31,7 +31,7 @@ use perf_event::{Builder, Counter};
 use serde::Serialize;
 
 use crate::error::ScaleError;
-use crate::system::{clock_ticks_per_second, read_steal_ticks, IdleCounterSource, SystemRoots};
+use crate::system::{read_steal_ns, IdleCounter, SystemRoots};
 
 /// Software perf events counted for the child and all its descendants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -273,20 +273,20 @@ pub struct Runner {
     pub roots: SystemRoots,
     pub plan: CounterPlan,
     pub show_output: bool,
-    ticks_per_second: f64,
 }
 
 impl Runner {
     pub fn new(roots: SystemRoots, plan: CounterPlan, show_output: bool) -> Self {
-        Self { roots, plan, show_output, ticks_per_second: clock_ticks_per_second() }
+        Self { roots, plan, show_output }
     }
 
-    /// Runs `command` once with its affinity set to `cpus` and returns what was measured.
+    /// Runs `command` once with its affinity set to `cpus` and returns what was
+    /// measured; `idle` must have been opened on (at least) `cpus`.
     pub fn measure(
         &self,
         command: &PreparedCommand,
         cpus: &[usize],
-        idle_source: &IdleCounterSource,
+        idle: &mut IdleCounter,
     ) -> Result<Measurement, ScaleError> {
         let mut cpu_set = CpuSet::new();
         for &cpu in cpus {
@@ -332,8 +332,8 @@ impl Runner {
         let software = self.open_counters(child, &self.plan.software, |event| event.builder(), false);
         let hardware =
             self.open_counters(child, &self.plan.hardware, |event| event.builder(), self.plan.hardware_user_only);
-        let idle_window = idle_source.start(&self.roots, cpus)?;
-        let steal_before = read_steal_ticks(&self.roots, cpus).ok();
+        let idle_before = idle.total(cpus);
+        let steal_before = read_steal_ns(&self.roots, cpus).ok();
 
         let started = Instant::now();
         nix::unistd::write(&go_write, &[1]).map_err(|source| ScaleError::Os { what: "starting the child", source })?;
@@ -345,8 +345,8 @@ impl Runner {
         let (status, usage) = guard.reap()?;
         let wall_s = started.elapsed().as_secs_f64();
 
-        let idle_entries = idle_window.finish(idle_source, &self.roots, cpus)?;
-        let steal_after = read_steal_ticks(&self.roots, cpus).ok();
+        let idle_entries = idle_before.zip(idle.total(cpus)).map(|(before, after)| after.saturating_sub(before));
+        let steal_after = read_steal_ns(&self.roots, cpus).ok();
         let seconds = |time: libc::timeval| time.tv_sec as f64 + time.tv_usec as f64 / 1e6;
         Ok(Measurement {
             wall_s,
@@ -358,7 +358,7 @@ impl Runner {
             idle_entries,
             steal_s: steal_before
                 .zip(steal_after)
-                .map(|(before, after)| after.saturating_sub(before) as f64 / self.ticks_per_second),
+                .map(|(before, after)| after.saturating_sub(before) as f64 / 1e9),
             exit_status: status,
         })
     }
@@ -534,6 +534,29 @@ mod tests {
         PreparedCommand::new(&words.iter().map(|w| w.to_string()).collect::<Vec<_>>()).unwrap()
     }
 
+    /// An idle counter with no source (its roots do not exist).
+    fn no_idle_counter(cpu: usize) -> IdleCounter {
+        let missing = std::path::PathBuf::from("/nonexistent-gleaner-test-root");
+        IdleCounter::open(&SystemRoots { sys: missing.clone(), proc: missing }, &[cpu])
+    }
+
+    #[test]
+    fn idle_entries_are_counted_over_the_run_window() {
+        // A fake cpuidle tree whose counter the child itself advances from 10 to 50.
+        let dir = tempfile::tempdir().unwrap();
+        let cpu = crate::system::allowed_cpus().unwrap()[0];
+        let state = dir.path().join(format!("devices/system/cpu/cpu{cpu}/cpuidle/state0"));
+        std::fs::create_dir_all(&state).unwrap();
+        let usage = state.join("usage");
+        std::fs::write(&usage, "10\n").unwrap();
+        let roots = SystemRoots { sys: dir.path().to_path_buf(), proc: "/proc".into() };
+        let mut idle = IdleCounter::open(&roots, &[cpu]);
+        let script = format!("echo 50 > '{}'", usage.display());
+        let measurement = runner().measure(&command(&["sh", "-c", &script]), &[cpu], &mut idle).unwrap();
+        assert!(measurement.exit_status.success());
+        assert_eq!(measurement.idle_entries, Some(40));
+    }
+
     #[test]
     fn resolves_programs_like_a_shell() {
         let dir = tempfile::tempdir().unwrap();
@@ -567,7 +590,7 @@ mod tests {
         let cpu = crate::system::allowed_cpus().unwrap()[0];
         let script = format!("grep -q '^Cpus_allowed_list:[[:space:]]*{cpu}$' /proc/self/status");
         let measurement = runner()
-            .measure(&command(&["sh", "-c", &script]), &[cpu], &IdleCounterSource::Unavailable(String::new()))
+            .measure(&command(&["sh", "-c", &script]), &[cpu], &mut no_idle_counter(cpu))
             .unwrap();
         assert!(measurement.exit_status.success(), "child was not restricted to CPU {cpu}");
         assert!(measurement.wall_s > 0.0 && measurement.wall_s < 5.0);
@@ -578,7 +601,7 @@ mod tests {
     fn failing_command_reports_its_status() {
         let cpu = crate::system::allowed_cpus().unwrap()[0];
         let measurement = runner()
-            .measure(&command(&["sh", "-c", "exit 3"]), &[cpu], &IdleCounterSource::Unavailable(String::new()))
+            .measure(&command(&["sh", "-c", "exit 3"]), &[cpu], &mut no_idle_counter(cpu))
             .unwrap();
         assert_eq!(measurement.exit_status.code(), Some(3));
     }
@@ -593,7 +616,7 @@ mod tests {
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
         let cpu = crate::system::allowed_cpus().unwrap()[0];
         let err = runner()
-            .measure(&command(&[script.to_str().unwrap()]), &[cpu], &IdleCounterSource::Unavailable(String::new()))
+            .measure(&command(&[script.to_str().unwrap()]), &[cpu], &mut no_idle_counter(cpu))
             .unwrap_err();
         assert!(matches!(err, ScaleError::Exec { .. }), "{err}");
     }
@@ -611,7 +634,7 @@ mod tests {
             .measure(
                 &command(&["sh", "-c", "i=0; while [ $i -lt 3000 ]; do i=$((i+1)); done | cat"]),
                 &[cpu],
-                &IdleCounterSource::Unavailable(String::new()),
+                &mut no_idle_counter(cpu),
             )
             .unwrap();
         let task_clock_s = measurement.software[&SoftwareEvent::TaskClock] as f64 / 1e9;
