@@ -71,6 +71,8 @@ enum Cmd {
     Workload(gleaner_workloads::WorkloadArgs),
     /// Diagnose why a program stops scaling with more CPUs
     Scale(gleaner_scale::ScaleArgs),
+    /// Simulate hypervisor + guest scheduling with Gleaner's policy (scenario TOML)
+    Sim(gleaner_sim::SimArgs),
     #[command(name = "__guard", hide = true)]
     Guard { journal: PathBuf },
     /// Write the man pages (generated from these definitions) into DIR
@@ -117,6 +119,7 @@ fn main() -> ExitCode {
         Cmd::Probe(args) => probe::run(args).map(|_| 0),
         Cmd::Workload(args) => gleaner_workloads::run(args).map(|_| 0),
         Cmd::Scale(args) => gleaner_scale::run(args).map(|_| 0),
+        Cmd::Sim(args) => gleaner_sim::run(args).map(|_| 0),
         Cmd::Guard { journal } => daemon::guard_main(&journal),
         Cmd::Man { out } => man::write_pages(Cli::command(), &out).map(|files| {
             for f in files {
