@@ -167,6 +167,21 @@ pub(crate) fn write_file(path: &Path, content: &str) -> Result<()> {
 }
 
 /// Parses one trimmed number from a small file, naming the file on failure.
+/// Replaces `path` atomically (temp file, fsync, rename) with a file only its owner can read:
+/// a reader never sees half a journal or status file, and nobody else sees it at all.
+pub(crate) fn write_private_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
+    let io = |e| Error::io(&tmp, e);
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp).map_err(io)?;
+    f.write_all(bytes).map_err(io)?;
+    f.sync_all().map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+}
+
 pub(crate) fn parse_num<T: std::str::FromStr>(path: &Path, what: &str, text: &str) -> Result<T> {
     text.trim()
         .parse()

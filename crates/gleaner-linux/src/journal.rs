@@ -7,8 +7,7 @@
 //! undo code serves the back ends' normal `restore()`, so the crash path is the tested path.
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -17,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cgroup::affinity::AffinityOps;
 use crate::cgroup::{move_process, remove_cgroup_dir, write_cgroup_value};
-use crate::error::{write_file, Error, Result};
+use crate::error::{write_file, write_private_atomic, Error, Result};
 use crate::procfs::ProcFs;
 use crate::sysfs::PmQosLatency;
 
@@ -185,18 +184,7 @@ impl Journal {
             path: self.path.clone(),
             source,
         })?;
-        let tmp = self.path.with_extension("json.tmp");
-        let io = |e| Error::io(&tmp, e);
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(io)?;
-        f.write_all(&json).map_err(io)?;
-        f.sync_all().map_err(io)?;
-        std::fs::rename(&tmp, &self.path).map_err(|e| Error::io(&self.path, e))
+        write_private_atomic(&self.path, &json)
     }
 }
 

@@ -4,14 +4,12 @@
 //! replaced atomically so a reader never sees half a file. A file, rather than a socket, means
 //! the status endpoint accepts no commands at all: nobody can change Gleaner's state through it.
 
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use gleaner_policy::{Characteristics, PolicyEvent};
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use crate::error::{write_private_atomic, Error, Result};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct VcpuStatus {
@@ -61,17 +59,8 @@ pub fn status_path(state_dir: &Path, pid: u32) -> PathBuf {
 
 /// Replaces the status file atomically with mode 0600.
 pub fn write_status(path: &Path, status: &InstanceStatus) -> Result<()> {
-    let tmp = path.with_extension("status.tmp");
     let text = serde_json::to_vec_pretty(status).map_err(|e| Error::parse(path, "status", &e.to_string()))?;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(|e| Error::io(&tmp, e))?;
-    f.write_all(&text).map_err(|e| Error::io(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+    write_private_atomic(path, &text)
 }
 
 /// Every status file in `state_dir` whose instance is still alive.
