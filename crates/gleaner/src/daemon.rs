@@ -94,6 +94,13 @@ fn manage_inner(cfg: &DaemonConfig, target: Target, proc: &ProcFs, journal: &Sha
     let env = PlacementEnv::real(Some(journal.clone()));
     let detection = detect(proc, Path::new("/")).context("cannot read /proc/self/mountinfo")?;
     let kind = choose_backend(cfg.backend, &detection, &target)?;
+    if kind == PlacementKind::Affinity && !crate::config::is_root() {
+        let why: Vec<String> = detection.skipped.iter().map(|(k, w)| format!("{k}: {w}")).collect();
+        tracing::warn!(
+            "not running as root: CPUs are confined by thread affinity ({}); off without root: cgroup placement and cpuacct per-CPU work, PM QoS poll retention, exact idle-entry counts (tracepoint, /proc/timer_list); see docs/SAFETY.md",
+            why.join("; ")
+        );
+    }
     let timeout = retention_timeout(cfg, state_dir);
 
     let mut child: Option<Child> = None;
@@ -382,6 +389,10 @@ pub fn guard_main(journal_path: &Path) -> Result<i32> {
     let mut j = Journal::load(journal_path)?;
     let n = j.entries().len();
     journal::undo(&mut j, &proc).context("guard could not undo every change; run `gleaner recover`")?;
+    // The dead instance could not remove its status file either; `status` would skip it, but
+    // a stale file is clutter that outlives the pid. Removed before the journal, so that a
+    // missing journal means the guard is done.
+    let _ = std::fs::remove_file(journal_path.with_extension("status"));
     let _ = j.remove();
     if n > 0 {
         eprintln!("gleaner guard: instance {} ended without cleaning up; restored {n} change(s)", journal_path.display());

@@ -114,6 +114,9 @@ impl AffinityPlacement {
             };
             for tid in tids {
                 match proc.task_stat(pid, tid) {
+                    // Exited but not yet reaped by its parent: no longer running, not the
+                    // workload any more (else a never-reaped child would keep us attached).
+                    Ok(st) if matches!(st.state, 'Z' | 'X') => {}
                     Ok(st) => out.push((pid, tid, st.start_ticks)),
                     Err(e) if e.is_not_found() => {}
                     Err(e) => return Err(e),

@@ -1,0 +1,477 @@
+//! Safety tests of the `gleaner` binary on the real kernel (issue 5).
+//!
+//! Exists because the guarantees that matter most — a workload is never left confined, a
+//! cgroup is never left behind, a bad input never crashes Gleaner — only hold if they hold
+//! for the real binary against the real cgroup v1 cpuset and affinity calls, killed for real.
+//! Tests that need root and a v1 cpuset hierarchy print why and pass when those are missing.
+//! Every test uses its own state dir and checks that its `gleaner-<pid>` cgroups, journal and
+//! status file are gone afterwards. The random-moment kill test is `tests/kill_test.sh`.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const CPUSET: &str = "/sys/fs/cgroup/cpuset";
+const CPUACCT: &str = "/sys/fs/cgroup/cpuacct";
+
+fn is_root() -> bool {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// True (after printing why) when this machine cannot run the real-cgroup tests.
+fn skip_without_root_v1(test: &str) -> bool {
+    if !is_root() {
+        eprintln!("{test}: skipped: needs root");
+        return true;
+    }
+    if !Path::new(CPUSET).join("cpuset.cpus").exists() {
+        eprintln!("{test}: skipped: no cgroup v1 cpuset hierarchy at {CPUSET}");
+        return true;
+    }
+    false
+}
+
+fn gleaner() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_gleaner"));
+    c.env("GLEANER_LOG", "warn");
+    c
+}
+
+/// `gleaner run|attach` flags that keep a test short and skip the wake-latency calibration.
+fn fast_flags(state: &Path) -> Vec<String> {
+    ["--state-dir", state.to_str().unwrap(), "--period-ms", "20", "--retention-timeout-us", "50"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+}
+
+fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + timeout;
+    while Instant::now() < end {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    cond()
+}
+
+fn status_line(pid: u32, tid: u32, key: &str) -> Option<String> {
+    let text = fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).ok()?;
+    text.lines().find_map(|l| l.strip_prefix(key).map(|v| v.trim_start_matches(':').trim().to_string()))
+}
+
+fn allowed_cpus(pid: u32) -> Option<String> {
+    status_line(pid, pid, "Cpus_allowed_list")
+}
+
+fn is_alive(pid: u32) -> bool {
+    status_line(pid, pid, "State").is_some_and(|s| !s.starts_with('Z') && !s.starts_with('X'))
+}
+
+/// The v1 cpuset and cpuacct paths of a process, from `/proc/PID/cgroup`.
+fn v1_cgroups(pid: &str) -> Vec<(String, String)> {
+    let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    let mut out: Vec<(String, String)> = text
+        .lines()
+        .filter_map(|l| {
+            let mut parts = l.splitn(3, ':');
+            let (_, ctl, path) = (parts.next()?, parts.next()?, parts.next()?);
+            ctl.split(',').find(|c| *c == "cpuset" || *c == "cpuacct").map(|c| (c.to_string(), path.to_string()))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+fn cgroup_dirs(gleaner_pid: u32) -> [PathBuf; 2] {
+    [Path::new(CPUSET).join(format!("gleaner-{gleaner_pid}")), Path::new(CPUACCT).join(format!("gleaner-{gleaner_pid}"))]
+}
+
+/// Asserts that instance `gleaner_pid` left no cgroup, journal or status file.
+fn assert_nothing_left(gleaner_pid: u32, state: &Path) {
+    for d in cgroup_dirs(gleaner_pid) {
+        assert!(!d.exists(), "{} left behind", d.display());
+    }
+    for ext in ["json", "status"] {
+        let f = state.join(format!("{gleaner_pid}.{ext}"));
+        assert!(!f.exists(), "{} left behind", f.display());
+    }
+}
+
+fn stderr_of(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A started `gleaner run|attach` whose stderr goes to a file: the workload inherits that
+/// stderr, so a pipe would stay open (and `wait_with_output` block) as long as it lives.
+struct Started {
+    child: Child,
+    stderr: tempfile::NamedTempFile,
+}
+
+impl Started {
+    fn new(cmd: &mut Command) -> Self {
+        let stderr = tempfile::NamedTempFile::new().unwrap();
+        let child = cmd.stdout(Stdio::null()).stderr(stderr.reopen().unwrap()).spawn().unwrap();
+        Started { child, stderr }
+    }
+
+    fn id(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for exit; returns (exit code, stderr text).
+    fn finish(mut self) -> (Option<i32>, String) {
+        let status = self.child.wait().unwrap();
+        (status.code(), fs::read_to_string(self.stderr.path()).unwrap_or_default())
+    }
+}
+
+/// Kills a process the test started and reaps it.
+fn kill_child(mut c: Child) {
+    let _ = c.kill();
+    let _ = c.wait();
+}
+
+fn kill_pid(pid: u32) {
+    // SAFETY: kill has no memory preconditions; the pid is one this test started.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+}
+
+/// Reads the first pid in a cgroup's `cgroup.procs`, waiting for the workload to enter it.
+fn workload_pid_in(dir: &Path) -> u32 {
+    let procs = dir.join("cgroup.procs");
+    let mut pid = None;
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            pid = fs::read_to_string(&procs).ok().and_then(|t| t.split_whitespace().next().and_then(|w| w.parse().ok()));
+            pid.is_some()
+        }),
+        "no workload appeared in {}",
+        procs.display()
+    );
+    pid.unwrap()
+}
+
+fn periods_in_status(state: &Path, gleaner_pid: u32) -> u64 {
+    fs::read_to_string(state.join(format!("{gleaner_pid}.status")))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| v["periods"].as_u64())
+        .unwrap_or(0)
+}
+
+#[test]
+fn workload_that_exits_at_once_leaves_nothing_and_passes_its_exit_code() {
+    if skip_without_root_v1("workload_that_exits_at_once") {
+        return;
+    }
+    let state = tempfile::tempdir().unwrap();
+    for (cmd, code) in [(vec!["true"], 0), (vec!["sh", "-c", "exit 3"], 3)] {
+        let child = gleaner().arg("run").args(fast_flags(state.path())).arg("--").args(&cmd).stderr(Stdio::piped()).spawn().unwrap();
+        let pid = child.id();
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(code), "{cmd:?}: {}", stderr_of(&out));
+        assert_nothing_left(pid, state.path());
+    }
+    let child = gleaner().arg("run").args(fast_flags(state.path())).args(["--", "/nonexistent/program"]).stderr(Stdio::piped()).spawn().unwrap();
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("cannot start") && err.contains("check the command exists"), "{err}");
+    assert_nothing_left(pid, state.path());
+}
+
+#[test]
+fn sigkill_mid_run_is_undone_by_the_guard_within_a_second() {
+    if skip_without_root_v1("sigkill_mid_run") {
+        return;
+    }
+    let state = tempfile::tempdir().unwrap();
+    let me = std::process::id().to_string();
+    let mut g = gleaner().arg("run").args(fast_flags(state.path())).args(["--mode", "always-yield", "--", "sleep", "30"]).stderr(Stdio::null()).spawn().unwrap();
+    let gp = g.id();
+    let work = workload_pid_in(&cgroup_dirs(gp)[0]);
+    assert!(wait_until(Duration::from_secs(5), || periods_in_status(state.path(), gp) >= 3), "controller never ran");
+    let yielders = fs::read_dir(format!("/proc/{gp}/task"))
+        .unwrap()
+        .filter(|t| {
+            let tid = t.as_ref().unwrap().file_name();
+            fs::read_to_string(format!("/proc/{gp}/task/{}/comm", tid.to_string_lossy())).unwrap_or_default().starts_with("gleaner-ret")
+        })
+        .count();
+    assert!(yielders > 0, "always-yield mode started no yielding threads");
+
+    g.kill().unwrap();
+    let killed = Instant::now();
+    g.wait().unwrap();
+    let restored = wait_until(Duration::from_secs(1), || {
+        cgroup_dirs(gp).iter().all(|d| !d.exists()) && !state.path().join(format!("{gp}.json")).exists() && v1_cgroups(&work.to_string()) == v1_cgroups(&me)
+    });
+    let took = killed.elapsed();
+    let alive = is_alive(work);
+    let cpus = allowed_cpus(work);
+    kill_pid(work);
+    assert!(restored, "not restored within 1 s of SIGKILL: cgroups {:?}", v1_cgroups(&work.to_string()));
+    eprintln!("restored {took:?} after SIGKILL");
+    assert!(alive, "the workload died with gleaner");
+    assert_eq!(cpus, allowed_cpus(std::process::id()), "workload's allowed CPUs differ from before");
+    assert!(!Path::new(&format!("/proc/{gp}")).exists(), "gleaner (and its yielding threads) still exist");
+    assert_nothing_left(gp, state.path());
+}
+
+#[test]
+fn sigterm_restores_and_leaves_the_workload_running_on_all_cpus() {
+    if skip_without_root_v1("sigterm_restores") {
+        return;
+    }
+    let state = tempfile::tempdir().unwrap();
+    let g = Started::new(gleaner().arg("run").args(fast_flags(state.path())).args(["--", "sleep", "30"]));
+    let gp = g.id();
+    let work = workload_pid_in(&cgroup_dirs(gp)[0]);
+    assert!(wait_until(Duration::from_secs(5), || periods_in_status(state.path(), gp) >= 2));
+    // SAFETY: gp is the child this test started.
+    unsafe { libc::kill(gp as i32, libc::SIGTERM) };
+    let (code, err) = g.finish();
+    let alive = is_alive(work);
+    let cgroups = v1_cgroups(&work.to_string());
+    let cpus = allowed_cpus(work);
+    kill_pid(work);
+    assert_eq!(code, Some(128 + libc::SIGTERM), "{err}");
+    assert!(err.contains("keeps running with all its CPUs"), "{err}");
+    assert!(alive);
+    assert_eq!(cgroups, v1_cgroups(&std::process::id().to_string()));
+    assert_eq!(cpus, allowed_cpus(std::process::id()));
+    assert_nothing_left(gp, state.path());
+}
+
+/// A workload that forks, has children exit, changes its own affinity, moves one process to
+/// another cgroup and finally execs: Gleaner follows none of that wrongly.
+#[test]
+fn misbehaving_workload_neither_crashes_gleaner_nor_gets_acted_on_after_leaving() {
+    if skip_without_root_v1("misbehaving_workload") {
+        return;
+    }
+    let state = tempfile::tempdir().unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let root_cpuset = Path::new(CPUSET).join("cgroup.procs");
+    // The mover leaves for the root cpuset first (which resets its mask), then pins itself.
+    let script = format!(
+        r#"T={t}
+sh -c 'echo $$ > {root}; taskset -pc 0 $$ >/dev/null; echo $$ > '$T'/moved; exec sleep 30' &
+sleep 30 & echo $! > $T/child
+(sleep 0.05; exit 0) &
+sleep 0.6
+exec sleep 0.3"#,
+        t = scratch.path().display(),
+        root = root_cpuset.display()
+    );
+    let child = Started::new(gleaner().arg("run").args(fast_flags(state.path())).args(["--", "sh", "-c", &script]));
+    let gp = child.id();
+    let (code, err) = child.finish();
+    let read_pid = |name: &str| fs::read_to_string(scratch.path().join(name)).ok().and_then(|t| t.trim().parse::<u32>().ok());
+    let (moved, kid) = (read_pid("moved"), read_pid("child"));
+    let facts = (moved.map(|p| (is_alive(p), allowed_cpus(p), v1_cgroups(&p.to_string()))), kid.map(|p| (is_alive(p), allowed_cpus(p), v1_cgroups(&p.to_string()))));
+    moved.into_iter().chain(kid).for_each(kill_pid);
+    assert_eq!(code, Some(0), "{err}");
+    let me = v1_cgroups(&std::process::id().to_string());
+    let (alive, cpus, cgroups) = facts.0.expect("mover never ran");
+    assert!(alive);
+    assert_eq!(cpus.as_deref(), Some("0"), "gleaner changed the affinity a process chose for itself after leaving");
+    assert_eq!(cgroups, me, "the process that moved itself is not where it moved (cpuacct must be restored too)");
+    let (alive, cpus, cgroups) = facts.1.expect("child never ran");
+    assert!(alive, "a forked child died with the workload's main process");
+    assert_eq!(cpus, allowed_cpus(std::process::id()));
+    assert_eq!(cgroups, me, "a forked child left in gleaner's cgroup was not moved back");
+    assert_nothing_left(gp, state.path());
+}
+
+#[test]
+fn attach_refuses_missing_pid_and_stops_when_the_pid_exits() {
+    let state = tempfile::tempdir().unwrap();
+    // A pid above the kernel's maximum (4194304) can never exist.
+    let out = gleaner().arg("attach").args(fast_flags(state.path())).arg("4294967").output().unwrap();
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("no process with PID 4294967") && !err.trim().contains('\n'), "{err}");
+
+    // A workload that is gone before attach is a clear error, not a crash.
+    let mut quick = Command::new("true").spawn().unwrap();
+    let pid = quick.id();
+    quick.wait().unwrap();
+    let out = gleaner().arg("attach").args(fast_flags(state.path())).arg(pid.to_string()).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+
+    // A workload that exits while attached ends the run cleanly with nothing left, even
+    // though its parent (this test) does not reap it: a zombie is no longer the workload.
+    let sleeper = Command::new("sleep").arg("0.4").spawn().unwrap();
+    let g = Started::new(gleaner().arg("attach").args(fast_flags(state.path())).arg(sleeper.id().to_string()));
+    let gp = g.id();
+    let watchdog = Instant::now();
+    let (code, err) = g.finish();
+    kill_child(sleeper);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(watchdog.elapsed() < Duration::from_secs(5), "gleaner kept running after the workload exited");
+    assert_nothing_left(gp, state.path());
+}
+
+#[test]
+fn cgroup_removed_by_someone_else_is_reported_and_the_workload_kept() {
+    if skip_without_root_v1("cgroup_removed") {
+        return;
+    }
+    let state = tempfile::tempdir().unwrap();
+    let g = Started::new(gleaner().arg("run").args(fast_flags(state.path())).args(["--", "sleep", "30"]));
+    let gp = g.id();
+    let work = workload_pid_in(&cgroup_dirs(gp)[0]);
+    assert!(wait_until(Duration::from_secs(5), || periods_in_status(state.path(), gp) >= 2));
+    for (mount, dir) in [CPUSET, CPUACCT].iter().zip(cgroup_dirs(gp)) {
+        fs::write(Path::new(mount).join("cgroup.procs"), work.to_string()).unwrap();
+        fs::remove_dir(&dir).unwrap();
+    }
+    let (code, err) = g.finish();
+    let alive = is_alive(work);
+    kill_pid(work);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("stopped managing the workload") && err.contains("does not exist"), "{err}");
+    assert!(alive, "the workload must survive its cgroup being removed");
+    assert_nothing_left(gp, state.path());
+}
+
+/// Hotplug cannot be driven in this VM; the kernel's effect of taking CPU N offline on a v1
+/// cpuset (N disappears from `cpuset.cpus`) is simulated by writing that file.
+#[test]
+fn cpu_leaving_the_cpuset_is_survived_and_everything_restored() {
+    if skip_without_root_v1("cpu_offline") {
+        return;
+    }
+    let all = fs::read_to_string(Path::new(CPUSET).join("cpuset.effective_cpus")).unwrap();
+    let Some(first) = all.trim().split([',', '-']).next().filter(|_| all.contains(['-', ','])) else {
+        eprintln!("cpu_offline: skipped: needs at least two CPUs");
+        return;
+    };
+    let state = tempfile::tempdir().unwrap();
+    let g = Started::new(gleaner().arg("run").args(fast_flags(state.path())).args(["--", "sleep", "30"]));
+    let gp = g.id();
+    let work = workload_pid_in(&cgroup_dirs(gp)[0]);
+    assert!(wait_until(Duration::from_secs(5), || periods_in_status(state.path(), gp) >= 2));
+    fs::write(cgroup_dirs(gp)[0].join("cpuset.cpus"), first).unwrap();
+    let before = periods_in_status(state.path(), gp);
+    assert!(wait_until(Duration::from_secs(5), || periods_in_status(state.path(), gp) >= before + 3), "controller stopped after the CPU left");
+    // SAFETY: gp is the child this test started.
+    unsafe { libc::kill(gp as i32, libc::SIGTERM) };
+    let (code, err) = g.finish();
+    let cpus = allowed_cpus(work);
+    kill_pid(work);
+    assert_eq!(code, Some(128 + libc::SIGTERM), "{err}");
+    assert_eq!(cpus, allowed_cpus(std::process::id()), "the CPU that came back is not usable by the workload");
+    assert_nothing_left(gp, state.path());
+}
+
+#[test]
+fn config_writable_by_others_is_refused_as_root() {
+    if !is_root() {
+        eprintln!("config_writable_by_others: skipped: the check applies only when running as root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("gleaner.toml");
+    fs::write(&cfg, "period_ms = 50\n").unwrap();
+    for mode in [0o666, 0o620] {
+        fs::set_permissions(&cfg, fs::Permissions::from_mode(mode)).unwrap();
+        let out = gleaner().arg("run").args(fast_flags(dir.path())).arg("--config").arg(&cfg).args(["--", "true"]).output().unwrap();
+        let err = stderr_of(&out);
+        assert_eq!(out.status.code(), Some(2), "mode {mode:o}: {err}");
+        assert!(err.contains("chmod go-w"), "{err}");
+    }
+    fs::set_permissions(&cfg, fs::Permissions::from_mode(0o644)).unwrap();
+    let out = gleaner().arg("run").args(fast_flags(dir.path())).arg("--config").arg(&cfg).args(["--", "true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+}
+
+#[test]
+fn bad_config_and_flags_are_one_line_errors_before_anything_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("bad.toml");
+    fs::write(&cfg, "[policy]\nrho = 7\n").unwrap();
+    fs::set_permissions(&cfg, fs::Permissions::from_mode(0o600)).unwrap();
+    for args in [vec!["--config", cfg.to_str().unwrap()], vec!["--rho", "0"], vec!["--eta", "1.5"], vec!["--config", "/nonexistent.toml"]] {
+        let child = gleaner().arg("run").args(fast_flags(dir.path())).args(&args).args(["--", "true"]).stderr(Stdio::piped()).spawn().unwrap();
+        let pid = child.id();
+        let out = child.wait_with_output().unwrap();
+        let err = stderr_of(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(!err.contains("panicked") && !err.contains("internal error"), "{err}");
+        assert_nothing_left(pid, dir.path());
+    }
+}
+
+#[test]
+fn status_file_is_private_and_readable_through_status() {
+    if skip_without_root_v1("status_file_is_private") {
+        return;
+    }
+    let state = tempfile::tempdir().unwrap();
+    let run_dir = state.path().join("run");
+    let g = gleaner().arg("run").args(fast_flags(&run_dir)).args(["--", "sleep", "30"]).stderr(Stdio::null()).spawn().unwrap();
+    let gp = g.id();
+    let work = workload_pid_in(&cgroup_dirs(gp)[0]);
+    assert!(wait_until(Duration::from_secs(5), || periods_in_status(&run_dir, gp) >= 1));
+    let mode = |p: PathBuf| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let file_mode = mode(run_dir.join(format!("{gp}.status")));
+    let journal_mode = mode(run_dir.join(format!("{gp}.json")));
+    let dir_mode = mode(run_dir.clone());
+    let out = gleaner().args(["status", "--json", "--state-dir"]).arg(&run_dir).output().unwrap();
+    let other = nobody_command(gleaner().args(["status", "--state-dir"]).arg(&run_dir)).map(|mut c| c.output().unwrap());
+    // SAFETY: gp is the child this test started.
+    unsafe { libc::kill(gp as i32, libc::SIGTERM) };
+    let _ = g.wait_with_output();
+    kill_pid(work);
+    assert_eq!((file_mode, journal_mode, dir_mode), (0o600, 0o600, 0o700));
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listed[0]["pid"].as_u64(), Some(gp as u64), "{listed}");
+    if let Some(other) = other {
+        let err = stderr_of(&other);
+        assert_eq!(other.status.code(), Some(2), "another user could read the status: {}", String::from_utf8_lossy(&other.stdout));
+        assert!(err.contains("cannot read status files") && err.to_lowercase().contains("permission denied"), "{err}");
+    }
+    assert_nothing_left(gp, &run_dir);
+}
+
+/// `cmd` wrapped to run as user nobody through `setpriv`, if both exist and we are root.
+fn nobody_command(cmd: &mut Command) -> Option<Command> {
+    if !is_root() || !Path::new("/usr/bin/setpriv").exists() {
+        eprintln!("skipping the other-user part: needs root and /usr/bin/setpriv");
+        return None;
+    }
+    let mut c = Command::new("/usr/bin/setpriv");
+    c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"]).arg(cmd.get_program()).args(cmd.get_args());
+    for (k, v) in cmd.get_envs() {
+        if let Some(v) = v {
+            c.env(k, v);
+        }
+    }
+    Some(c)
+}
+
+#[test]
+fn without_root_the_affinity_back_end_runs_and_says_what_is_off() {
+    let state = tempfile::tempdir().unwrap();
+    fs::set_permissions(state.path(), fs::Permissions::from_mode(0o777)).unwrap();
+    let run_dir = state.path().join("nobody");
+    let mut base = gleaner();
+    base.env("GLEANER_LOG", "info").arg("run").args(fast_flags(&run_dir)).args(["--", "sleep", "0.3"]);
+    let Some(mut c) = nobody_command(&mut base) else { return };
+    let out = c.output().unwrap();
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("placement=affinity") || err.contains("placement\":\"affinity"), "{err}");
+    assert!(err.contains("not running as root"), "no message about what is off: {err}");
+    assert!(fs::read_dir(&run_dir).map(|d| d.count()).unwrap_or(0) == 0, "state left in {}", run_dir.display());
+}
