@@ -770,7 +770,7 @@ fn spawn_instance(exe: &Path, logging: &ChildLogging, state_dir: &Path, target: 
 }
 
 /// Passes an instance's log lines on, marked with its target: a `target_name` field in
-/// JSON lines, a `[name]` prefix in text.
+/// JSON lines (as in the daemon's own lines), a `[name]` prefix in text.
 fn forward_log(from: impl std::io::Read, name: &str, json: bool) {
     let stderr = std::io::stderr();
     for line in BufReader::new(from).lines() {
@@ -783,7 +783,12 @@ fn forward_log(from: impl std::io::Read, name: &str, json: bool) {
 fn tag_line(line: &str, name: &str, json: bool) -> String {
     if json {
         if let Ok(serde_json::Value::Object(mut m)) = serde_json::from_str::<serde_json::Value>(line) {
-            m.insert("target_name".into(), serde_json::Value::String(name.into()));
+            // Next to the event's other fields, where the daemon's own lines carry it.
+            let tag = serde_json::Value::String(name.into());
+            match m.get_mut("fields") {
+                Some(serde_json::Value::Object(fields)) => fields.insert("target_name".into(), tag),
+                _ => m.insert("target_name".into(), tag),
+            };
             return serde_json::Value::Object(m).to_string();
         }
     }
@@ -927,8 +932,10 @@ eta = 0.5
     fn instance_log_lines_name_their_target() {
         let tagged = tag_line(r#"{"level":"INFO","fields":{"message":"x"}}"#, "db", true);
         let v: serde_json::Value = serde_json::from_str(&tagged).unwrap();
-        assert_eq!(v["target_name"], "db");
+        assert_eq!(v["fields"]["target_name"], "db");
         assert_eq!(v["fields"]["message"], "x");
+        let v: serde_json::Value = serde_json::from_str(&tag_line(r#"{"level":"INFO"}"#, "db", true)).unwrap();
+        assert_eq!(v["target_name"], "db");
         assert_eq!(tag_line("gleaner: error: boom", "db", true), "[db] gleaner: error: boom");
         assert_eq!(tag_line("  INFO managing workload", "db", false), "[db]   INFO managing workload");
     }
