@@ -790,6 +790,8 @@ impl Sim {
     fn halt(&mut self, v: u32) {
         self.set_act(v, Activity::Idle, 0);
         let vc = &mut self.vcpus[v as usize];
+        // A pending ICR-write exit only delays the halt; it is not carried into the next run.
+        vc.exit_debt = 0;
         vc.c.halts += 1;
         vc.host_running = false;
         vc.in_overhead = false;
@@ -836,7 +838,7 @@ impl Sim {
             if block > vc.poll_limit && block <= g_max {
                 vc.poll_limit = (vc.poll_limit * grow).max(grow_start).min(g_max);
             } else if block > g_max {
-                vc.poll_limit = if shrink == 0 { 0 } else { vc.poll_limit / shrink };
+                vc.poll_limit = vc.poll_limit.checked_div(shrink).unwrap_or(0);
             }
         }
         self.dispatch(v, extra);
@@ -876,7 +878,7 @@ impl Sim {
         let mut best: Option<(usize, u32)> = None;
         for u in base..base + n {
             let len = self.vcpus[u as usize].runq.len();
-            if u != v && len > 0 && best.map_or(true, |(l, _)| len > l) {
+            if u != v && len > 0 && best.is_none_or(|(l, _)| len > l) {
                 best = Some((len, u));
             }
         }
@@ -1038,7 +1040,16 @@ impl Sim {
                     self.leave_idle(v, extra);
                 }
             }
-            Activity::Retaining => self.send_ipi(v, waker),
+            Activity::Retaining => match waker {
+                // The vCPU's own timer interrupts the yielding thread locally.
+                Waker::Timer(u) if u == v => {
+                    if self.executing(v) {
+                        self.pause(v);
+                        self.leave_idle(v, 0);
+                    }
+                }
+                _ => self.send_ipi(v, waker),
+            },
             Activity::Idle => {
                 if self.host.vcpus[v as usize].state != VState::Halted {
                     return;

@@ -584,23 +584,25 @@ impl Host {
         if ok(prev) && self.is_idle(prev) {
             return prev;
         }
-        let candidates: Vec<usize> = match &self.vm_allowed[vm as usize] {
-            Some(list) => list.iter().map(|&c| c as usize).collect(),
-            None => {
-                let d = self.domain(prev);
-                let len = d.len();
-                (0..len).map(|i| d.start + (prev - d.start + i) % len).collect()
-            }
+        // The VM's allowed pCPUs if it has a list, else prev's LLC domain starting at prev.
+        let list: &[u32] = self.vm_allowed[vm as usize].as_deref().unwrap_or(&[]);
+        let d = self.domain(prev);
+        let len = if self.vm_allowed[vm as usize].is_some() { 0 } else { d.len() };
+        let candidates = || {
+            list.iter()
+                .map(|&c| c as usize)
+                .chain((0..len).map(move |i| d.start + (prev - d.start + i) % len))
         };
-        if let Some(&q) = candidates.iter().find(|&&q| ok(q) && self.is_idle(q)) {
+        if let Some(q) = candidates().find(|&q| ok(q) && self.is_idle(q)) {
             return q;
         }
         if ok(prev) {
             return prev;
         }
-        let least = |it: &mut dyn Iterator<Item = usize>| it.filter(|&q| ok(q)).min_by_key(|&q| self.nr_running(q));
-        least(&mut candidates.iter().copied())
-            .or_else(|| least(&mut (0..self.npcpus())))
+        candidates()
+            .filter(|&q| ok(q))
+            .min_by_key(|&q| self.nr_running(q))
+            .or_else(|| (0..self.npcpus()).filter(|&q| ok(q)).min_by_key(|&q| self.nr_running(q)))
             .unwrap_or(prev)
     }
 
@@ -651,7 +653,7 @@ impl Host {
             return;
         }
         self.pcpus[p].balances += 1;
-        let whole_host = self.pcpus[p].balances % 8 == 0;
+        let whole_host = self.pcpus[p].balances.is_multiple_of(8);
         let span = if whole_host { 0..self.npcpus() } else { self.domain(p) };
         let here = self.nr_running(p);
         let busiest = span
