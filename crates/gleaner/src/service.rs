@@ -466,6 +466,7 @@ impl Supervisor {
         if cfg.targets.is_empty() {
             tracing::warn!("no [[target]] in {}: serving metrics only; add a target and reload", config_path.display());
         }
+        remove_stale_instance_configs(&cfg.state_dir);
         let targets = cfg.targets.iter().cloned().map(TargetRun::new).collect();
         let listen = cfg.metrics.listen;
         let mut sup = Supervisor { config_path, cfg, exe, logging, targets, shared, server: None, next_textfile: Instant::now() };
@@ -721,6 +722,16 @@ fn stop_instances(targets: &mut [TargetRun], state_dir: &Path) {
 
 fn child_config_path(state_dir: &Path, name: &str) -> PathBuf {
     state_dir.join(format!("target-{name}.toml"))
+}
+
+/// Instance configs left by a daemon that was killed (its instances stopped with it).
+fn remove_stale_instance_configs(state_dir: &Path) {
+    for entry in std::fs::read_dir(state_dir).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().to_string();
+        if name.starts_with("target-") && name.ends_with(".toml") {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
 }
 
 /// Starts `gleaner attach --cgroup DIR` for one target with its resolved configuration.
