@@ -90,6 +90,8 @@ def main():
             st = proc_status(g.pid)
             if st:
                 st["t_s"] = round(time.monotonic() - start, 1)
+                # Other load on the machine explains late periods that are not Gleaner's doing.
+                st["loadavg1"] = float(Path("/proc/loadavg").read_text().split()[0])
                 samples.append(st)
         code = g.wait()
     except KeyboardInterrupt:
@@ -114,6 +116,8 @@ def main():
         "period_ms_mean": round(1000 * sum(gaps) / len(gaps), 2) if gaps else None,
         "period_ms_max": round(1000 * max(gaps), 2) if gaps else None,
         "missed_periods": sum(1 for g_ in gaps if g_ > 2 * period_s),
+        "late_periods_at_s": [round(t, 1) for t, g_ in zip(times, gaps) if g_ > 2 * period_s][:20],
+        "loadavg1_max": max(s["loadavg1"] for s in samples) if samples else None,
         "status_queries": queries,
         "status_queries_failed": bad_queries,
         "rss_kib_first_after_warmup": warm[0]["VmRSS"] if warm else None,
