@@ -16,8 +16,8 @@ use crate::simulate;
 pub struct SimArgs {
     /// Scenario file (TOML), e.g. scenarios/table2-c.toml
     pub scenario: PathBuf,
-    /// Run once per value of one scenario field: PATH=V1,V2,... (e.g. host.pcpus=4,8,16 or
-    /// vm.0.guest=none,gleaner)
+    /// Run once per value of a scenario field: PATH=V1,V2,... (e.g. host.pcpus=4,8,16,
+    /// vm.0.guest=none,gleaner; several fields at once: vm.0.guest+vm.1.guest=none,gleaner)
     #[arg(long)]
     pub sweep: Option<String>,
     /// Write the full report as JSON to FILE

@@ -534,10 +534,12 @@ fn parse_value(text: &str, path: &Path) -> Result<toml::Value, ScenarioError> {
     })
 }
 
-/// A parsed `--sweep PATH=V1,V2,...`.
+/// A parsed `--sweep PATH=V1,V2,...`; `PATH1+PATH2=...` sets several fields to each value
+/// (e.g. `vm.0.guest+vm.1.guest=none,gleaner`).
 #[derive(Debug, Clone)]
 pub struct Sweep {
     pub path: String,
+    pub paths: Vec<String>,
     pub values: Vec<toml::Value>,
     pub labels: Vec<String>,
 }
@@ -547,7 +549,8 @@ impl Sweep {
         let err = |problem: &str| ScenarioError::Sweep { spec: spec.into(), problem: problem.into() };
         let (path, list) = spec.split_once('=').ok_or_else(|| err("missing '='"))?;
         let path = path.trim();
-        if path.is_empty() || path.split('.').any(str::is_empty) {
+        let paths: Vec<String> = path.split('+').map(|p| p.trim().to_string()).collect();
+        if paths.iter().any(|p| p.is_empty() || p.split('.').any(str::is_empty)) {
             return Err(err("empty path segment"));
         }
         let labels: Vec<String> = list.split(',').map(|v| v.trim().to_string()).collect();
@@ -555,15 +558,18 @@ impl Sweep {
             return Err(err("empty value in the list"));
         }
         let values = labels.iter().map(|raw| parse_scalar(raw)).collect();
-        Ok(Sweep { path: path.into(), values, labels })
+        Ok(Sweep { path: path.into(), paths, values, labels })
     }
 
     /// Set the sweep path to its `k`-th value in a scenario's TOML tree.
     pub fn apply(&self, root: &mut toml::Value, k: usize) -> Result<(), ScenarioError> {
-        set_path(root, &self.path, self.values[k].clone()).map_err(|problem| ScenarioError::Sweep {
-            spec: format!("{}={}", self.path, self.labels.join(",")),
-            problem,
-        })
+        for path in &self.paths {
+            set_path(root, path, self.values[k].clone()).map_err(|problem| ScenarioError::Sweep {
+                spec: format!("{}={}", self.path, self.labels.join(",")),
+                problem,
+            })?;
+        }
+        Ok(())
     }
 }
 
@@ -577,8 +583,9 @@ fn parse_scalar(raw: &str) -> toml::Value {
         .unwrap_or_else(|| toml::Value::String(raw.to_string()))
 }
 
-/// Set `a.b.0.c` in a TOML tree: table keys by name, array elements by index. The last key is
-/// created if missing, so optional fields can be swept too.
+/// Set `a.b.0.c` in a TOML tree: table keys by name, array elements by index. Missing tables
+/// and the last key are created, so optional fields and sections can be swept too (a wrong
+/// name is then reported by the scenario's own `unknown field` check).
 pub fn set_path(root: &mut toml::Value, path: &str, value: toml::Value) -> Result<(), String> {
     let parts: Vec<&str> = path.split('.').collect();
     let mut node = root;
@@ -590,7 +597,8 @@ pub fn set_path(root: &mut toml::Value, path: &str, value: toml::Value) -> Resul
                     t.insert(part.to_string(), value);
                     return Ok(());
                 }
-                t.get_mut(*part).ok_or_else(|| format!("no field {part:?} in the scenario"))?
+                // A section the file leaves out (all defaults) is created, so it can be swept.
+                t.entry(part.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()))
             }
             toml::Value::Array(a) => {
                 let idx: usize =
@@ -665,10 +673,26 @@ mod tests {
         let s = Scenario::from_value(value, Path::new("t")).unwrap();
         assert_eq!(s.vms[0].guest, GuestPolicy::Gleaner);
 
+        let sweep = Sweep::parse("vm.0.guest+vm.0.name=hold").unwrap();
+        let mut value = parse_value(MINIMAL, Path::new("t")).unwrap();
+        sweep.apply(&mut value, 0).unwrap();
+        let s = Scenario::from_value(value, Path::new("t")).unwrap();
+        assert_eq!((s.vms[0].guest, s.vms[0].name.as_str()), (GuestPolicy::Hold, "hold"));
+
+        let sweep = Sweep::parse("costs.ipi=5us").unwrap();
+        let mut value = parse_value(MINIMAL, Path::new("t")).unwrap();
+        sweep.apply(&mut value, 0).unwrap();
+        assert_eq!(Scenario::from_value(value, Path::new("t")).unwrap().costs.ipi.0, 5_000);
+        let mut value = parse_value(MINIMAL, Path::new("t")).unwrap();
+        Sweep::parse("costs.ipj=5us").unwrap().apply(&mut value, 0).unwrap();
+        let err = Scenario::from_value(value, Path::new("t")).unwrap_err().to_string();
+        assert!(err.contains("unknown field `ipj`"), "{err}");
+
         let sweep = Sweep::parse("host.pcpus=4,8").unwrap();
         assert_eq!(sweep.values[1], toml::Value::Integer(8));
         assert!(Sweep::parse("host.pcpus").is_err());
         assert!(Sweep::parse("host..pcpus=1").is_err());
+        assert!(Sweep::parse("host.pcpus+=1").is_err());
         let mut value = parse_value(MINIMAL, Path::new("t")).unwrap();
         let err = Sweep::parse("vm.3.guest=none").unwrap().apply(&mut value, 0).unwrap_err();
         assert!(err.to_string().contains("out of range"));
