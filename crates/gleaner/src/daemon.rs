@@ -69,11 +69,12 @@ pub fn manage(flags: &DaemonFlags, target: Target) -> Result<i32> {
         }
     }
     let state_dir = cfg.state_dir.clone().unwrap_or_else(Journal::default_dir);
+    // The guard starts first, so that a kill at any moment after this leaves no journal: it
+    // deletes one that was created (empty or not) and ignores one that never was.
+    let guard = spawn_guard(&state_dir.join(format!("{}.json", std::process::id())))?;
     let journal = Journal::create(&state_dir, &proc)
         .with_context(|| format!("cannot create the crash journal in {}: pass --state-dir DIR you can write", state_dir.display()))?;
-    let journal_path = journal.path().to_path_buf();
     let journal = journal.into_shared();
-    let guard = spawn_guard(&journal_path)?;
     install_stop_handlers()?;
 
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| manage_inner(&cfg, target, &proc, &journal, &state_dir)));
@@ -387,13 +388,37 @@ pub fn guard_main(journal_path: &Path) -> Result<i32> {
         // SAFETY: ignoring a signal installs no handler code.
         let _ = unsafe { signal(sig, SigHandler::SigIgn) };
     }
+    // SAFETY: getppid has no preconditions; our parent is the instance we guard.
+    let owner = unsafe { libc::getppid() };
+    let proc = ProcFs::new("/proc");
     let mut sink = [0u8; 64];
     let mut stdin = std::io::stdin();
-    while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
-    if !journal_path.exists() {
-        return Ok(0); // clean exit: everything was already restored
+    let mut restored_early = false;
+    loop {
+        let mut fds = [libc::pollfd { fd: 0, events: libc::POLLIN, revents: 0 }];
+        // SAFETY: `fds` is one valid pollfd for the duration of the call.
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), 1, 50) };
+        if ready > 0 && !matches!(stdin.read(&mut sink), Ok(n) if n > 0) {
+            break; // the pipe closed: the instance is gone
+        }
+        // A SIGKILLed process closes the pipe only once its last thread has exited, and a
+        // SCHED_IDLE retention thread on a vCPU the workload saturates can wait seconds to
+        // run (measured by tests/kill_test.sh). Its threads run no more user code once the
+        // kill is pending, so undo now; the journal is kept, and undone again after the pipe
+        // closes, for a system call that was already in flight when the kill came.
+        if !restored_early && owner_is_dying(owner) {
+            if let Ok(j) = Journal::load(journal_path) {
+                for e in j.entries().iter().rev() {
+                    let _ = journal::undo_action(&e.action, &proc, &gleaner_linux::cgroup::SchedAffinity);
+                }
+            }
+            restored_early = true;
+        }
     }
-    let proc = ProcFs::new("/proc");
+    let _ = std::fs::remove_file(journal_path.with_extension("json.tmp")); // killed mid-write
+    if !journal_path.exists() {
+        return Ok(0); // clean exit, or killed before the journal existed: nothing to undo
+    }
     let mut j = Journal::load(journal_path)?;
     let n = j.entries().len();
     journal::undo(&mut j, &proc).context("guard could not undo every change; run `gleaner recover`")?;
@@ -406,6 +431,19 @@ pub fn guard_main(journal_path: &Path) -> Result<i32> {
         eprintln!("gleaner guard: instance {} ended without cleaning up; restored {n} change(s)", journal_path.display());
     }
     Ok(0)
+}
+
+/// Whether `pid` has a SIGKILL pending (it is being killed) or has exited already.
+fn owner_is_dying(pid: libc::pid_t) -> bool {
+    const SIGKILL_BIT: u64 = 1 << (libc::SIGKILL - 1);
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return true };
+    text.lines().any(|line| {
+        if let Some(state) = line.strip_prefix("State:") {
+            return matches!(state.trim_start().chars().next(), Some('Z' | 'X'));
+        }
+        let pending = line.strip_prefix("SigPnd:").or_else(|| line.strip_prefix("ShdPnd:"));
+        pending.and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok()).is_some_and(|mask| mask & SIGKILL_BIT != 0)
+    })
 }
 
 /// `gleaner recover`: undo what instances that died with their guard left behind.
