@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs what the test bed needs on a Debian 12 host, through apt only: QEMU (TCG),
+# busybox-static and cpio for the image, matplotlib for the plot, and the musl Rust target
+# for the static gleaner build (the glibc static build is the fallback).
+set -euo pipefail
+if [[ $EUID -ne 0 ]]; then
+    echo "testbed/setup.sh: must run as root (apt-get install); try: sudo testbed/setup.sh" >&2
+    exit 1
+fi
+apt-get update -q >&2
+DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+    qemu-system-x86 busybox-static cpio binutils python3-matplotlib >&2
+if command -v rustup >/dev/null; then
+    rustup target add x86_64-unknown-linux-musl >&2 || echo "testbed/setup.sh: no musl target; the image build will link glibc statically" >&2
+fi
