@@ -61,7 +61,7 @@ FAKE_QEMU = textwrap.dedent(
             if "hang" in words:
                 time.sleep(3600)
             tput = 200.0 if words[2] == "full" else 100.0
-            report = {"workload": words[3], "ops": 10, "throughput_per_s": tput}
+            report = {"workload": words[3], "ops": 10, "elapsed_s": 0.1, "throughput_per_s": tput}
             print("TB-RESULT %s 0 %s" % (words[1], json.dumps(report)), flush=True)
         elif words and words[0] == "POWEROFF":
             break
@@ -195,6 +195,37 @@ class SummaryTest(unittest.TestCase):
         self.assertIn("| c | n/a | n/a | n/a | - |", md)
 
 
+class WindowTest(unittest.TestCase):
+    def test_overlap_is_the_contended_fraction_of_the_benchmark_window(self):
+        roles = {"b": "benchmark", "c": "corunner", "d": "corunner"}
+        # Benchmark started 2 s late (gleaner calibrating): its last 2 s of 20 ran alone.
+        windows = {"b": (2.0, 22.0), "c": (0.0, 20.0), "d": (0.0, 21.0)}
+        self.assertAlmostEqual(testbed.window_overlap(windows, roles), 0.9)
+        self.assertAlmostEqual(testbed.window_overlap({"b": (0, 10), "c": (0, 10)}, roles), 1.0)
+        self.assertAlmostEqual(testbed.window_overlap({"b": (0, 10), "c": (20, 30)}, roles), 0.0)
+        self.assertIsNone(testbed.window_overlap({"b": (0, 10)}, roles))
+
+    def test_vcpu_rates_in_the_summary(self):
+        def with_threads(rec, cpu_s, switches, wall_s):
+            rec["wall_s"] = wall_s
+            rec["overlap"] = 1.0
+            for g in rec["guests"].values():
+                g["vcpu_threads"] = {
+                    "CPU 0/TCG": {"cpu_s": cpu_s, "voluntary_switches": switches, "involuntary_switches": 0},
+                    "CPU 1/TCG": {"cpu_s": cpu_s, "voluntary_switches": 0, "involuntary_switches": switches},
+                }
+            return rec
+
+        records = [with_threads(record("c", 0, "off", 1, 1), 5.0, 1000, 10.0), with_threads(record("c", 0, "on", 2, 1), 8.0, 100, 10.0)]
+        s = testbed.summarize(records)["c"]
+        self.assertEqual(s["vcpu_cpu_per_s"]["bench"]["off"]["median"], 1.0)
+        self.assertEqual(s["vcpu_cpu_per_s"]["bench"]["on"]["median"], 1.6)
+        self.assertEqual(s["vcpu_switches_per_s"]["co"]["off"]["median"], 200.0)
+        self.assertEqual(s["vcpu_switches_per_s"]["co"]["on"]["median"], 20.0)
+        self.assertEqual(s["window_overlap"]["on"]["median"], 1.0)
+        self.assertIn("| c | bench | 1.00 [1.00, 1.00] | 2.00 [2.00, 2.00] | 1.00", testbed.summary_markdown({"c": s}, {}, "t"))
+
+
 class LockTest(unittest.TestCase):
     def test_second_run_is_refused(self):
         with tempfile.TemporaryDirectory() as tmp, mock.patch.object(testbed, "LOCK_PATH", Path(tmp) / "lock"):
@@ -232,6 +263,8 @@ class FakeQemuTest(unittest.TestCase):
         self.assertEqual(s["speedup"]["bench"]["median"], 2.0)  # fake: full doubles throughput
         self.assertEqual(s["speedup"]["co"]["median"], 1.0)  # co-runner stays off
         self.assertEqual(s["weighted_speedup"]["median"], 1.5)
+        self.assertTrue(all(0.0 <= r["overlap"] <= 1.0 for r in records))
+        self.assertTrue(testbed.write_summary(out, exp).read_text().startswith("# Test bed: t"))
 
     def test_guests_are_killed_when_the_run_is_interrupted(self):
         spec = testbed.GuestSpec("g", "benchmark", 2, 256, ["hang"], "off")

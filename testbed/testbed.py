@@ -270,7 +270,9 @@ class Guest:
 
     def __init__(self, spec: GuestSpec, image_dir: Path, log_path: Path):
         self.spec = spec
-        self.lines: queue.Queue[str | None] = queue.Queue()
+        # (host monotonic time the line arrived, line); None when QEMU's output ends.
+        self.lines: queue.Queue[tuple[float, str] | None] = queue.Queue()
+        self.last_arrival = 0.0
         self.log = open(log_path, "w", buffering=1)
         cmd = [
             QEMU,
@@ -306,7 +308,7 @@ class Guest:
             line = raw.decode("utf-8", "replace").rstrip("\r\n")
             self.log.write(line + "\n")
             if line.startswith("TB-"):
-                self.lines.put(line)
+                self.lines.put((time.monotonic(), line))
         self.lines.put(None)  # end of output: QEMU exited
 
     def send(self, line: str) -> None:
@@ -318,7 +320,7 @@ class Guest:
             raise TestbedError(f"guest {self.spec.name}: QEMU exited; see its serial log") from err
 
     def expect(self, prefix: str, timeout_s: float) -> str:
-        """The next agent line starting with `prefix`, collecting TB-LOG lines on the way."""
+        """The next agent line starting with `prefix`; its arrival time goes to `last_arrival`."""
         deadline = time.monotonic() + timeout_s
         while True:
             remaining = deadline - time.monotonic()
@@ -328,12 +330,14 @@ class Guest:
                     f"see {self.log.name}, or raise boot_timeout_s/duration_s"
                 )
             try:
-                line = self.lines.get(timeout=remaining)
+                item = self.lines.get(timeout=remaining)
             except queue.Empty:
                 continue
-            if line is None:
+            if item is None:
                 raise TestbedError(f"guest {self.spec.name}: QEMU exited early; see {self.log.name}")
+            arrival, line = item
             if line.startswith(prefix):
+                self.last_arrival = arrival
                 return line
 
     def vcpu_stats(self) -> dict[str, ThreadStats]:
@@ -352,6 +356,12 @@ class Guest:
             self.proc.kill()
         self.proc.wait()
         self.reader.join(timeout=5)
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                try:
+                    pipe.close()
+                except BrokenPipeError:
+                    pass  # unsent input to a dead QEMU
         self.log.close()
 
 
@@ -451,27 +461,57 @@ def boot_all(guests: GuestSet, case: Case, image_dir: Path, out_dir: Path, timeo
     return started
 
 
+def window_overlap(windows: dict[str, tuple[float, float]], roles: dict[str, str]) -> float | None:
+    """Fraction of the benchmark's run window during which every co-runner was running too.
+
+    Workloads start together, but `gleaner run` may spend a moment (e.g. calibrating) before
+    starting its workload; a benchmark window not covered by the co-runner would run partly
+    uncontended and flatter Gleaner, so the summary reports this.
+    """
+    bench = [w for n, w in windows.items() if roles[n] == "benchmark"]
+    others = [w for n, w in windows.items() if roles[n] != "benchmark"]
+    if not bench or not others or bench[0][1] <= bench[0][0]:
+        return None
+    start, end = bench[0]
+    covered = min(max(0.0, min(end, o_end) - max(start, o_start)) for o_start, o_end in others)
+    return covered / (end - start)
+
+
 def run_once(guests: list[Guest], run_id: int, setting: str, duration_s: float) -> dict:
-    """Starts every guest's workload at the same moment and collects reports and host stats."""
+    """Starts every guest's workload at the same moment and collects reports and host stats.
+
+    Each workload's window on the host clock is [arrival of its result - its elapsed time,
+    arrival], seconds after the start commands were sent.
+    """
     before = {g.spec.name: g.vcpu_stats() for g in guests}
     start = time.monotonic()
     for guest in guests:
         guest.send(guest_command(run_id, guest.spec, setting, duration_s))
     per_guest = {}
+    windows = {}
     for guest in guests:
-        # Generous: gleaner run measures wake latency before starting, and TCG is slow.
+        # Generous: gleaner run may measure wake latency before starting, and TCG is slow.
         line = guest.expect(f"TB-RESULT {run_id} ", duration_s * 3 + 120)
         _, rc, report = parse_result(line)
+        arrival = guest.last_arrival - start
+        elapsed = report.get("elapsed_s", 0.0)
+        windows[guest.spec.name] = (arrival - elapsed, arrival)
         per_guest[guest.spec.name] = {
             "role": guest.spec.role,
             "mode": guest.spec.gleaner if setting == "on" else "off",
             "rc": rc,
             "report": report,
+            "window_s": [round(arrival - elapsed, 3), round(arrival, 3)],
             "vcpu_threads": stats_delta(before[guest.spec.name], guest.vcpu_stats()),
         }
         if rc != 0:
             print(f"testbed: guest {guest.spec.name} run {run_id} exited {rc}; see its serial log", file=sys.stderr)
-    return {"wall_s": round(time.monotonic() - start, 3), "guests": per_guest}
+    overlap = window_overlap(windows, {g.spec.name: g.spec.role for g in guests})
+    return {
+        "wall_s": round(time.monotonic() - start, 3),
+        "overlap": None if overlap is None else round(overlap, 4),
+        "guests": per_guest,
+    }
 
 
 def run_experiment(exp: Experiment, image_dir: Path, out_dir: Path) -> Path:
@@ -537,6 +577,11 @@ def summarize(records: list[dict], cases_paper: dict[str, dict] | None = None) -
         throughput = {name: {s: [] for s in SETTINGS} for name in roles}
         speedups = {name: [] for name in roles}
         weighted = []
+        # Host view of each guest's vCPU threads, per setting: CPU seconds per wall second
+        # and context switches per wall second (what retention and consolidation change).
+        vcpu_cpu = {name: {s: [] for s in SETTINGS} for name in roles}
+        vcpu_switches = {name: {s: [] for s in SETTINGS} for name in roles}
+        overlap = {s: [] for s in SETTINGS}
         for rep in sorted(by_rep):
             pair = by_rep[rep]
             if set(pair) != set(SETTINGS):
@@ -549,6 +594,17 @@ def summarize(records: list[dict], cases_paper: dict[str, dict] | None = None) -
             if not ok:
                 continue
             rep_speedups = []
+            for setting in SETTINGS:
+                run = pair[setting]
+                if run.get("overlap") is not None:
+                    overlap[setting].append(run["overlap"])
+                wall = run.get("wall_s", 0)
+                for name in roles:
+                    threads = run["guests"][name].get("vcpu_threads", {})
+                    if wall > 0 and threads:
+                        vcpu_cpu[name][setting].append(sum(t["cpu_s"] for t in threads.values()) / wall)
+                        switches = sum(t["voluntary_switches"] + t["involuntary_switches"] for t in threads.values())
+                        vcpu_switches[name][setting].append(switches / wall)
             for name in roles:
                 off = pair["off"]["guests"][name]["report"]["throughput_per_s"]
                 on = pair["on"]["guests"][name]["report"]["throughput_per_s"]
@@ -562,15 +618,18 @@ def summarize(records: list[dict], cases_paper: dict[str, dict] | None = None) -
             "throughput_per_s": {n: {s: _spread(v) for s, v in t.items() if v} for n, t in throughput.items()},
             "speedup": {n: _spread(v) for n, v in speedups.items() if v},
             "weighted_speedup": _spread(weighted) if weighted else None,
+            "vcpu_cpu_per_s": {n: {s: _spread(v) for s, v in t.items() if v} for n, t in vcpu_cpu.items()},
+            "vcpu_switches_per_s": {n: {s: _spread(v) for s, v in t.items() if v} for n, t in vcpu_switches.items()},
+            "window_overlap": {s: _spread(v) for s, v in overlap.items() if v},
             "paper": (cases_paper or {}).get(case, {}),
         }
     return summary
 
 
-def _fmt(spread: dict | None) -> str:
+def _fmt(spread: dict | None, digits: int = 2) -> str:
     if not spread:
         return "n/a"
-    return f"{spread['median']:.2f} [{spread['min']:.2f}, {spread['max']:.2f}]"
+    return f"{spread['median']:.{digits}f} [{spread['min']:.{digits}f}, {spread['max']:.{digits}f}]"
 
 
 def summary_markdown(summary: dict, manifest: dict, exp_name: str) -> str:
@@ -594,10 +653,26 @@ def summary_markdown(summary: dict, manifest: dict, exp_name: str) -> str:
             f"{', '.join(_fmt(s['speedup'].get(n)) for n in corun) or '-'} | "
             f"{_fmt(s['weighted_speedup'])} | {paper} |"
         )
-    lines += ["", "| case | guest | off (ops/s) | on (ops/s) |", "|---|---|---|---|"]
+    lines += [
+        "",
+        "Per guest, Gleaner off / on: workload throughput; host CPU seconds of its QEMU vCPU threads",
+        "per wall second; their context switches per wall second.",
+        "",
+        "| case | guest | throughput off (ops/s) | on | vCPU CPU/s off | on | vCPU switches/s off | on |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for case, s in summary.items():
         for name, t in s["throughput_per_s"].items():
-            lines.append(f"| {case} | {name} | {_fmt(t.get('off'))} | {_fmt(t.get('on'))} |")
+            cpu = s.get("vcpu_cpu_per_s", {}).get(name, {})
+            sw = s.get("vcpu_switches_per_s", {}).get(name, {})
+            lines.append(
+                f"| {case} | {name} | {_fmt(t.get('off'))} | {_fmt(t.get('on'))} | "
+                f"{_fmt(cpu.get('off'))} | {_fmt(cpu.get('on'))} | {_fmt(sw.get('off'), 0)} | {_fmt(sw.get('on'), 0)} |"
+            )
+    lines += ["", "Fraction of the benchmark's run window with the co-runner running too (1 = fully contended):", ""]
+    for case, s in summary.items():
+        ov = s.get("window_overlap", {})
+        lines.append(f"* {case}: off {_fmt(ov.get('off'))}, on {_fmt(ov.get('on'))}")
     return "\n".join(lines) + "\n"
 
 
