@@ -40,7 +40,8 @@ for tool in apt-get dpkg-deb cpio gzip sha256sum strip; do
 done
 
 WORK="$(mktemp -d /tmp/gleaner-testbed-build.XXXXXX)"
-trap 'rm -rf "$WORK"' EXIT INT TERM HUP
+trap 'rm -rf "$WORK"' EXIT
+trap 'exit 130' INT TERM HUP  # exit, so the EXIT trap removes the work dir
 
 # 1. Debian packages, through the package manager only.
 mkdir -p "$WORK/debs"
@@ -104,6 +105,12 @@ mv "$WORK/initramfs.cpio.gz" "$OUT/initramfs.cpio.gz"
 (cd "$OUT" && sha256sum vmlinuz initramfs.cpio.gz > SHA256SUMS)
 IMAGE_SHA="$(cd "$OUT" && sha256sum SHA256SUMS | cut -d' ' -f1)"
 GIT_COMMIT="$(git -C "$REPO" rev-parse HEAD 2>/dev/null || echo unknown)"
+# Uncommitted changes to the sources that go into gleaner make the commit an incomplete name.
+if [[ -n "$(git -C "$REPO" status --porcelain -- crates Cargo.toml Cargo.lock 2>/dev/null)" ]]; then
+    GIT_DIRTY=true
+else
+    GIT_DIRTY=false
+fi
 GLEANER_SHA="$(sha256sum "$ROOT/bin/gleaner" | cut -d' ' -f1)"
 cat > "$OUT/manifest.json" <<EOF
 {
@@ -113,6 +120,7 @@ cat > "$OUT/manifest.json" <<EOF
   "gleaner_sha256": "$GLEANER_SHA",
   "gleaner_build": "$GLEANER_BUILD",
   "git_commit": "$GIT_COMMIT",
+  "git_dirty": $GIT_DIRTY,
   "source_date_epoch": $SOURCE_DATE_EPOCH,
   "files": {
 $(cd "$OUT" && awk '{printf "    \"%s\": \"%s\"%s\n", $2, $1, (NR==2 ? "" : ",")}' SHA256SUMS)
