@@ -89,6 +89,13 @@ class ExperimentFileTest(unittest.TestCase):
             self.assertEqual([g.role for g in case.guests], ["benchmark", "corunner"])
             self.assertEqual([g.vcpus for g in case.guests], [2, 2])
 
+    def test_every_shipped_experiment_parses(self):
+        files = sorted(FIG7.parent.glob("*.toml"))
+        self.assertGreaterEqual(len(files), 2)
+        for path in files:
+            with self.subTest(path=path.name):
+                self.assertTrue(testbed.load_experiment(path).cases)
+
     def test_defaults_and_roles(self):
         exp = testbed.parse_experiment(MINIMAL, "m.toml")
         bench, co = exp.cases[0].guests
