@@ -65,11 +65,13 @@ dpkg-deb --fsys-tarfile "$BUSYBOX_DEB" | tar -x -C "$WORK/busybox" ./bin/busybox
 GLEANER_BUILD="given"
 if [[ -z "$GLEANER_BIN" ]]; then
     if rustup target list --installed 2>/dev/null | grep -qx x86_64-unknown-linux-musl \
-        && (cd "$REPO" && cargo build -q --release -p gleaner --target x86_64-unknown-linux-musl) >&2; then
+        && (cd "$REPO" && cargo build -q --release -p gleaner --target x86_64-unknown-linux-musl) \
+            > "$WORK/musl-build.log" 2>&1; then
         GLEANER_BIN="$REPO/target/x86_64-unknown-linux-musl/release/gleaner"
         GLEANER_BUILD="musl"
     else
-        echo "build-image.sh: musl build unavailable; building gleaner with static glibc" >&2
+        first_error="$(grep -m1 -A1 '^error' "$WORK/musl-build.log" 2>/dev/null | tr -s ' \n' ' ')"
+        echo "build-image.sh: musl build failed (${first_error:-no musl target}); building gleaner with static glibc" >&2
         (cd "$REPO" && RUSTFLAGS="-C target-feature=+crt-static" \
             cargo build -q --release -p gleaner --target x86_64-unknown-linux-gnu) >&2 \
             || die "cargo build of a static gleaner failed (see above)"
