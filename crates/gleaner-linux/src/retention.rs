@@ -538,7 +538,10 @@ pub fn thread_affinity(tid: i32) -> io::Result<Cpuset> {
 }
 
 fn set_current_thread_sched_idle() -> io::Result<()> {
-    let param = libc::sched_param { sched_priority: 0 };
+    // Zeroed rather than a struct literal: musl's sched_param has extra fields.
+    // SAFETY: sched_param is plain old data; all-zero is a valid value.
+    let mut param: libc::sched_param = unsafe { std::mem::zeroed() };
+    param.sched_priority = 0;
     // SAFETY: `param` is a valid sched_param; pid 0 is the calling thread.
     let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
     if rc == 0 {
