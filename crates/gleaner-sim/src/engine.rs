@@ -84,6 +84,14 @@ struct Counters {
     halts: u64,
     ipis: u64,
     ple_exits: u64,
+    /// Steal and switch-in overhead while the guest sits in HLT (kicked, waiting for or
+    /// entering a pCPU). The guest's own idle clock (`/proc/timer_list` idle_sleeptime, which
+    /// gleaner-linux reads) runs from HLT until the guest resumes, so Gleaner's sample counts
+    /// this as idle time too (and the host's run delay also as steal, as `/proc/stat` does).
+    halt_wait_ns: Ns,
+    /// Switch-in overhead (host switch, cache refill) while a workload thread is current:
+    /// the guest cannot see it apart from the thread's own run time.
+    overhead_busy_ns: Ns,
 }
 
 struct Vcpu {
@@ -99,6 +107,9 @@ struct Vcpu {
     runq: VecDeque<u32>,
     acct: Acct,
     acct_since: Ns,
+    /// The guest's activity class when `acct` was set: 0 idle (HLT/poll), 1 workload thread,
+    /// 2 other (retention hold).
+    acct_guest: u8,
     idle_since: Ns,
     poll_limit: Ns,
     /// Retention hold when the vCPU goes idle; None = halt (or poll).
@@ -144,6 +155,7 @@ enum ROp {
     Compute(Dist),
     Sleep(Dist),
     Lock(u32),
+    HandoffLock(u32),
     Unlock(u32),
     SpinLock(u32),
     SpinUnlock(u32),
@@ -156,6 +168,8 @@ enum ROp {
 struct Mutex {
     owner: Option<u32>,
     waiters: VecDeque<u32>,
+    /// Taken with `handoff_lock`: unlock hands ownership to the first waiter.
+    handoff: bool,
 }
 
 struct Queue {
@@ -348,6 +362,7 @@ impl Sim {
                 runq: VecDeque::new(),
                 acct: Acct::Idle,
                 acct_since: 0,
+                acct_guest: 0,
                 idle_since: 0,
                 poll_limit: 0,
                 retention: (cfg.guest == GuestPolicy::Hold).then_some(hold),
@@ -392,6 +407,7 @@ impl Sim {
                     Op::Compute(d) => ROp::Compute(d.clone()),
                     Op::Sleep(d) => ROp::Sleep(d.clone()),
                     Op::Lock(m) => ROp::Lock(intern(&mut mutex_ids, m, &mut nm)),
+                    Op::HandoffLock(m) => ROp::HandoffLock(intern(&mut mutex_ids, m, &mut nm)),
                     Op::Unlock(m) => ROp::Unlock(intern(&mut mutex_ids, m, &mut nm)),
                     Op::SpinLock(m) => ROp::SpinLock(intern(&mut spin_ids, m, &mut ns)),
                     Op::SpinUnlock(m) => ROp::SpinUnlock(intern(&mut spin_ids, m, &mut ns)),
@@ -712,7 +728,17 @@ impl Sim {
             Acct::Steal => vc.c.steal_ns += spent,
             Acct::Overhead => vc.c.overhead_ns += spent,
         }
+        match (vc.acct, vc.acct_guest) {
+            (Acct::Steal | Acct::Overhead, 0) => vc.c.halt_wait_ns += spent,
+            (Acct::Overhead, 1) => vc.c.overhead_busy_ns += spent,
+            _ => {}
+        }
         vc.acct = state;
+        vc.acct_guest = match vc.act {
+            Activity::Polling | Activity::Idle => 0,
+            Activity::Switching(_) | Activity::Running(_) => 1,
+            Activity::Retaining => 2,
+        };
         vc.acct_since = now;
     }
 
@@ -875,10 +901,15 @@ impl Sim {
             return None;
         }
         let (base, n) = (vm.base, vm.n);
+        // Linux's idle_balance() moves only tasks that wait behind another (the busiest queue
+        // needs nr_running >= 2): a thread just woken onto a halted vCPU is that vCPU's only
+        // task and stays there until the vCPU runs. Stealing it would hide BWW.
         let mut best: Option<(usize, u32)> = None;
         for u in base..base + n {
-            let len = self.vcpus[u as usize].runq.len();
-            if u != v && len > 0 && best.is_none_or(|(l, _)| len > l) {
+            let vc = &self.vcpus[u as usize];
+            let len = vc.runq.len();
+            let load = len + usize::from(matches!(vc.act, Activity::Switching(_) | Activity::Running(_)));
+            if u != v && len > 0 && load >= 2 && best.is_none_or(|(l, _)| len > l) {
                 best = Some((len, u));
             }
         }
@@ -997,8 +1028,12 @@ impl Sim {
     /// Guest wakeup placement: the previous vCPU if idle, else any idle vCPU, else the least
     /// loaded one. Idle includes halted: the guest cannot tell, which is the BWW problem.
     fn select_vcpu(&self, t: u32, waker: Waker) -> u32 {
+        // A timer fires on the vCPU the thread slept on; try_to_wake_up then runs the usual
+        // placement (select_idle_sibling), so the timer's vCPU is taken only if it is idle.
+        // Queueing the thread behind a busy (possibly host-preempted) vCPU while others sit
+        // idle would be an artefact Linux does not have.
         if let Waker::Timer(u) = waker {
-            if self.allowed_on(t, u) {
+            if self.allowed_on(t, u) && self.vcpu_idle(u) {
                 return u;
             }
         }
@@ -1162,11 +1197,26 @@ impl Sim {
                         return self.block_thread(t);
                     }
                 }
+                ROp::HandoffLock(m) => {
+                    let mx = &mut self.mutexes[m as usize];
+                    mx.handoff = true;
+                    if mx.owner.is_none() || mx.owner == Some(t) {
+                        // Free, or handed to this thread while it slept.
+                        mx.owner = Some(t);
+                        self.threads[t as usize].op += 1;
+                    } else {
+                        mx.waiters.push_back(t);
+                        return self.block_thread(t);
+                    }
+                }
                 ROp::Unlock(m) => {
                     self.threads[t as usize].op += 1;
                     let mx = &mut self.mutexes[m as usize];
                     mx.owner = None;
                     if let Some(w) = mx.waiters.pop_front() {
+                        if mx.handoff {
+                            mx.owner = Some(w);
+                        }
                         self.wake_thread(w, Waker::Thread(v));
                     }
                 }
@@ -1340,9 +1390,9 @@ impl Sim {
             let (now, then) = (&self.vcpus[base as usize + i].c, &vm.last[i]);
             vcpus.push(VcpuSample {
                 cpu: i,
-                work_ns: now.work_ns - then.work_ns,
+                work_ns: (now.work_ns + now.overhead_busy_ns) - (then.work_ns + then.overhead_busy_ns),
                 yield_ns: now.yield_ns - then.yield_ns,
-                idle_ns: now.idle_ns - then.idle_ns,
+                idle_ns: (now.idle_ns + now.halt_wait_ns) - (then.idle_ns + then.halt_wait_ns),
                 steal_ns: now.steal_ns - then.steal_ns,
                 yield_preemptions: now.yield_preemptions - then.yield_preemptions,
                 idle_entries: now.idle_entries - then.idle_entries,

@@ -114,6 +114,11 @@ pub enum Op {
     Sleep(Dist),
     /// Blocking mutex (futex): waiters sleep; unlock wakes one, which retries.
     Lock(String),
+    /// Blocking lock with direct hand-off, like the guest kernel's sleeping semaphores
+    /// (mmap_sem-style rwsem, mutex hand-off): `unlock` gives the lock to the first waiter
+    /// while it is still asleep, so nobody can take it until that waiter has woken. A
+    /// contended hand-off lock runs at the speed of wakeups. Released with `unlock`.
+    HandoffLock(String),
     Unlock(String),
     /// Guest kernel spinlock: waiters spin on their vCPU; long spins trigger pause-loop exits.
     SpinLock(String),
@@ -152,12 +157,17 @@ fn one() -> usize {
 pub enum Preset {
     /// PARSEC dedup: a 5-stage pipeline (fragment → refine → dedup → compress → reorder)
     /// over bounded queues, with a hash-table mutex in the dedup stage. `threads` per parallel
-    /// stage (default 16, PARSEC's `-n 16` as in the paper); `items` chunks in total. Finite.
+    /// stage (default: the VM's vCPU count, as in the paper); `items` chunks in total. Finite.
     Dedup {
         #[serde(default)]
         threads: Option<usize>,
         #[serde(default = "dedup_items")]
         items: u64,
+        /// Take the allocator lock as a hand-off lock (`handoff_lock`, like a guest-kernel
+        /// sleeping semaphore) instead of a barging futex mutex. Off by default: it turns the
+        /// allocator into a permanent convoy that runs at wakeup speed at any vCPU count.
+        #[serde(default)]
+        handoff_alloc: bool,
     },
     /// PARSEC streamcluster: `phases` rounds of a short parallel compute then a barrier. Finite.
     Streamcluster {
@@ -258,15 +268,17 @@ impl Preset {
     pub fn expand(&self, vcpus: usize) -> Expanded {
         let mut out = Expanded::default();
         match self {
-            Preset::Dedup { threads, items } => {
+            Preset::Dedup { threads, items, handoff_alloc } => {
                 // PARSEC dedup barely scales past 4 cores natively (7.1 s on 4, 7.6 s on 16):
                 // the serial fragment stage bounds it, and chunk allocation and the hash
                 // table are hot mutexes (in the guest kernel and libc). Per-chunk costs are
-                // chosen so: a serial 8 us fragment stage, ~35 us of parallel work, and two
-                // 3 us critical sections on a shared allocator lock per chunk. Every stage
+                // chosen so: a serial 8 us fragment stage, ~35 us of parallel work, and three
+                // 3 us critical sections on a shared allocator lock per chunk (the fragment
+                // stage allocates too, so the serial stage itself blocks on it). Every stage
                 // boundary is a condvar queue, so threads block and wake once per chunk per
-                // stage.
-                let n = threads.unwrap_or(16).max(1);
+                // stage. Threads per parallel stage default to the vCPU count (the paper runs
+                // as many threads as vCPUs, §3).
+                let n = threads.unwrap_or(vcpus).max(1);
                 let per = (*items / n as u64).max(1);
                 let items = per * n as u64;
                 for q in ["chunks", "refined", "unique", "packed"] {
@@ -279,9 +291,14 @@ impl Preset {
                     program,
                 };
                 let locked = |lock: &str, hold: u64| {
-                    [Op::Lock(s(lock)), c(Dist::Exp(hold)), Op::Unlock(s(lock))]
+                    let take =
+                        if lock == "alloc" && *handoff_alloc { Op::HandoffLock(s(lock)) } else { Op::Lock(s(lock)) };
+                    [take, c(Dist::Exp(hold)), Op::Unlock(s(lock))]
                 };
-                out.threads.push(group(1, items, vec![c(Dist::Exp(8_000)), Op::Push(s("chunks"))]));
+                let mut fragment = vec![c(Dist::Exp(8_000))];
+                fragment.extend(locked("alloc", 3_000));
+                fragment.push(Op::Push(s("chunks")));
+                out.threads.push(group(1, items, fragment));
                 let mut refine = vec![Op::Pop(s("chunks")), c(Dist::Exp(8_000))];
                 refine.extend(locked("alloc", 3_000));
                 refine.push(Op::Push(s("refined")));
@@ -376,6 +393,20 @@ mod tests {
     use rand::SeedableRng;
 
     #[test]
+    fn dedup_runs_a_thread_per_vcpu_per_stage_and_can_hand_off_the_allocator() {
+        let e = Preset::Dedup { threads: None, items: 100, handoff_alloc: false }.expand(4);
+        let counts: Vec<usize> = e.threads.iter().map(|g| g.count).collect();
+        assert_eq!(counts, vec![1, 4, 4, 4, 1]);
+        // The serial fragment stage allocates too.
+        assert!(e.threads[0].program.contains(&Op::Lock(s("alloc"))));
+        assert!(!e.threads.iter().any(|g| g.program.iter().any(|o| matches!(o, Op::HandoffLock(_)))));
+        let h = Preset::Dedup { threads: None, items: 100, handoff_alloc: true }.expand(16);
+        assert_eq!(h.threads[1].count, 16);
+        assert!(h.threads[0].program.contains(&Op::HandoffLock(s("alloc"))));
+        assert!(h.threads[2].program.contains(&Op::Lock(s("hashtable"))));
+    }
+
+    #[test]
     fn samples_stay_in_range_and_positive() {
         let mut rng = ChaCha8Rng::seed_from_u64(7);
         for _ in 0..1000 {
@@ -397,7 +428,7 @@ mod tests {
 
     #[test]
     fn dedup_stages_balance_items() {
-        let e = Preset::Dedup { threads: Some(3), items: 100 }.expand(4);
+        let e = Preset::Dedup { threads: Some(3), items: 100, handoff_alloc: false }.expand(4);
         let total = |g: &ThreadGroup| g.count as u64 * g.iterations.unwrap();
         // 100 rounds down to 99 so that 3 threads per stage split the chunks evenly.
         assert!(e.threads.iter().all(|g| total(g) == 99));
