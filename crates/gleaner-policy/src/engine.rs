@@ -108,6 +108,38 @@ pub struct Gleaner {
     retention_backoff: u32,
     /// Smoothed total utilization of the current configuration: the "before" of the next change.
     util_smoothed: Option<f64>,
+    /// Utilization of the last period in which nothing changed, and the smoothed relative
+    /// change between such periods: how noisy this workload's utilization is on its own.
+    last_quiet_util: Option<f64>,
+    noise: f64,
+    /// Utilization seen since the change being judged settled.
+    verdict: Verdict,
+}
+
+/// Periods of evidence collected before a change is judged; one period is too noisy.
+const JUDGE_PERIODS: u32 = 3;
+
+/// Evidence about a change, collected over [`JUDGE_PERIODS`] periods after it settled.
+#[derive(Debug, Clone, Copy, Default)]
+struct Verdict {
+    util_sum: f64,
+    max_vcpu_util: f64,
+    periods: u32,
+}
+
+impl Verdict {
+    /// Adds a period; returns (mean utilization, busiest vCPU) once enough were seen.
+    fn observe(&mut self, c: &Characteristics) -> Option<(f64, f64)> {
+        self.util_sum += c.total_util;
+        self.max_vcpu_util = self.max_vcpu_util.max(c.max_vcpu_util);
+        self.periods += 1;
+        if self.periods < JUDGE_PERIODS {
+            return None;
+        }
+        let out = (self.util_sum / self.periods as f64, self.max_vcpu_util);
+        *self = Verdict::default();
+        Some(out)
+    }
 }
 
 impl Gleaner {
@@ -134,6 +166,9 @@ impl Gleaner {
             retention_blocked_until: 0,
             retention_backoff: 1,
             util_smoothed: None,
+            last_quiet_util: None,
+            noise: 0.0,
+            verdict: Verdict::default(),
         })
     }
 
@@ -173,11 +208,17 @@ impl Gleaner {
             Mode::Full | Mode::Retention => self.retention_step(sample, &c, timeout, settling, &mut events),
             _ => self.allowed.iter().map(|cpu| (cpu, RetentionAction::Off)).collect(),
         };
-        if events.is_empty() {
-            let u = self.util_smoothed.map_or(c.total_util, |s| 0.5 * s + 0.5 * c.total_util);
-            self.util_smoothed = Some(u);
-        } else {
+        let quiet = events.is_empty() && !settling && self.judging.is_none() && self.trial.is_none();
+        if quiet && !self.is_idle(&c) {
+            self.util_smoothed = Some(self.util_now(&c));
+            if let Some(prev) = self.last_quiet_util {
+                let change = (c.total_util - prev).abs() / prev.max(self.cfg.idle_util);
+                self.noise = if self.noise == 0.0 { change } else { 0.75 * self.noise + 0.25 * change };
+            }
+            self.last_quiet_util = Some(c.total_util);
+        } else if !events.is_empty() {
             self.util_smoothed = None;
+            self.last_quiet_util = None;
         }
         self.decision(c, retention, events, timeout.ns)
     }
@@ -208,17 +249,35 @@ impl Gleaner {
         self.util_smoothed.unwrap_or(c.total_util)
     }
 
+    /// This period's utilization smoothed with the quiet periods before it.
+    fn util_now(&self, c: &Characteristics) -> f64 {
+        self.util_smoothed.map_or(c.total_util, |s| 0.5 * s + 0.5 * c.total_util)
+    }
+
+    /// A utilization drop larger than this is a slowdown. Never below the configured
+    /// threshold, and never within twice the workload's own period-to-period noise: a rollback
+    /// that chases noise also lowers rho or eta for good.
+    fn slowdown_threshold(&self) -> f64 {
+        self.cfg.slowdown_threshold.max(2.0 * self.noise)
+    }
+
     fn consolidation_step(&mut self, sample: &PeriodSample, c: &Characteristics, events: &mut Vec<PolicyEvent>) {
         if self.is_idle(c) {
             return;
         }
-        if let Some(d) = self.judging.take() {
-            let drop = relative_drop(d.before.total_util, c.total_util);
-            if drop > self.cfg.slowdown_threshold {
-                self.rollback(d, c, drop, events);
+        if let Some(d) = self.judging.clone() {
+            let Some((after, busiest)) = self.verdict.observe(c) else { return };
+            self.judging = None;
+            let drop = relative_drop(d.before.total_util, after);
+            if drop > self.slowdown_threshold() {
+                self.rollback(d, after, busiest, drop, events);
                 return;
             }
-            self.reference = Some(*c);
+            let mut accepted = *c;
+            accepted.total_util = after;
+            accepted.max_vcpu_util = busiest;
+            self.reference = Some(accepted);
+            return;
         }
         if let Some(r) = self.reference {
             if let Some(reason) = self.major_change(&r, c) {
@@ -242,7 +301,7 @@ impl Gleaner {
         self.try_deactivate(sample, c, events);
     }
 
-    fn rollback(&mut self, d: Deactivation, c: &Characteristics, drop: f64, events: &mut Vec<PolicyEvent>) {
+    fn rollback(&mut self, d: Deactivation, after: f64, busiest: f64, drop: f64, events: &mut Vec<PolicyEvent>) {
         self.active.insert(d.cpu);
         self.deactivated.retain(|x| x.cpu != d.cpu);
         let b = &d.before;
@@ -250,10 +309,10 @@ impl Gleaner {
         // so tighten the granularity condition; otherwise the others lacked the idle time to
         // absorb the load, so tighten the load condition. Both are set just below the values
         // that let this consolidation through, so the same situation is refused next time.
-        let adjusted = if c.max_vcpu_util >= 0.99 {
+        let adjusted = if busiest >= 0.99 {
             let ratio = if b.l_idle_ns > 0.0 { b.g_comp_ns / b.l_idle_ns } else { self.eta };
             self.eta = clamp_factor(0.9 * self.eta.min(ratio));
-            format!("vCPU saturated ({:.0} %): eta -> {:.3}", c.max_vcpu_util * 100.0, self.eta)
+            format!("vCPU saturated ({:.0} %): eta -> {:.3}", busiest * 100.0, self.eta)
         } else {
             let denom = (d.n_before.saturating_sub(1)) as f64 * b.l_idle_ns;
             let ratio = if denom > 0.0 { b.l_comp_ns / denom } else { self.rho };
@@ -268,16 +327,17 @@ impl Gleaner {
                 "utilization fell {:.0} % ({:.2} -> {:.2}) after deactivating vCPU {}; {adjusted}",
                 drop * 100.0,
                 b.total_util,
-                c.total_util,
+                after,
                 d.cpu
             ),
         ));
     }
 
     fn major_change(&self, r: &Characteristics, c: &Characteristics) -> Option<String> {
-        let util_change = (c.total_util - r.total_util).abs() / r.total_util.max(self.cfg.idle_util);
-        if util_change > self.cfg.major_util_change {
-            return Some(format!("utilization changed {:.0} % ({:.2} -> {:.2})", util_change * 100.0, r.total_util, c.total_util));
+        let now = self.util_now(c);
+        let util_change = (now - r.total_util).abs() / r.total_util.max(self.cfg.idle_util);
+        if util_change > self.cfg.major_util_change.max(2.0 * self.noise) {
+            return Some(format!("utilization changed {:.0} % ({:.2} -> {:.2})", util_change * 100.0, r.total_util, now));
         }
         // A consolidated vCPU newly driven past the limit. One that was already that busy when
         // the consolidation was judged harmless (Figure 4(a) fills its vCPUs) is no news.
@@ -318,6 +378,7 @@ impl Gleaner {
         let d = Deactivation { cpu: victim, before, n_before: n };
         self.deactivated.push(d.clone());
         self.judging = Some(d);
+        self.verdict = Verdict::default();
         self.settle = self.cfg.settle_periods;
         events.push(self.event(
             EventKind::Deactivate { cpu: victim },
@@ -350,10 +411,11 @@ impl Gleaner {
 
         // Judge a trial first: it decides whether retention stays at all.
         let mut judged_off = Vec::new();
-        if let Some(t) = &self.trial {
-            if !settling && !idle {
-                let drop = relative_drop(t.util_before, c.total_util);
-                if drop > self.cfg.slowdown_threshold {
+        if let Some(t) = self.trial.clone() {
+            let verdict = if !settling && !idle { self.verdict.observe(c) } else { None };
+            if let Some((after, _)) = verdict {
+                let drop = relative_drop(t.util_before, after);
+                if drop > self.slowdown_threshold() {
                     judged_off = t.cpus.clone();
                     self.retention_backoff = (self.retention_backoff * 2).min(self.cfg.max_backoff_periods);
                     self.retention_blocked_until = self.period + self.retention_backoff as u64;
@@ -363,7 +425,7 @@ impl Gleaner {
                             "utilization fell {:.0} % ({:.2} -> {:.2}) with retention on; retry in {} periods",
                             drop * 100.0,
                             t.util_before,
-                            c.total_util,
+                            after,
                             self.retention_backoff
                         ),
                     ));
@@ -420,6 +482,7 @@ impl Gleaner {
         }
         if !turned_on.is_empty() {
             self.trial = Some(RetentionTrial { cpus: turned_on.clone(), util_before: self.util_before(c) });
+            self.verdict = Verdict::default();
             self.settle = self.settle.max(self.cfg.settle_periods);
             events.push(self.event(
                 EventKind::RetentionOn { cpus: turned_on },
