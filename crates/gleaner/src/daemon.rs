@@ -390,6 +390,11 @@ pub fn guard_main(journal_path: &Path) -> Result<i32> {
     }
     // SAFETY: getppid has no preconditions; our parent is the instance we guard.
     let owner = unsafe { libc::getppid() };
+    // The guard sleeps until it must restore, and then it must not queue behind the load it
+    // is restoring from (the kill test measured > 1 s on a busy 2-vCPU VM). Raising its own
+    // priority needs CAP_SYS_NICE; without it the guard runs at the normal priority.
+    // SAFETY: setpriority on this process only; it has no memory preconditions.
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, -10) };
     let proc = ProcFs::new("/proc");
     let mut sink = [0u8; 64];
     let mut stdin = std::io::stdin();
@@ -407,6 +412,7 @@ pub fn guard_main(journal_path: &Path) -> Result<i32> {
         // kill is pending, so undo now; the journal is kept, and undone again after the pipe
         // closes, for a system call that was already in flight when the kill came.
         if !restored_early && owner_is_dying(owner) {
+            hasten_exit(owner);
             if let Ok(j) = Journal::load(journal_path) {
                 for e in j.entries().iter().rev() {
                     let _ = journal::undo_action(&e.action, &proc, &gleaner_linux::cgroup::SchedAffinity);
@@ -431,6 +437,17 @@ pub fn guard_main(journal_path: &Path) -> Result<i32> {
         eprintln!("gleaner guard: instance {} ended without cleaning up; restored {n} change(s)", journal_path.display());
     }
     Ok(0)
+}
+
+/// Moves the dying instance's SCHED_IDLE retention threads back to SCHED_OTHER, so that they
+/// get a CPU to finish exiting on instead of lingering behind a busy workload.
+fn hasten_exit(pid: libc::pid_t) {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return };
+    for tid in tasks.flatten().filter_map(|t| t.file_name().to_str()?.parse::<libc::pid_t>().ok()) {
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: `param` is a valid sched_param; the call only changes that thread's policy.
+        unsafe { libc::sched_setscheduler(tid, libc::SCHED_OTHER, &param) };
+    }
 }
 
 /// Whether `pid` has a SIGKILL pending (it is being killed) or has exited already.
