@@ -284,7 +284,15 @@ pub struct QuickCalibration {
     pub busy_p50_ns: u64,
     pub halted_p50_ns: u64,
     pub timeout: RetentionTimeout,
+    /// Longest idle period after which waking a halted vCPU still costs about what waking a
+    /// busy one does: the hypervisor (or the guest's haltpoll) keeps polling a freshly halted
+    /// vCPU that long, so holding it for shorter idle periods gains nothing. 0 if even the
+    /// shortest gap probed was already dear.
+    pub host_poll_ns: u64,
 }
+
+/// Gaps at which the halted-vCPU wake is probed to find the host's polling window.
+const POLL_WINDOW_GAPS_NS: [u64; 4] = [100_000, 200_000, 500_000, 1_000_000];
 
 /// Runs the full probe. `progress(done, total)` is called from the calling thread a few times
 /// a second with the number of wakes done so far.
@@ -427,10 +435,22 @@ pub fn quick_calibration() -> Result<QuickCalibration, ProbeError> {
         |_| {},
     )?;
     let (busy_p50_ns, halted_p50_ns) = (busy.latency.p50_ns, halted.latency.p50_ns);
+    let mut host_poll_ns = 0;
+    let window_cfg = ProbeConfig { samples: 25, ..halted_cfg };
+    for gap in POLL_WINDOW_GAPS_NS {
+        let p = run_point(Setting::Halted, waker, wakee, gap, &window_cfg, |_| {})?;
+        // "About what a busy wake costs": within a quarter of the way to the full halted cost.
+        if p.latency.p50_ns <= busy_p50_ns + halted_p50_ns.saturating_sub(busy_p50_ns) / 4 {
+            host_poll_ns = gap;
+        } else {
+            break;
+        }
+    }
     Ok(QuickCalibration {
         busy_p50_ns,
         halted_p50_ns,
         timeout: RetentionTimeout::from_wake_costs(halted_p50_ns, busy_p50_ns),
+        host_poll_ns,
     })
 }
 

@@ -60,12 +60,18 @@ pub struct PolicyConfig {
     pub major_gcomp_factor: f64,
     /// Periods to wait after any change before judging it or making another.
     pub settle_periods: u32,
+    /// Periods at the start of a run in which nothing is changed: the workload is starting.
+    pub warmup_periods: u32,
     /// Retention is worth a SCHED_IDLE thread's costs (a reschedule IPI per wake, no new-idle
     /// balancing) only above this many idle periods per second per vCPU.
     pub min_idle_periods_per_sec: f64,
     /// Turn retention on only where the mean idle period is at most this multiple of the
     /// timeout: longer idle periods would mostly time out, burning CPU for nothing.
     pub retain_idle_factor: f64,
+    /// Retention only where the mean idle period is at least this long: shorter idle periods
+    /// are already cheap because the hypervisor keeps polling a freshly halted vCPU (the
+    /// daemon measures this window; 0 assumes every halt is dear, as in the paper).
+    pub min_retain_idle_ns: u64,
     /// Turn retention off when fewer than this fraction of held idle periods ended with work.
     pub min_retention_hit_ratio: f64,
     /// Workload threads queue on one active vCPU while another has none for more than this
@@ -91,8 +97,10 @@ impl Default for PolicyConfig {
             major_vcpu_util: 0.90,
             major_gcomp_factor: 2.0,
             settle_periods: 2,
+            warmup_periods: 2,
             min_idle_periods_per_sec: 2_000.0,
             retain_idle_factor: 2.0,
+            min_retain_idle_ns: 0,
             min_retention_hit_ratio: 0.5,
             max_runnable_wait: 0.10,
             idle_util: 0.02,

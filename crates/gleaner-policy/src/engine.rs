@@ -189,7 +189,9 @@ impl Gleaner {
         self.period += 1;
         let c = characterize(sample, &self.active);
         let mut events = Vec::new();
-        let settling = self.settle > 0;
+        // The first periods of a run are the workload starting up (threads being created,
+        // caches filling): nothing is changed on their evidence.
+        let settling = self.settle > 0 || self.period <= u64::from(self.cfg.warmup_periods);
         self.settle = self.settle.saturating_sub(1);
         match self.cfg.mode {
             Mode::AlwaysYield => {
@@ -471,7 +473,7 @@ impl Gleaner {
                 && !changing_active
                 && self.trial.is_none()
                 && self.period >= self.retention_blocked_until
-                && v.is_some_and(|v| worth_retaining(v, secs, min_rate, self.cfg.retain_idle_factor * timeout.ns as f64));
+                && v.is_some_and(|v| worth_retaining(v, secs, min_rate, self.cfg.min_retain_idle_ns as f64, self.cfg.retain_idle_factor * timeout.ns as f64));
             if eligible {
                 st.retaining = true;
                 turned_on.push(cpu);
@@ -501,15 +503,16 @@ impl Gleaner {
     }
 }
 
-/// Retention pays on a vCPU with many idle periods that are mostly shorter than the hold.
-fn worth_retaining(v: &VcpuSample, secs: f64, min_rate: f64, max_mean_idle_ns: f64) -> bool {
+/// Retention pays on a vCPU with many idle periods that are mostly shorter than the hold and
+/// longer than the window in which a halted vCPU wakes cheaply anyway.
+fn worth_retaining(v: &VcpuSample, secs: f64, min_rate: f64, min_mean_idle_ns: f64, max_mean_idle_ns: f64) -> bool {
     let periods = v.idle_periods();
     if periods == 0 {
         return false;
     }
     let rate = periods as f64 / secs;
     let mean_idle = v.idle_time_ns() as f64 / periods as f64;
-    rate >= min_rate && mean_idle <= max_mean_idle_ns
+    rate >= min_rate && mean_idle >= min_mean_idle_ns && mean_idle <= max_mean_idle_ns
 }
 
 /// Why retention that is on stopped paying, if it did: too few idle periods to matter, or most

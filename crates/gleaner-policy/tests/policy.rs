@@ -42,7 +42,7 @@ fn spread(active: &Cpuset, all: usize, comp: u64, idle: u64, g: u64, cycles: u64
 }
 
 fn consolidation_only() -> PolicyConfig {
-    PolicyConfig { mode: Mode::Consolidation, settle_periods: 1, ..Default::default() }
+    PolicyConfig { mode: Mode::Consolidation, settle_periods: 1, warmup_periods: 0, ..Default::default() }
 }
 
 #[test]
@@ -184,7 +184,7 @@ fn granularity_change_is_a_major_change() {
 
 #[test]
 fn retention_turns_on_for_short_frequent_idles_and_off_when_workload_is_crowded() {
-    let cfg = PolicyConfig { mode: Mode::Retention, settle_periods: 1, retention_timeout_ns: 30_000, ..Default::default() };
+    let cfg = PolicyConfig { mode: Mode::Retention, settle_periods: 1, warmup_periods: 0, retention_timeout_ns: 30_000, ..Default::default() };
     let mut g = Gleaner::new(cfg, Cpuset::first_n(2)).unwrap();
     let all = Cpuset::first_n(2);
     // 40 us of work then 20 us idle: 16,666 idle periods/s, each shorter than the hold.
@@ -199,7 +199,7 @@ fn retention_turns_on_for_short_frequent_idles_and_off_when_workload_is_crowded(
 
 #[test]
 fn retention_stays_off_for_long_idle_periods_and_idle_workloads() {
-    let cfg = PolicyConfig { mode: Mode::Retention, settle_periods: 1, retention_timeout_ns: 30_000, ..Default::default() };
+    let cfg = PolicyConfig { mode: Mode::Retention, settle_periods: 1, warmup_periods: 0, retention_timeout_ns: 30_000, ..Default::default() };
     let mut g = Gleaner::new(cfg, Cpuset::first_n(2)).unwrap();
     let all = Cpuset::first_n(2);
     // 1 ms idle periods: far longer than the 30 us hold.
@@ -210,8 +210,17 @@ fn retention_stays_off_for_long_idle_periods_and_idle_workloads() {
 }
 
 #[test]
+fn idle_periods_inside_the_host_poll_window_are_not_held() {
+    // 20 us idle periods, but the host polls a halted vCPU for 100 us: nothing to gain.
+    let cfg = PolicyConfig { mode: Mode::Retention, warmup_periods: 0, retention_timeout_ns: 30_000, min_retain_idle_ns: 100_000, ..Default::default() };
+    let mut g = Gleaner::new(cfg, Cpuset::first_n(2)).unwrap();
+    let d = g.step(&sample(&Cpuset::first_n(2), 2, 40_000, 20_000, 20_000, 1000));
+    assert!(d.retention.iter().all(|(_, a)| *a == RetentionAction::Off), "{:?}", d);
+}
+
+#[test]
 fn retention_that_slows_the_workload_is_undone_and_backs_off() {
-    let cfg = PolicyConfig { mode: Mode::Retention, settle_periods: 1, retention_timeout_ns: 30_000, ..Default::default() };
+    let cfg = PolicyConfig { mode: Mode::Retention, settle_periods: 1, warmup_periods: 0, retention_timeout_ns: 30_000, ..Default::default() };
     let mut g = Gleaner::new(cfg, Cpuset::first_n(2)).unwrap();
     let all = Cpuset::first_n(2);
     let good = sample(&all, 2, 40_000, 20_000, 20_000, 1000);
@@ -233,6 +242,15 @@ fn retention_that_slows_the_workload_is_undone_and_backs_off() {
     // Not retried immediately.
     let d = g.step(&good);
     assert!(d.retention.iter().all(|(_, a)| *a == RetentionAction::Off));
+}
+
+#[test]
+fn nothing_changes_during_warm_up() {
+    let mut g = Gleaner::new(PolicyConfig { mode: Mode::Consolidation, ..Default::default() }, Cpuset::first_n(3)).unwrap();
+    let ds = drive(&mut g, 2, |a| sample(a, 3, 2 * T, T, T, 10));
+    assert!(events(&ds).is_empty(), "{:?}", events(&ds));
+    let d = g.step(&sample(&Cpuset::first_n(3), 3, 2 * T, T, T, 10));
+    assert_eq!(d.active.len(), 2, "{:?}", d.events);
 }
 
 #[test]

@@ -102,7 +102,8 @@ fn manage_inner(cfg: &DaemonConfig, target: Target, proc: &ProcFs, journal: &Sha
             why.join("; ")
         );
     }
-    let timeout = retention_timeout(cfg, state_dir);
+    let costs = wake_costs(cfg, state_dir);
+    let timeout = costs.timeout;
 
     let mut child: Option<Child> = None;
     let mut placement: Box<dyn Placement> = match (&target, kind) {
@@ -142,6 +143,9 @@ fn manage_inner(cfg: &DaemonConfig, target: Target, proc: &ProcFs, journal: &Sha
 
     let mut policy_cfg = cfg.policy.clone();
     policy_cfg.retention_timeout_ns = timeout.ns;
+    if policy_cfg.min_retain_idle_ns == 0 {
+        policy_cfg.min_retain_idle_ns = costs.host_poll_ns;
+    }
     let policy = Gleaner::new(policy_cfg, allowed.clone()).map_err(|e| anyhow!("{e}"))?;
     let wants_retention = !cfg.observe && matches!(cfg.policy.mode, Mode::Full | Mode::Retention | Mode::AlwaysYield);
     let mut poll = None;
@@ -302,42 +306,54 @@ fn choose_retention(choice: RetentionBackendChoice, cpus: &gleaner_policy::Cpuse
     }
 }
 
+/// What the wake-cost measurement tells the policy.
+struct WakeCosts {
+    timeout: RetentionTimeout,
+    /// How long the host keeps polling a halted vCPU (see `QuickCalibration::host_poll_ns`).
+    host_poll_ns: u64,
+}
+
 /// The configured hold, or one derived from a wake-latency measurement, cached per boot.
-fn retention_timeout(cfg: &DaemonConfig, state_dir: &Path) -> RetentionTimeout {
+fn wake_costs(cfg: &DaemonConfig, state_dir: &Path) -> WakeCosts {
     if let Some(us) = cfg.retention_timeout_us {
-        return RetentionTimeout { ns: us * 1000 };
+        return WakeCosts { timeout: RetentionTimeout { ns: us * 1000 }, host_poll_ns: 0 };
     }
     if !matches!(cfg.policy.mode, Mode::Full | Mode::Retention) {
-        return RetentionTimeout::default();
+        return WakeCosts { timeout: RetentionTimeout::default(), host_poll_ns: 0 };
     }
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default().trim().to_string();
     let cache = state_dir.join("calibration.json");
-    if let Some(ns) = std::fs::read_to_string(&cache)
+    if let Some(v) = std::fs::read_to_string(&cache)
         .ok()
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
         .filter(|v| v["boot_id"] == boot.as_str())
-        .and_then(|v| v["timeout_ns"].as_u64())
     {
-        return RetentionTimeout { ns };
+        if let (Some(ns), Some(poll)) = (v["timeout_ns"].as_u64(), v["host_poll_ns"].as_u64()) {
+            return WakeCosts { timeout: RetentionTimeout { ns }, host_poll_ns: poll };
+        }
     }
     match gleaner_linux::wakeprobe::quick_calibration() {
         Ok(c) => {
-            tracing::info!(busy_us = c.busy_p50_ns / 1000, halted_us = c.halted_p50_ns / 1000, timeout_us = c.timeout.ns / 1000, "calibrated retention timeout");
-            // A measurement taken while other work kept the vCPUs busy never saw a halted
-            // vCPU; use it for this run but do not let it stand for the whole boot.
-            let quiet = std::fs::read_to_string("/proc/loadavg")
-                .ok()
-                .and_then(|l| l.split_whitespace().next()?.parse::<f64>().ok())
-                .is_some_and(|load| load < 0.5);
-            if quiet {
-                let v = serde_json::json!({"boot_id": boot, "timeout_ns": c.timeout.ns, "busy_p50_ns": c.busy_p50_ns, "halted_p50_ns": c.halted_p50_ns});
+            tracing::info!(
+                busy_us = c.busy_p50_ns / 1000,
+                halted_us = c.halted_p50_ns / 1000,
+                host_poll_us = c.host_poll_ns / 1000,
+                timeout_us = c.timeout.ns / 1000,
+                "calibrated retention"
+            );
+            // A measurement taken while other work kept the wakee's vCPU busy never saw it
+            // halt (halted ≈ busy); use it for this run, but measure again next time rather
+            // than let it stand for the whole boot.
+            if c.halted_p50_ns as f64 > 1.5 * c.busy_p50_ns as f64 {
+                let v = serde_json::json!({"boot_id": boot, "timeout_ns": c.timeout.ns, "host_poll_ns": c.host_poll_ns,
+                    "busy_p50_ns": c.busy_p50_ns, "halted_p50_ns": c.halted_p50_ns});
                 let _ = std::fs::write(&cache, v.to_string());
             }
-            c.timeout
+            WakeCosts { timeout: c.timeout, host_poll_ns: c.host_poll_ns }
         }
         Err(e) => {
             tracing::warn!("cannot measure wake costs ({e}); using the default hold");
-            RetentionTimeout::default()
+            WakeCosts { timeout: RetentionTimeout::default(), host_poll_ns: 0 }
         }
     }
 }
