@@ -9,6 +9,8 @@ bench/README.md for the suites, configurations and outputs.
 from __future__ import annotations
 
 import argparse
+import subprocess
+import shutil
 import dataclasses
 import os
 import sys
@@ -101,6 +103,10 @@ def main(argv: list[str]) -> int:
                 probe_flags=tuple(preflight.long_flags(list(suite.probe_args))),
                 workloads=bundled + phase,
             )
+            if args.gleaner == preflight.DEFAULT_GLEANER and not args.gleaner.is_file() and shutil.which("cargo"):
+                # A fresh clone: build the CLI the suite runs, so one command does everything.
+                log("building target/release/gleaner (cargo build --release -p gleaner)")
+                subprocess.run(["cargo", "build", "--release", "-p", "gleaner"], cwd=preflight.REPO_ROOT, check=False)
             preflight.check_gleaner(args.gleaner, needs)
     except preflight.PreflightError as error:
         log(f"error: {error}")

@@ -461,8 +461,10 @@ pub fn guard_main(journal_path: &Path) -> Result<i32> {
 fn hasten_exit(pid: libc::pid_t) {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return };
     for tid in tasks.flatten().filter_map(|t| t.file_name().to_str()?.parse::<libc::pid_t>().ok()) {
-        let param = libc::sched_param { sched_priority: 0 };
-        // SAFETY: `param` is a valid sched_param; the call only changes that thread's policy.
+        // Zeroed rather than a struct literal: musl's sched_param has extra fields.
+        // SAFETY: sched_param is plain old data (all-zero is priority 0); the call only
+        // changes that thread's policy.
+        let param: libc::sched_param = unsafe { std::mem::zeroed() };
         unsafe { libc::sched_setscheduler(tid, libc::SCHED_OTHER, &param) };
     }
 }
