@@ -70,6 +70,8 @@ pub struct Sampler {
     switches: HashMap<(u32, u64), u64>,
     /// Per process (pid, start ticks): cumulative CPU ns last seen.
     clocks: HashMap<(u32, u64), u64>,
+    /// CPU ns of workload processes that have exited.
+    retired_ns: u64,
     /// Runnable sub-samples this period: (crowded, total).
     crowded: (u32, u32),
 }
@@ -81,7 +83,7 @@ impl Sampler {
         let list: Vec<usize> = cpus.iter().collect();
         let entries = IdleEntryCounter::open(&sys_root, procfs.root(), &list);
         let precise_idle = matches!(procfs.timer_list(), Ok(Some(_)));
-        Self { procfs, cpus, entries, precise_idle, rotate: 0, prev: None, prev_time_ns: 0, switches: HashMap::new(), clocks: HashMap::new(), crowded: (0, 0) }
+        Self { procfs, cpus, entries, precise_idle, rotate: 0, prev: None, prev_time_ns: 0, switches: HashMap::new(), clocks: HashMap::new(), retired_ns: 0, crowded: (0, 0) }
     }
 
     pub fn idle_source(&self) -> IdleEntrySource {
@@ -185,9 +187,11 @@ impl Sampler {
                 .unwrap_or(times.idle_ns + times.iowait_ns);
             cpus.push((idle, entries.get(i).copied().unwrap_or(0), times.steal_ns, times.busy_ns()));
         }
-        let work_total_ns = match work.total_work_ns {
-            Some(ns) => ns,
-            None => self.process_clocks(&work.pids),
+        // The per-CPU figures, when the back end has them, make the total unnecessary.
+        let work_total_ns = match (work.total_work_ns, &work.percpu_work_ns) {
+            (Some(ns), _) => ns,
+            (None, Some(_)) => 0,
+            (None, None) => self.process_clocks(&work.pids),
         };
         Ok(Snapshot {
             cpus,
@@ -198,15 +202,23 @@ impl Sampler {
     }
 
     /// Sum of the workload processes' CPU time, kept cumulative across processes that exit
-    /// (their last reading stays in the total) and immune to PID reuse.
+    /// (their last reading is folded into `retired_ns`, so a fork-heavy workload does not
+    /// make this map grow) and immune to PID reuse.
     fn process_clocks(&mut self, pids: &[u32]) -> u64 {
+        let mut seen = HashMap::with_capacity(pids.len());
         for &pid in pids {
             let Ok(start) = self.procfs.process_start_time(pid) else { continue };
             if let Some(ns) = process_cpu_ns(pid) {
-                self.clocks.insert((pid, start), ns);
+                seen.insert((pid, start), ns);
             }
         }
-        self.clocks.values().sum()
+        for (key, ns) in self.clocks.drain() {
+            if !seen.contains_key(&key) {
+                self.retired_ns += ns;
+            }
+        }
+        self.clocks = seen;
+        self.retired_ns + self.clocks.values().sum::<u64>()
     }
 
     /// Context switches of the workload's threads since the last call, and the thread count.
@@ -266,6 +278,18 @@ fn process_cpu_ns(pid: u32) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exited_processes_keep_counting_without_being_remembered() {
+        let mut s = Sampler::new(ProcFs::new("/proc"), "/nonexistent-sys", Cpuset::first_n(1));
+        let me = std::process::id();
+        let before = s.process_clocks(&[me]);
+        assert!(before > 0);
+        // The process is gone from the workload: its time stays in the total, not in the map.
+        let after = s.process_clocks(&[]);
+        assert_eq!(after, before);
+        assert!(s.clocks.is_empty());
+    }
 
     #[test]
     fn spreads_work_by_spare_busy_time() {

@@ -111,9 +111,23 @@ fn manage_inner(cfg: &DaemonConfig, target: Target, proc: &ProcFs, journal: &Sha
             let mount = detection.mounts.v2.clone().ok_or_else(|| anyhow!("no cgroup2 mount"))?;
             let own = proc.own_cgroup()?.v2().unwrap_or("/").to_string();
             let parent = mount.join(own.trim_start_matches('/'));
-            let cg = CgroupV2::create(env, &mount, &parent, &std::process::id().to_string(), &[]).context("cannot create the workload's cgroup")?;
-            child = Some(spawn(cmd, Some(vec![cg.procs_file()]))?);
-            Box::new(cg)
+            match CgroupV2::create(env.clone(), &mount, &parent, &std::process::id().to_string(), &[]) {
+                Ok(cg) => {
+                    child = Some(spawn(cmd, Some(vec![cg.procs_file()]))?);
+                    Box::new(cg)
+                }
+                // cgroup v2 allows no controller in the subtree of a cgroup that holds
+                // processes (a systemd session scope, say): with `--backend auto` the
+                // workload is confined by affinity instead, and the user is told why.
+                Err(e) if cfg.backend == BackendChoice::Auto => {
+                    tracing::warn!("cannot use a cgroup v2 cpuset here ({e}); using thread affinity");
+                    let c = spawn(cmd, None)?;
+                    let pid = c.id();
+                    child = Some(c);
+                    Box::new(AffinityPlacement::new(env, pid)?)
+                }
+                Err(e) => return Err(anyhow::Error::new(e).context("cannot create the workload's cgroup")),
+            }
         }
         (Target::Command(cmd), PlacementKind::CgroupV1) => {
             let mounts = V1Mounts::from_detected(&detection.mounts).ok_or_else(|| anyhow!("no cgroup v1 cpuset mount"))?;
@@ -139,7 +153,7 @@ fn manage_inner(cfg: &DaemonConfig, target: Target, proc: &ProcFs, journal: &Sha
         }
     };
     let allowed = placement.allowed().clone();
-    tracing::info!(placement = %kind, allowed = %allowed, timeout_us = timeout.ns / 1000, "managing workload");
+    tracing::info!(placement = %placement.kind(), allowed = %allowed, timeout_us = timeout.ns / 1000, "managing workload");
 
     let mut policy_cfg = cfg.policy.clone();
     policy_cfg.retention_timeout_ns = timeout.ns;
@@ -185,7 +199,7 @@ fn manage_inner(cfg: &DaemonConfig, target: Target, proc: &ProcFs, journal: &Sha
         status_path: Some(status_path(state_dir, std::process::id())),
         timeline,
         command,
-        placement_name: kind.to_string(),
+        placement_name: placement.kind().to_string(),
         retention_backend: retention_name,
     };
     let sampler = Sampler::new(ProcFs::new("/proc"), "/sys", allowed.clone());
