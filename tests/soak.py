@@ -11,7 +11,10 @@ Figures (printed and written as JSON to --out):
   * VmRSS, thread count and open fds of the gleaner process, sampled every --every seconds,
     first sample after the warm-up vs the last one and the maximum;
   * periods from the --timeline file: how many, mean and max interval, and missed periods
-    (an interval longer than 2x the configured period);
+    (an interval longer than twice what the controller planned for it: the configured
+    period, or three periods while the workload is idle);
+  * the controller's own account from the last status query: missed and discarded periods
+    and the latest wake-up after a deadline;
   * status queries made and how many failed or did not list the instance.
 """
 
@@ -72,7 +75,7 @@ def main():
           f"status every {args.every} s; files in {work}", flush=True)
     log = open(work / "gleaner.log", "w")
     g = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=dict(os.environ, GLEANER_LOG="warn"))
-    samples, queries, bad_queries = [], 0, 0
+    samples, queries, bad_queries, last_status = [], 0, 0, {}
     start = time.monotonic()
     try:
         while g.poll() is None:
@@ -82,7 +85,9 @@ def main():
             q = subprocess.run([exe, "status", "--json", "--state-dir", str(state)], capture_output=True, text=True)
             queries += 1
             try:
-                listed = [s["pid"] for s in json.loads(q.stdout)]
+                statuses = json.loads(q.stdout)
+                listed = [s["pid"] for s in statuses]
+                last_status = next((s for s in statuses if s["pid"] == g.pid), last_status)
             except (ValueError, KeyError, TypeError):
                 listed = []
             if q.returncode != 0 or g.pid not in listed:
@@ -99,14 +104,17 @@ def main():
         code = g.wait()
     log.close()
 
-    times = []
+    times, planned = [], []
+    period_s = args.period_ms / 1000
     for line in timeline.read_text().splitlines() if timeline.exists() else []:
         try:
-            times.append(json.loads(line)["t_s"])
+            rec = json.loads(line)
+            times.append(rec["t_s"])
+            planned.append(rec.get("planned_s", period_s))
         except (ValueError, KeyError):
             pass
     gaps = [b - a for a, b in zip(times, times[1:])]
-    period_s = args.period_ms / 1000
+    late = [(t, g_) for t, g_, p in zip(times[1:], gaps, planned[1:]) if g_ > 2 * p]
     warm = [s for s in samples if s["t_s"] >= 30] or samples
     fig = {
         "minutes": args.minutes,
@@ -115,8 +123,13 @@ def main():
         "period_ms_configured": args.period_ms,
         "period_ms_mean": round(1000 * sum(gaps) / len(gaps), 2) if gaps else None,
         "period_ms_max": round(1000 * max(gaps), 2) if gaps else None,
-        "missed_periods": sum(1 for g_ in gaps if g_ > 2 * period_s),
-        "late_periods_at_s": [round(t, 1) for t, g_ in zip(times, gaps) if g_ > 2 * period_s][:20],
+        "idle_stretched_periods": sum(1 for p in planned if p > period_s * 1.5),
+        "missed_periods": len(late),
+        "late_periods_at_s": [round(t, 1) for t, _ in late][:20],
+        "controller_missed_periods": last_status.get("missed_periods"),
+        "controller_discarded_periods": last_status.get("disrupted_periods"),
+        "controller_max_late_ms": last_status.get("max_late_ms"),
+        "controller_nice": last_status.get("controller_nice"),
         "loadavg1_max": max(s["loadavg1"] for s in samples) if samples else None,
         "status_queries": queries,
         "status_queries_failed": bad_queries,

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cgroup::affinity::AffinityOps;
 use crate::cgroup::{move_process, remove_cgroup_dir, write_cgroup_value};
-use crate::error::{write_file, write_private_atomic, Error, Result};
+use crate::error::{write_file, write_private_atomic, Durability, Error, Result};
 use crate::procfs::ProcFs;
 use crate::sysfs::PmQosLatency;
 
@@ -184,7 +184,7 @@ impl Journal {
             path: self.path.clone(),
             source,
         })?;
-        write_private_atomic(&self.path, &json)
+        write_private_atomic(&self.path, &json, Durability::Fsync)
     }
 }
 
@@ -263,6 +263,8 @@ pub fn stale_journals(dir: &Path, proc: &ProcFs) -> Result<Vec<Result<Journal>>>
     for path in paths {
         let journal = match Journal::load(&path) {
             Ok(j) => j,
+            // Removed since the listing: its owner or guard finished with it.
+            Err(_) if !path.exists() => continue,
             Err(e) => {
                 stale.push(Err(e));
                 continue;

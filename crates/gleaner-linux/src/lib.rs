@@ -10,6 +10,7 @@ pub mod controller;
 pub mod error;
 pub mod idle_entries;
 pub mod journal;
+pub mod pacer;
 pub mod pmqos;
 pub mod procfs;
 pub mod retention;

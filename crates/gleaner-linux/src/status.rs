@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use gleaner_policy::{Characteristics, PolicyEvent};
 use serde::{Deserialize, Serialize};
 
-use crate::error::{write_private_atomic, Error, Result};
+use crate::error::{write_private_atomic, Durability, Error, Result};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct VcpuStatus {
@@ -35,6 +35,18 @@ pub struct InstanceStatus {
     pub idle_source: String,
     pub uptime_s: f64,
     pub periods: u64,
+    /// Control deadlines skipped because the loop woke more than one interval late.
+    #[serde(default)]
+    pub missed_periods: u64,
+    /// Periods that lasted more than twice their plan; their samples were discarded.
+    #[serde(default)]
+    pub disrupted_periods: u64,
+    /// Latest wake-up after its deadline so far, in milliseconds.
+    #[serde(default)]
+    pub max_late_ms: f64,
+    /// Nice value of the controller thread (-10 when it could be raised).
+    #[serde(default)]
+    pub controller_nice: i32,
     pub allowed: String,
     pub active: String,
     pub rho: f64,
@@ -60,7 +72,7 @@ pub fn status_path(state_dir: &Path, pid: u32) -> PathBuf {
 /// Replaces the status file atomically with mode 0600.
 pub fn write_status(path: &Path, status: &InstanceStatus) -> Result<()> {
     let text = serde_json::to_vec_pretty(status).map_err(|e| Error::parse(path, "status", &e.to_string()))?;
-    write_private_atomic(path, &text)
+    write_private_atomic(path, &text, Durability::Volatile)
 }
 
 /// Every status file in `state_dir` whose instance is still alive.

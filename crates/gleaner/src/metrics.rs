@@ -177,6 +177,10 @@ pub fn render(s: &Snapshot) -> String {
     per_target(&mut out, s, "gleaner_rollbacks_total", "counter", "Consolidations undone because the workload slowed down.", |st| st.rollbacks as f64);
     per_target(&mut out, s, "gleaner_major_changes_total", "counter", "Workload phase changes that reset the target to all its vCPUs.", |st| st.major_changes as f64);
     per_target(&mut out, s, "gleaner_periods_total", "counter", "Sampling periods completed.", |st| st.periods as f64);
+    per_target(&mut out, s, "gleaner_missed_periods_total", "counter", "Control deadlines skipped because the loop woke more than one interval late.", |st| st.missed_periods as f64);
+    per_target(&mut out, s, "gleaner_disrupted_periods_total", "counter", "Periods longer than twice their plan (stall, paused VM); their samples were discarded.", |st| {
+        st.disrupted_periods as f64
+    });
     per_target(&mut out, s, "gleaner_rho", "gauge", "Load factor rho of condition (1) in force.", |st| st.rho);
     per_target(&mut out, s, "gleaner_eta", "gauge", "Granularity factor eta of condition (2) in force.", |st| st.eta);
     per_target(&mut out, s, "gleaner_retention_timeout_seconds", "gauge", "How long an idle vCPU is held before it may halt.", |st| st.retention_timeout_us / 1e6);
@@ -330,6 +334,10 @@ mod tests {
             idle_source: "tracepoint".into(),
             uptime_s: 12.5,
             periods: 120,
+            missed_periods: 1,
+            disrupted_periods: 2,
+            max_late_ms: 150.0,
+            controller_nice: -10,
             allowed: "0-3".into(),
             active: "0-1".into(),
             rho: 0.9,
@@ -383,6 +391,8 @@ mod tests {
             "gleaner_rollbacks_total{target=\"db\"} 1",
             "gleaner_major_changes_total{target=\"db\"} 2",
             "gleaner_periods_total{target=\"db\"} 120",
+            "gleaner_missed_periods_total{target=\"db\"} 1",
+            "gleaner_disrupted_periods_total{target=\"db\"} 2",
             "gleaner_rho{target=\"db\"} 0.9",
             "gleaner_eta{target=\"db\"} 1",
             "gleaner_retention_timeout_seconds{target=\"db\"} 0.00025",

@@ -65,6 +65,10 @@ pub fn render(s: &InstanceStatus) -> String {
         "  consolidations {}  rollbacks {}  major changes {}  retention CPU {:.2} s  gleaner CPU {:.2} s\n",
         s.consolidations, s.rollbacks, s.major_changes, s.retention_cpu_s, s.self_cpu_s
     );
+    out += &format!(
+        "  periods missed {}  discarded {}  latest wake-up {:.1} ms late  controller nice {}\n",
+        s.missed_periods, s.disrupted_periods, s.max_late_ms, s.controller_nice
+    );
     out += "  vCPU  active  held  work %  idle transitions/s  halts/s  steal %\n";
     for v in &s.vcpus {
         out += &format!(

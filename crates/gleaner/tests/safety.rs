@@ -475,3 +475,206 @@ fn without_root_the_affinity_back_end_runs_and_says_what_is_off() {
     assert!(err.contains("not running as root"), "no message about what is off: {err}");
     assert!(fs::read_dir(&run_dir).map(|d| d.count()).unwrap_or(0) == 0, "state left in {}", run_dir.display());
 }
+
+/// The status file of instance `gleaner_pid`, parsed, or Null while there is none.
+fn status_json(state: &Path, gleaner_pid: u32) -> serde_json::Value {
+    fs::read_to_string(state.join(format!("{gleaner_pid}.status")))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(serde_json::Value::Null)
+}
+
+fn signal(pid: u32, sig: i32) {
+    // SAFETY: kill has no memory preconditions; the pid is one this test started.
+    unsafe { libc::kill(pid as i32, sig) };
+}
+
+/// A stall (here SIGSTOP for a second; in production a paused or migrated VM, or a forward
+/// step of the monotonic clock) is counted and its period discarded, not fed to the policy,
+/// and the loop goes back to its normal schedule afterwards.
+#[test]
+fn a_stall_is_counted_its_period_discarded_and_the_loop_carries_on() {
+    if skip_without_root_v1("stall") {
+        return;
+    }
+    let state = tempfile::tempdir().unwrap();
+    let flags = ["--state-dir", state.path().to_str().unwrap(), "--period-ms", "50", "--retention-timeout-us", "50"];
+    let g = Started::new(gleaner().arg("run").args(flags).args(["--", "sleep", "30"]));
+    let gp = g.id();
+    let work = workload_pid_in(&cgroup_dirs(gp)[0]);
+    assert!(wait_until(Duration::from_secs(5), || periods_in_status(state.path(), gp) >= 3));
+    let before = status_json(state.path(), gp);
+    signal(gp, libc::SIGSTOP);
+    std::thread::sleep(Duration::from_millis(1200));
+    signal(gp, libc::SIGCONT);
+    let resumed = wait_until(Duration::from_secs(5), || {
+        let s = status_json(state.path(), gp);
+        s["disrupted_periods"].as_u64() >= Some(1) && s["periods"].as_u64() >= before["periods"].as_u64().map(|p| p + 3)
+    });
+    let after = status_json(state.path(), gp);
+    signal(gp, libc::SIGTERM);
+    let (code, err) = g.finish();
+    kill_pid(work);
+    assert!(resumed, "no discarded period, or no periods after the stall: {after}\n{err}");
+    // 1.2 s at 50 ms periods; the idle workload is sampled every 150 ms, so deadlines are
+    // checked at 15 ms slices only while busy: any count of whole periods above 10 will do.
+    assert!(after["missed_periods"].as_u64() > Some(10), "the stall was not counted: {after}");
+    assert!(after["max_late_ms"].as_f64() > Some(1000.0), "{after}");
+    for key in ["rollbacks", "major_changes"] {
+        assert_eq!(after[key], before[key], "the stall's sample reached the policy ({key}): {after}");
+    }
+    assert!(err.contains("its sample was discarded"), "the stall was not logged: {err}");
+    assert_eq!(code, Some(128 + libc::SIGTERM), "{err}");
+    assert_nothing_left(gp, state.path());
+}
+
+/// Steps the wall clock (CLOCK_REALTIME) by `secs` and steps it back when dropped, also when
+/// the test fails: the machine's time is the user's, not ours.
+struct WallClockStep {
+    secs: i64,
+}
+
+impl WallClockStep {
+    fn by(secs: i64) -> Option<Self> {
+        step_wall_clock(secs).then_some(Self { secs })
+    }
+}
+
+impl Drop for WallClockStep {
+    fn drop(&mut self) {
+        if !step_wall_clock(-self.secs) {
+            eprintln!("could not step the wall clock back by {} s: correct it by hand", self.secs);
+        }
+    }
+}
+
+fn step_wall_clock(secs: i64) -> bool {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: reads into and writes from a local timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) == 0 && {
+        ts.tv_sec += secs as libc::time_t;
+        libc::clock_settime(libc::CLOCK_REALTIME, &ts) == 0
+    } }
+}
+
+/// The wall clock jumps an hour forward and two back (an NTP step, an operator's `date -s`):
+/// Gleaner times everything on the monotonic clock, so its periods neither stall nor burst
+/// and nothing is discarded.
+#[test]
+fn wall_clock_jumps_do_not_disturb_the_control_loop() {
+    if skip_without_root_v1("wall_clock_jumps") {
+        return;
+    }
+    let state = tempfile::tempdir().unwrap();
+    let flags = ["--state-dir", state.path().to_str().unwrap(), "--period-ms", "100", "--retention-timeout-us", "50"];
+    let g = Started::new(gleaner().arg("run").args(flags).args(["--", "sleep", "30"]));
+    let gp = g.id();
+    let work = workload_pid_in(&cgroup_dirs(gp)[0]);
+    assert!(wait_until(Duration::from_secs(5), || periods_in_status(state.path(), gp) >= 2));
+    let periods = || periods_in_status(state.path(), gp);
+    let mut advanced = Vec::new();
+    {
+        let p0 = periods();
+        let Some(_forward) = WallClockStep::by(3600) else {
+            signal(gp, libc::SIGTERM);
+            let _ = g.finish();
+            kill_pid(work);
+            eprintln!("wall_clock_jumps: skipped: cannot set CLOCK_REALTIME here");
+            return;
+        };
+        advanced.push(wait_until(Duration::from_secs(3), || periods() >= p0 + 2));
+        let p1 = periods();
+        let _back = WallClockStep::by(-7200);
+        advanced.push(wait_until(Duration::from_secs(3), || periods() >= p1 + 2));
+    }
+    let after = status_json(state.path(), gp);
+    signal(gp, libc::SIGTERM);
+    let (code, err) = g.finish();
+    kill_pid(work);
+    assert_eq!(advanced, [true, true], "periods stopped advancing after a wall-clock step: {after}");
+    assert_eq!(after["disrupted_periods"].as_u64(), Some(0), "{after}");
+    assert!(after["uptime_s"].as_f64() < Some(60.0), "uptime followed the wall clock: {after}");
+    assert_eq!(code, Some(128 + libc::SIGTERM), "{err}");
+    assert_nothing_left(gp, state.path());
+}
+
+/// Makes a directory read-only through a read-only bind mount of itself (how a container
+/// runtime or an operator makes a cgroup read-only), and undoes it when dropped.
+struct ReadOnlyBind(PathBuf);
+
+impl ReadOnlyBind {
+    fn over(dir: &Path) -> Option<Self> {
+        let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: valid NUL-terminated paths; null fstype and data are allowed for bind mounts.
+        let bound = unsafe { libc::mount(c.as_ptr(), c.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()) } == 0;
+        if !bound {
+            return None;
+        }
+        let guard = Self(dir.to_path_buf());
+        // SAFETY: as above.
+        let ro = unsafe { libc::mount(std::ptr::null(), c.as_ptr(), std::ptr::null(), libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY, std::ptr::null()) } == 0;
+        ro.then_some(guard)
+    }
+}
+
+impl Drop for ReadOnlyBind {
+    fn drop(&mut self) {
+        let c = std::ffi::CString::new(self.0.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid path; MNT_DETACH cannot fail on a busy mount.
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+/// Someone makes Gleaner's cgroup read-only while it manages ping-pong. When Gleaner next
+/// writes it (to consolidate), it stops, gives the workload back its CPUs and cgroups, says
+/// in one line what happened and what is left, and `gleaner recover` removes what is left.
+#[test]
+fn cgroup_made_read_only_is_reported_restored_and_recoverable() {
+    if skip_without_root_v1("cgroup_read_only") {
+        return;
+    }
+    let state = tempfile::tempdir().unwrap();
+    // 200 ms periods leave time to make the cgroup read-only before the first consolidation
+    // (after two warm-up periods).
+    let flags = ["--state-dir", state.path().to_str().unwrap(), "--period-ms", "200", "--retention-timeout-us", "50"];
+    let g = Started::new(gleaner().arg("run").args(flags).args(["--", env!("CARGO_BIN_EXE_gleaner"), "workload", "pingpong", "--rounds", "1000000000"]));
+    let gp = g.id();
+    let dir = cgroup_dirs(gp)[0].clone();
+    let work = workload_pid_in(&dir);
+    let Some(ro) = ReadOnlyBind::over(&dir) else {
+        signal(gp, libc::SIGTERM);
+        let _ = g.finish();
+        kill_pid(work);
+        eprintln!("cgroup_read_only: skipped: cannot bind-mount {} read-only", dir.display());
+        return;
+    };
+    let mut g = g;
+    let mut exit = None;
+    let ended = wait_until(Duration::from_secs(20), || {
+        if exit.is_none() {
+            exit = g.child.try_wait().ok().flatten();
+        }
+        exit.is_some()
+    });
+    if !ended {
+        signal(gp, libc::SIGTERM);
+        exit = g.child.wait().ok();
+    }
+    let (alive, cpus, cgroups) = (is_alive(work), allowed_cpus(work), v1_cgroups(&work.to_string()));
+    kill_pid(work);
+    let err = fs::read_to_string(g.stderr.path()).unwrap_or_default();
+    drop(ro);
+    assert!(ended, "gleaner did not stop after its cgroup became read-only: {err}");
+    assert_eq!(exit.and_then(|e| e.code()), Some(2), "{err}");
+    let last = err.lines().rfind(|l| l.starts_with("gleaner: error:")).unwrap_or_default();
+    assert!(last.contains("read-only file system") && last.contains("gleaner recover"), "{err}");
+    assert!(alive, "the workload must survive");
+    assert_eq!(cpus, allowed_cpus(std::process::id()), "the workload was left confined");
+    assert_eq!(cgroups, v1_cgroups(&std::process::id().to_string()), "the workload was left in gleaner's cgroup");
+    // Run at once, so `recover` may meet the guard's own retry of the restore: both must agree.
+    let out = gleaner().args(["recover", "--state-dir"]).arg(state.path()).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let gone = |d: &PathBuf| !d.exists();
+    wait_until(Duration::from_secs(2), || cgroup_dirs(gp).iter().all(gone) && !state.path().join(format!("{gp}.json")).exists());
+    assert_nothing_left(gp, state.path());
+}
