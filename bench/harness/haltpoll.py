@@ -11,6 +11,7 @@ for the duration of a run, restoring the previous value on every exit path.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,9 @@ from .cleanup import CleanupStack
 PARAM_PATH = Path("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
 CPUIDLE_DRIVER_PATH = Path("/sys/devices/system/cpu/cpuidle/current_driver")
 HALT_POLL_NS = 200_000
+# Where an override records the value to restore before it writes: SIGKILL (a tool's
+# timeout, the OOM killer) runs no handler, so the next harness start restores from here.
+JOURNAL_DIR = Path("/run/gleaner-bench")
 
 
 class HaltpollError(Exception):
@@ -76,8 +80,9 @@ class ParamOverride:
     signal handlers and atexit hook if the process is interrupted mid-run.
     """
 
-    def __init__(self, path: Path, value: str, stack: CleanupStack) -> None:
+    def __init__(self, path: Path, value: str, stack: CleanupStack, journal_dir: Path | None = None) -> None:
         self.path = path
+        self.journal = (journal_dir or JOURNAL_DIR) / f"{str(path).strip('/').replace('/', '_')}.json"
         self.value = value
         self.stack = stack
         self.old_value: str | None = None
@@ -89,9 +94,14 @@ class ParamOverride:
         except OSError as error:
             raise HaltpollError(f"cannot read {self.path}: {error}") from error
         old_value = self.old_value
+        try:
+            self.journal.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self.journal.write_text(json.dumps({"path": str(self.path), "old_value": old_value, "pid": os.getpid()}))
+        except OSError as error:
+            raise HaltpollError(f"cannot record the restore in {self.journal}: {error}") from error
         # Register the restore before writing: a signal between the write and the
         # registration would otherwise leave the new value behind.
-        self._token = self.stack.push(f"restore {self.path}={old_value}", lambda: self._write(old_value))
+        self._token = self.stack.push(f"restore {self.path}={old_value}", lambda: self._restore(old_value))
         try:
             self._write(self.value)
         except HaltpollError:
@@ -104,8 +114,35 @@ class ParamOverride:
             self.stack.run_one(self._token)
             self._token = None
 
+    def _restore(self, value: str) -> None:
+        self._write(value)
+        self.journal.unlink(missing_ok=True)
+
     def _write(self, value: str) -> None:
         try:
             self.path.write_text(f"{value}\n")
         except OSError as error:
             raise HaltpollError(f"cannot write {value} to {self.path}: {error}") from error
+
+
+def restore_stale(journal_dir: Path = JOURNAL_DIR) -> list[str]:
+    """Restores values left by overrides whose process died without restoring (SIGKILL).
+
+    Returns one line per restored file. Records of a live process are left alone.
+    """
+    restored = []
+    for record in sorted(journal_dir.glob("*.json")) if journal_dir.is_dir() else []:
+        try:
+            entry = json.loads(record.read_text())
+            path, value, pid = Path(entry["path"]), str(entry["old_value"]), int(entry["pid"])
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise HaltpollError(f"unreadable restore record {record}: {error}; fix or delete it") from error
+        if pid != os.getpid() and Path(f"/proc/{pid}").exists():
+            continue
+        try:
+            path.write_text(f"{value}\n")
+        except OSError as error:
+            raise HaltpollError(f"cannot restore {value} to {path}: {error}") from error
+        record.unlink(missing_ok=True)
+        restored.append(f"{path}={value}")
+    return restored

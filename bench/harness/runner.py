@@ -23,7 +23,7 @@ from pathlib import Path
 from . import parse, proc, report
 from .cleanup import CleanupStack
 from .configs import Config, interleave
-from .haltpoll import HALT_POLL_NS, PARAM_PATH, HaltpollError, HaltpollStatus, ParamOverride
+from .haltpoll import HALT_POLL_NS, PARAM_PATH, HaltpollError, HaltpollStatus, ParamOverride, restore_stale
 from .idle import IdleSourceError, read_idle_counters
 from .mariadb import MariaDBError
 from .preflight import LOAD_THRESHOLD, load_check, read_loadavg
@@ -175,6 +175,8 @@ def write_outputs(results: dict, stem: Path, with_plots: bool) -> list[Path]:
 def run_suite(options: Options, stack: CleanupStack) -> list[Path]:
     """Runs the whole suite; returns the output files."""
     suite = options.suite
+    for line in restore_stale():
+        log(f"restored {line}, left by a harness run that was killed")
     started = datetime.datetime.now()
     started_monotonic = time.monotonic()
     stem = output_stem(options.results_dir, suite.name, started)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from harness.cleanup import CleanupStack
-from harness.haltpoll import HaltpollError, ParamOverride, haltpoll_status
+from harness.haltpoll import HaltpollError, ParamOverride, haltpoll_status, restore_stale
 
 BENCH = Path(__file__).resolve().parent.parent
 
@@ -27,7 +27,7 @@ def param(tmp_path):
 
 def test_override_writes_then_restores(param):
     stack = CleanupStack()
-    with ParamOverride(param, "200000", stack) as override:
+    with ParamOverride(param, "200000", stack, param.parent / "journal") as override:
         assert param.read_text().strip() == "200000"
         assert override.old_value == "50000"
         assert len(stack.pending()) == 1
@@ -38,14 +38,14 @@ def test_override_writes_then_restores(param):
 def test_override_restores_on_exception(param):
     stack = CleanupStack()
     with pytest.raises(RuntimeError):
-        with ParamOverride(param, "200000", stack):
+        with ParamOverride(param, "200000", stack, param.parent / "journal"):
             raise RuntimeError("workload crashed")
     assert param.read_text().strip() == "50000"
 
 
 def test_stack_drain_restores_and_later_exit_does_not_write_again(param):
     stack = CleanupStack()
-    with ParamOverride(param, "200000", stack):
+    with ParamOverride(param, "200000", stack, param.parent / "journal"):
         stack.run_all()  # what a signal handler does mid-run
         assert param.read_text().strip() == "50000"
         param.write_text("777\n")  # someone else changes it afterwards
@@ -54,7 +54,7 @@ def test_stack_drain_restores_and_later_exit_does_not_write_again(param):
 
 def test_missing_parameter_is_an_error(tmp_path):
     with pytest.raises(HaltpollError, match="cannot read"):
-        with ParamOverride(tmp_path / "absent", "1", CleanupStack()):
+        with ParamOverride(tmp_path / "absent", "1", CleanupStack(), tmp_path / "journal"):
             pass
 
 
@@ -67,7 +67,7 @@ CHILD = textwrap.dedent(
     from harness.haltpoll import ParamOverride
     STACK.install()
     mode = sys.argv[2]
-    override = ParamOverride(Path(sys.argv[1]), "200000", STACK)
+    override = ParamOverride(Path(sys.argv[1]), "200000", STACK, Path(sys.argv[3]))
     if mode == "atexit":
         override.__enter__()   # never exited: only the atexit hook can restore
         print("ready", flush=True)
@@ -81,7 +81,7 @@ CHILD = textwrap.dedent(
 
 def run_child(param, mode):
     return subprocess.Popen(
-        [sys.executable, "-c", CHILD.format(bench=str(BENCH)), str(param), mode],
+        [sys.executable, "-c", CHILD.format(bench=str(BENCH)), str(param), mode, str(param.parent / "journal")],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -130,3 +130,27 @@ def test_status_without_module_or_root_is_not_runnable(tmp_path, param):
     not_root = haltpoll_status(param, driver, is_root=False)
     assert not not_root.runnable and "root" in not_root.reason
     assert haltpoll_status(param, tmp_path / "no-driver", is_root=True).driver == "missing"
+
+
+def test_sigkill_leaves_a_record_that_the_next_start_restores(param):
+    """SIGKILL runs no handler: the value stays changed until the next harness start."""
+    journal = param.parent / "journal"
+    child = run_child(param, "signal")
+    assert child.stdout.readline().strip() == "ready"
+    child.kill()
+    child.wait(timeout=10)
+    child.stdout.close()
+    child.stderr.close()
+    assert param.read_text().strip() == "200000"
+    assert restore_stale(journal) == [f"{param}=50000"]
+    assert param.read_text().strip() == "50000"
+    assert list(journal.glob("*.json")) == []
+
+
+def test_records_are_removed_on_a_normal_restore_and_a_live_owner_is_left_alone(param):
+    journal = param.parent / "journal"
+    stack = CleanupStack()
+    with ParamOverride(param, "200000", stack, journal):
+        assert len(list(journal.glob("*.json"))) == 1
+    assert list(journal.glob("*.json")) == []
+    assert restore_stale(journal) == []
