@@ -245,6 +245,24 @@ pub fn undo_with(journal: &mut Journal, proc: &ProcFs, ops: &dyn AffinityOps) ->
     }
 }
 
+/// Held while journals in a state directory are undone and rewritten after their owner died,
+/// so that an instance's guard and `gleaner recover` never restore the same journal at once:
+/// both rewrite it through `<pid>.json.tmp`, so one's rename could fail, or bring the journal
+/// back after the other removed it. An advisory `flock` on the directory, released on drop or
+/// when the holder dies; the lock is held only for the few system calls of an undo.
+#[derive(Debug)]
+pub struct RestoreLock(#[allow(dead_code)] nix::fcntl::Flock<std::fs::File>);
+
+impl RestoreLock {
+    /// Waits for the lock on `dir` (a directory that exists).
+    pub fn acquire(dir: &Path) -> Result<Self> {
+        let file = std::fs::File::open(dir).map_err(|e| Error::io(dir, e))?;
+        nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+            .map(Self)
+            .map_err(|(_, errno)| Error::io(dir, std::io::Error::from(errno)))
+    }
+}
+
 /// Journals in `dir` whose owner is dead, or whose pid now belongs to another process.
 /// Unreadable or corrupt files are returned as errors, so one bad file blocks no recovery.
 pub fn stale_journals(dir: &Path, proc: &ProcFs) -> Result<Vec<Result<Journal>>> {
@@ -595,6 +613,18 @@ mod tests {
             "{err}"
         );
         assert_eq!(Journal::load(j.path()).unwrap().entries().len(), 1);
+    }
+
+    #[test]
+    fn restore_lock_excludes_a_second_restorer_until_dropped() {
+        use nix::fcntl::{Flock, FlockArg};
+        let dir = tempfile::tempdir().unwrap();
+        let try_other = || Flock::lock(fs::File::open(dir.path()).unwrap(), FlockArg::LockExclusiveNonblock).is_ok();
+        let held = RestoreLock::acquire(dir.path()).unwrap();
+        assert!(!try_other(), "a second restorer got the lock while the first held it");
+        drop(held);
+        assert!(try_other());
+        assert!(RestoreLock::acquire(&dir.path().join("absent")).unwrap_err().to_string().contains("absent"));
     }
 
     #[test]

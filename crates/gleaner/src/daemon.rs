@@ -459,6 +459,9 @@ pub fn guard_main(journal_path: &Path) -> Result<i32> {
             restored_early = true;
         }
     }
+    // Not while `gleaner recover` is restoring this journal too (see RestoreLock). Without
+    // the lock the guard still restores; it just may race a concurrent recover.
+    let _restoring = journal_path.parent().map(journal::RestoreLock::acquire);
     let _ = std::fs::remove_file(journal_path.with_extension("json.tmp")); // killed mid-write
     if !journal_path.exists() {
         return Ok(0); // clean exit, or killed before the journal existed: nothing to undo
@@ -509,6 +512,12 @@ pub fn recover(state_dir: Option<PathBuf>) -> Result<i32> {
     let proc = ProcFs::new("/proc");
     let mut failed = 0;
     let mut done = 0;
+    if !dir.exists() {
+        println!("nothing to recover in {}", dir.display());
+        return Ok(0);
+    }
+    // A guard finishing its own restore holds this until it is done; its journal is then gone.
+    let _restoring = journal::RestoreLock::acquire(&dir)?;
     for j in journal::stale_journals(&dir, &proc)? {
         match j {
             Ok(mut j) => {
@@ -518,12 +527,6 @@ pub fn recover(state_dir: Option<PathBuf>) -> Result<i32> {
                     Ok(()) => {
                         let _ = j.remove();
                         println!("recovered {}: undid {n} change(s)", path.display());
-                        done += 1;
-                    }
-                    // The instance's guard undid and removed the journal at the same time
-                    // (undoing is idempotent, so both runs give the same result).
-                    Err(_) if !path.exists() => {
-                        println!("recovered {}: its guard finished the restore", path.display());
                         done += 1;
                     }
                     Err(e) => {
