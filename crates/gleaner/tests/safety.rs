@@ -42,7 +42,13 @@ fn gleaner() -> Command {
 
 /// `gleaner run|attach` flags that keep a test short and skip the wake-latency calibration.
 fn fast_flags(state: &Path) -> Vec<String> {
-    ["--state-dir", state.to_str().unwrap(), "--period-ms", "20", "--retention-timeout-us", "50"]
+    flags_with_period(state, 20)
+}
+
+/// As `fast_flags`, with control periods of `period_ms`.
+fn flags_with_period(state: &Path, period_ms: u32) -> Vec<String> {
+    let period = period_ms.to_string();
+    ["--state-dir", state.to_str().unwrap(), "--period-ms", &period, "--retention-timeout-us", "50"]
         .iter()
         .map(|s| s.to_string())
         .collect()
@@ -157,6 +163,45 @@ fn workload_pid_in(dir: &Path) -> u32 {
     pid.unwrap()
 }
 
+/// A `gleaner run` managing a workload: the workload is in Gleaner's cgroup and the
+/// controller has run its first periods. Most environment-change tests start from here.
+struct Managed {
+    state: tempfile::TempDir,
+    gleaner: Started,
+    gleaner_pid: u32,
+    workload_pid: u32,
+}
+
+impl Managed {
+    /// Starts `gleaner run` with `period_ms` periods on `workload` and waits (5 s at most) for
+    /// the workload to enter its cgroup and for `periods` periods to pass.
+    fn start(period_ms: u32, workload: &[&str], periods: u64) -> Self {
+        let state = tempfile::tempdir().unwrap();
+        let gleaner = Started::new(gleaner().arg("run").args(flags_with_period(state.path(), period_ms)).arg("--").args(workload));
+        let gleaner_pid = gleaner.id();
+        let workload_pid = workload_pid_in(&cgroup_dirs(gleaner_pid)[0]);
+        let started = Self { state, gleaner, gleaner_pid, workload_pid };
+        assert!(wait_until(Duration::from_secs(5), || started.periods() >= periods), "the controller never ran {periods} periods");
+        started
+    }
+
+    fn periods(&self) -> u64 {
+        periods_in_status(self.state.path(), self.gleaner_pid)
+    }
+
+    fn status(&self) -> serde_json::Value {
+        status_json(self.state.path(), self.gleaner_pid)
+    }
+
+    /// Sends SIGTERM and waits; returns (exit code, stderr, state dir). The workload is left
+    /// running: the caller inspects and then kills it.
+    fn terminate(self) -> (Option<i32>, String, tempfile::TempDir) {
+        signal(self.gleaner_pid, libc::SIGTERM);
+        let (code, err) = self.gleaner.finish();
+        (code, err, self.state)
+    }
+}
+
 fn periods_in_status(state: &Path, gleaner_pid: u32) -> u64 {
     fs::read_to_string(state.join(format!("{gleaner_pid}.status")))
         .ok()
@@ -230,14 +275,9 @@ fn sigterm_restores_and_leaves_the_workload_running_on_all_cpus() {
     if skip_without_root_v1("sigterm_restores") {
         return;
     }
-    let state = tempfile::tempdir().unwrap();
-    let g = Started::new(gleaner().arg("run").args(fast_flags(state.path())).args(["--", "sleep", "30"]));
-    let gp = g.id();
-    let work = workload_pid_in(&cgroup_dirs(gp)[0]);
-    assert!(wait_until(Duration::from_secs(5), || periods_in_status(state.path(), gp) >= 2));
-    // SAFETY: gp is the child this test started.
-    unsafe { libc::kill(gp as i32, libc::SIGTERM) };
-    let (code, err) = g.finish();
+    let m = Managed::start(20, &["sleep", "30"], 2);
+    let (gp, work) = (m.gleaner_pid, m.workload_pid);
+    let (code, err, state) = m.terminate();
     let alive = is_alive(work);
     let cgroups = v1_cgroups(&work.to_string());
     let cpus = allowed_cpus(work);
@@ -325,15 +365,13 @@ fn cgroup_removed_by_someone_else_is_reported_and_the_workload_kept() {
     if skip_without_root_v1("cgroup_removed") {
         return;
     }
-    let state = tempfile::tempdir().unwrap();
-    let g = Started::new(gleaner().arg("run").args(fast_flags(state.path())).args(["--", "sleep", "30"]));
-    let gp = g.id();
-    let work = workload_pid_in(&cgroup_dirs(gp)[0]);
-    assert!(wait_until(Duration::from_secs(5), || periods_in_status(state.path(), gp) >= 2));
+    let m = Managed::start(20, &["sleep", "30"], 2);
+    let (gp, work) = (m.gleaner_pid, m.workload_pid);
     for (mount, dir) in [CPUSET, CPUACCT].iter().zip(cgroup_dirs(gp)) {
         fs::write(Path::new(mount).join("cgroup.procs"), work.to_string()).unwrap();
         fs::remove_dir(&dir).unwrap();
     }
+    let (state, g) = (m.state, m.gleaner);
     let (code, err) = g.finish();
     let alive = is_alive(work);
     kill_pid(work);
@@ -355,17 +393,12 @@ fn cpu_leaving_the_cpuset_is_survived_and_everything_restored() {
         eprintln!("cpu_offline: skipped: needs at least two CPUs");
         return;
     };
-    let state = tempfile::tempdir().unwrap();
-    let g = Started::new(gleaner().arg("run").args(fast_flags(state.path())).args(["--", "sleep", "30"]));
-    let gp = g.id();
-    let work = workload_pid_in(&cgroup_dirs(gp)[0]);
-    assert!(wait_until(Duration::from_secs(5), || periods_in_status(state.path(), gp) >= 2));
+    let m = Managed::start(20, &["sleep", "30"], 2);
+    let (gp, work) = (m.gleaner_pid, m.workload_pid);
     fs::write(cgroup_dirs(gp)[0].join("cpuset.cpus"), first).unwrap();
-    let before = periods_in_status(state.path(), gp);
-    assert!(wait_until(Duration::from_secs(5), || periods_in_status(state.path(), gp) >= before + 3), "controller stopped after the CPU left");
-    // SAFETY: gp is the child this test started.
-    unsafe { libc::kill(gp as i32, libc::SIGTERM) };
-    let (code, err) = g.finish();
+    let before = m.periods();
+    assert!(wait_until(Duration::from_secs(5), || m.periods() >= before + 3), "controller stopped after the CPU left");
+    let (code, err, state) = m.terminate();
     let cpus = allowed_cpus(work);
     kill_pid(work);
     assert_eq!(code, Some(128 + libc::SIGTERM), "{err}");
@@ -497,23 +530,18 @@ fn a_stall_is_counted_its_period_discarded_and_the_loop_carries_on() {
     if skip_without_root_v1("stall") {
         return;
     }
-    let state = tempfile::tempdir().unwrap();
-    let flags = ["--state-dir", state.path().to_str().unwrap(), "--period-ms", "50", "--retention-timeout-us", "50"];
-    let g = Started::new(gleaner().arg("run").args(flags).args(["--", "sleep", "30"]));
-    let gp = g.id();
-    let work = workload_pid_in(&cgroup_dirs(gp)[0]);
-    assert!(wait_until(Duration::from_secs(5), || periods_in_status(state.path(), gp) >= 3));
-    let before = status_json(state.path(), gp);
+    let m = Managed::start(50, &["sleep", "30"], 3);
+    let (gp, work) = (m.gleaner_pid, m.workload_pid);
+    let before = m.status();
     signal(gp, libc::SIGSTOP);
     std::thread::sleep(Duration::from_millis(1200));
     signal(gp, libc::SIGCONT);
     let resumed = wait_until(Duration::from_secs(5), || {
-        let s = status_json(state.path(), gp);
+        let s = m.status();
         s["disrupted_periods"].as_u64() >= Some(1) && s["periods"].as_u64() >= before["periods"].as_u64().map(|p| p + 3)
     });
-    let after = status_json(state.path(), gp);
-    signal(gp, libc::SIGTERM);
-    let (code, err) = g.finish();
+    let after = m.status();
+    let (code, err, state) = m.terminate();
     kill_pid(work);
     assert!(resumed, "no discarded period, or no periods after the stall: {after}\n{err}");
     // 1.2 s at 50 ms periods; the idle workload is sampled every 150 ms, so deadlines are
@@ -565,31 +593,24 @@ fn wall_clock_jumps_do_not_disturb_the_control_loop() {
     if skip_without_root_v1("wall_clock_jumps") {
         return;
     }
-    let state = tempfile::tempdir().unwrap();
-    let flags = ["--state-dir", state.path().to_str().unwrap(), "--period-ms", "100", "--retention-timeout-us", "50"];
-    let g = Started::new(gleaner().arg("run").args(flags).args(["--", "sleep", "30"]));
-    let gp = g.id();
-    let work = workload_pid_in(&cgroup_dirs(gp)[0]);
-    assert!(wait_until(Duration::from_secs(5), || periods_in_status(state.path(), gp) >= 2));
-    let periods = || periods_in_status(state.path(), gp);
+    let m = Managed::start(100, &["sleep", "30"], 2);
+    let (gp, work) = (m.gleaner_pid, m.workload_pid);
     let mut advanced = Vec::new();
     {
-        let p0 = periods();
+        let p0 = m.periods();
         let Some(_forward) = WallClockStep::by(3600) else {
-            signal(gp, libc::SIGTERM);
-            let _ = g.finish();
+            let _ = m.terminate();
             kill_pid(work);
             eprintln!("wall_clock_jumps: skipped: cannot set CLOCK_REALTIME here");
             return;
         };
-        advanced.push(wait_until(Duration::from_secs(3), || periods() >= p0 + 2));
-        let p1 = periods();
+        advanced.push(wait_until(Duration::from_secs(3), || m.periods() >= p0 + 2));
+        let p1 = m.periods();
         let _back = WallClockStep::by(-7200);
-        advanced.push(wait_until(Duration::from_secs(3), || periods() >= p1 + 2));
+        advanced.push(wait_until(Duration::from_secs(3), || m.periods() >= p1 + 2));
     }
-    let after = status_json(state.path(), gp);
-    signal(gp, libc::SIGTERM);
-    let (code, err) = g.finish();
+    let after = m.status();
+    let (code, err, state) = m.terminate();
     kill_pid(work);
     assert_eq!(advanced, [true, true], "periods stopped advancing after a wall-clock step: {after}");
     assert_eq!(after["disrupted_periods"].as_u64(), Some(0), "{after}");
@@ -633,22 +654,18 @@ fn cgroup_made_read_only_is_reported_restored_and_recoverable() {
     if skip_without_root_v1("cgroup_read_only") {
         return;
     }
-    let state = tempfile::tempdir().unwrap();
     // 200 ms periods leave time to make the cgroup read-only before the first consolidation
-    // (after two warm-up periods).
-    let flags = ["--state-dir", state.path().to_str().unwrap(), "--period-ms", "200", "--retention-timeout-us", "50"];
-    let g = Started::new(gleaner().arg("run").args(flags).args(["--", env!("CARGO_BIN_EXE_gleaner"), "workload", "pingpong", "--rounds", "1000000000"]));
-    let gp = g.id();
+    // (after two warm-up periods), so no period is waited for.
+    let m = Managed::start(200, &[env!("CARGO_BIN_EXE_gleaner"), "workload", "pingpong", "--rounds", "1000000000"], 0);
+    let (gp, work) = (m.gleaner_pid, m.workload_pid);
     let dir = cgroup_dirs(gp)[0].clone();
-    let work = workload_pid_in(&dir);
     let Some(ro) = ReadOnlyBind::over(&dir) else {
-        signal(gp, libc::SIGTERM);
-        let _ = g.finish();
+        let _ = m.terminate();
         kill_pid(work);
         eprintln!("cgroup_read_only: skipped: cannot bind-mount {} read-only", dir.display());
         return;
     };
-    let mut g = g;
+    let (state, mut g) = (m.state, m.gleaner);
     let mut exit = None;
     let ended = wait_until(Duration::from_secs(20), || {
         if exit.is_none() {
