@@ -512,12 +512,12 @@ pub fn recover(state_dir: Option<PathBuf>) -> Result<i32> {
     let proc = ProcFs::new("/proc");
     let mut failed = 0;
     let mut done = 0;
-    if !dir.exists() {
-        println!("nothing to recover in {}", dir.display());
-        return Ok(0);
-    }
     // A guard finishing its own restore holds this until it is done; its journal is then gone.
-    let _restoring = journal::RestoreLock::acquire(&dir)?;
+    // No state directory: nothing to lock, and nothing to recover (said below).
+    let _restoring = match journal::RestoreLock::acquire(&dir) {
+        Err(e) if e.is_not_found() => None,
+        lock => Some(lock?),
+    };
     for j in journal::stale_journals(&dir, &proc)? {
         match j {
             Ok(mut j) => {

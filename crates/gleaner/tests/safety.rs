@@ -203,11 +203,7 @@ impl Managed {
 }
 
 fn periods_in_status(state: &Path, gleaner_pid: u32) -> u64 {
-    fs::read_to_string(state.join(format!("{gleaner_pid}.status")))
-        .ok()
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .and_then(|v| v["periods"].as_u64())
-        .unwrap_or(0)
+    status_json(state, gleaner_pid)["periods"].as_u64().unwrap_or(0)
 }
 
 #[test]
