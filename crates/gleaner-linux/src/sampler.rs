@@ -170,7 +170,7 @@ impl Sampler {
             }
         }
         let runnable_wait = (crowded.1 > 0).then(|| period_ns * crowded.0 as u64 / crowded.1 as u64);
-        Ok(Some(PeriodSample { period_ns, vcpus, work_switches, work_threads, work_runnable_wait_ns: runnable_wait }))
+        Ok(Some(PeriodSample { period_ns, vcpus, work_switches, work_threads, work_runnable_wait_ns: runnable_wait, wake_latency: None, progress: None }))
     }
 
     fn snapshot(&mut self, work: &WorkloadView, retention: &[(usize, RetentionCounters)]) -> Result<Snapshot> {

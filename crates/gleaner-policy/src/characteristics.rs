@@ -67,7 +67,7 @@ mod tests {
         let vcpus = (0..3)
             .map(|cpu| VcpuSample { cpu, work_ns: 2 * t, idle_ns: t, idle_entries: 1, ..Default::default() })
             .collect();
-        let s = PeriodSample { period_ns: 3 * t, vcpus, work_switches: 6, work_threads: 3, work_runnable_wait_ns: None };
+        let s = PeriodSample { period_ns: 3 * t, vcpus, work_switches: 6, work_threads: 3, work_runnable_wait_ns: None, wake_latency: None, progress: None };
         let c = characterize(&s, &Cpuset::first_n(3));
         assert_eq!(c.l_comp_ns, 2.0 * t as f64);
         assert_eq!(c.g_comp_ns, t as f64);

@@ -53,6 +53,142 @@ pub struct PeriodSample {
     /// Time workload threads queued on one active vCPU while another active vCPU had none of
     /// them (estimated from sub-samples of the threads' run states); `None` if unknown.
     pub work_runnable_wait_ns: Option<u64>,
+    /// Wake-up latency of the workload's threads, from the waker's `sched_waking` to the
+    /// wakee running, split by what the wakee's vCPU was doing when it was woken; `None` where
+    /// the sampler cannot see individual wake-ups (procfs fallback).
+    #[serde(default)]
+    pub wake_latency: Option<WakeLatencies>,
+    /// Units of application progress completed in the period (transactions, items, rounds),
+    /// where the application exposes such a counter; `None` where it does not.
+    #[serde(default)]
+    pub progress: Option<u64>,
+}
+
+/// Number of buckets in a [`LatencyHistogram`]: bucket `i` counts latencies in
+/// `[2^i, 2^(i+1))` ns, the last one everything from 2^31 ns (≈ 2.1 s) up.
+pub const LATENCY_BUCKETS: usize = 32;
+
+/// A log2 histogram of latencies in nanoseconds: fixed size and mergeable, so that a kernel
+/// map, the simulator and the policy all count the same way.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LatencyHistogram {
+    pub buckets: [u64; LATENCY_BUCKETS],
+    pub count: u64,
+    pub sum_ns: u64,
+}
+
+impl LatencyHistogram {
+    /// The bucket a latency falls in.
+    pub fn bucket_of(ns: u64) -> usize {
+        if ns == 0 {
+            0
+        } else {
+            (63 - ns.leading_zeros() as usize).min(LATENCY_BUCKETS - 1)
+        }
+    }
+
+    /// Lower bound of bucket `i` in ns.
+    pub fn bucket_floor_ns(i: usize) -> u64 {
+        if i == 0 {
+            0
+        } else {
+            1u64 << i
+        }
+    }
+
+    pub fn record(&mut self, ns: u64) {
+        self.buckets[Self::bucket_of(ns)] += 1;
+        self.count += 1;
+        self.sum_ns = self.sum_ns.saturating_add(ns);
+    }
+
+    pub fn merge(&mut self, other: &LatencyHistogram) {
+        for (a, b) in self.buckets.iter_mut().zip(other.buckets.iter()) {
+            *a += b;
+        }
+        self.count += other.count;
+        self.sum_ns = self.sum_ns.saturating_add(other.sum_ns);
+    }
+
+    pub fn mean_ns(&self) -> Option<f64> {
+        (self.count > 0).then(|| self.sum_ns as f64 / self.count as f64)
+    }
+
+    /// The `q` quantile (0..=1), interpolated geometrically inside its bucket; `None` when
+    /// empty. Accurate to within the bucket's factor of two, which is what a log histogram
+    /// offers.
+    pub fn quantile_ns(&self, q: f64) -> Option<f64> {
+        let total: u64 = self.buckets.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let rank = (q.clamp(0.0, 1.0) * total as f64).max(1.0);
+        let mut seen = 0u64;
+        for (i, &n) in self.buckets.iter().enumerate() {
+            if n == 0 {
+                continue;
+            }
+            if (seen + n) as f64 >= rank {
+                let lo = Self::bucket_floor_ns(i).max(1) as f64;
+                let frac = (rank - seen as f64) / n as f64;
+                return Some(lo * 2f64.powf(frac));
+            }
+            seen += n;
+        }
+        None
+    }
+}
+
+/// What the wakee's vCPU was doing at the moment of the wake-up: the rows of the paper's
+/// Table 2, measured on the user's own program.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WakeLatencies {
+    /// The target vCPU was running something (or is the waker's own vCPU).
+    pub running: LatencyHistogram,
+    /// The target vCPU was idle in a polling state (cpuidle poll, or a retention thread).
+    pub polling: LatencyHistogram,
+    /// The target vCPU was halted: the blocked-waiter wakeup the paper is about.
+    pub halted: LatencyHistogram,
+}
+
+impl WakeLatencies {
+    pub fn merge(&mut self, other: &WakeLatencies) {
+        self.running.merge(&other.running);
+        self.polling.merge(&other.polling);
+        self.halted.merge(&other.halted);
+    }
+
+    pub fn total_count(&self) -> u64 {
+        self.running.count + self.polling.count + self.halted.count
+    }
+}
+
+#[cfg(test)]
+mod latency_tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_powers_of_two_and_quantiles_land_in_the_right_bucket() {
+        assert_eq!(LatencyHistogram::bucket_of(0), 0);
+        assert_eq!(LatencyHistogram::bucket_of(1), 0);
+        assert_eq!(LatencyHistogram::bucket_of(1023), 9);
+        assert_eq!(LatencyHistogram::bucket_of(1024), 10);
+        assert_eq!(LatencyHistogram::bucket_of(u64::MAX), LATENCY_BUCKETS - 1);
+        let mut h = LatencyHistogram::default();
+        for _ in 0..90 {
+            h.record(5_000);
+        }
+        for _ in 0..10 {
+            h.record(80_000);
+        }
+        let p50 = h.quantile_ns(0.5).unwrap();
+        assert!((4096.0..8192.0).contains(&p50), "{p50}");
+        let p99 = h.quantile_ns(0.99).unwrap();
+        assert!((65536.0..131072.0).contains(&p99), "{p99}");
+        assert_eq!(h.count, 100);
+        assert_eq!(h.mean_ns().unwrap(), 12_500.0);
+        assert!(LatencyHistogram::default().quantile_ns(0.5).is_none());
+    }
 }
 
 /// The paper's workload characteristics (§5, §6), averaged over the active vCPUs.

@@ -19,7 +19,7 @@ fn sample(active: &Cpuset, all: usize, comp: u64, idle: u64, g: u64, cycles: u64
         })
         .collect();
     let work: u64 = vcpus.iter().map(|v| v.work_ns).sum();
-    PeriodSample { period_ns: period, vcpus, work_switches: work / g, work_threads: all as u64, work_runnable_wait_ns: Some(0) }
+    PeriodSample { period_ns: period, vcpus, work_switches: work / g, work_threads: all as u64, work_runnable_wait_ns: Some(0), wake_latency: None, progress: None }
 }
 
 /// The same total work as `sample(all vCPUs, ...)` spread over the `active` vCPUs only, as
@@ -293,6 +293,8 @@ fn arb_sample(n: usize) -> impl Strategy<Value = PeriodSample> {
         work_switches,
         work_threads: 8,
         work_runnable_wait_ns: wait,
+        wake_latency: None,
+        progress: None,
     })
 }
 

@@ -1404,6 +1404,8 @@ impl Sim {
             work_switches: vm.thread_switches - vm.last_switches,
             work_threads: vm.live_threads,
             work_runnable_wait_ns: Some(vm.imbalance_wait_ns - vm.last_wait),
+            wake_latency: None,
+            progress: None,
         };
         let vm = &mut self.vms[vm_id as usize];
         vm.last = (0..n as usize).map(|i| self.vcpus[base as usize + i].c.clone()).collect();
