@@ -1,13 +1,9 @@
 //! `gleaner`: the command line. Thin on purpose: each subcommand parses its flags and hands
 //! over to the crate that does the work.
 
-mod config;
-mod daemon;
 mod man;
-mod metrics;
-mod probe;
-mod service;
-mod status;
+
+use gleaner_daemon::{config, daemon, probe, service, status};
 
 use std::ffi::OsString;
 use std::path::PathBuf;

@@ -7,9 +7,7 @@
 //! `fuzz/corpus/config_toml/` (whole and truncated), then mutates them with proptest.
 //! `PROPTEST_CASES=N` makes a longer run.
 
-#[allow(dead_code)]
-#[path = "../src/config.rs"]
-mod config;
+use gleaner_daemon::config;
 
 use std::path::{Path, PathBuf};
 
