@@ -5,6 +5,8 @@
 //! its time waking its partner, a CPU-bound job with nothing to wait for) so that they hold on
 //! any 2-vCPU guest, noisy or not.
 
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
@@ -35,7 +37,7 @@ fn skip_reason() -> Option<String> {
 macro_rules! require_machine {
     () => {
         if let Some(why) = skip_reason() {
-            eprintln!("skipping: {why}");
+            common::skipped(module_path!(), &why);
             return;
         }
     };
