@@ -21,11 +21,11 @@ pub fn run(args: StatusArgs) -> Result<()> {
     let dir = args.state_dir.unwrap_or_else(Journal::default_dir);
     let all = read_statuses(&dir).with_context(|| format!("cannot read status files in {}", dir.display()))?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&all)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&all)?);
         return Ok(());
     }
     if all.is_empty() {
-        println!("no running gleaner instance (looked in {})", dir.display());
+        crate::outln!("no running gleaner instance (looked in {})", dir.display());
     }
     for s in &all {
         print!("{}", render(s));
