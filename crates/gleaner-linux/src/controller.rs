@@ -175,7 +175,7 @@ impl<'a> Controller<'a> {
         let status = InstanceStatus {
             pid: std::process::id(),
             command: opts.command.clone(),
-            mode: format!("{:?}", policy.config().mode).to_lowercase(),
+            mode: policy.config().mode.to_string(),
             observe: opts.observe,
             placement: opts.placement_name.clone(),
             retention_backend: opts.retention_backend.clone(),
