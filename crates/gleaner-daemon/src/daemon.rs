@@ -274,10 +274,14 @@ fn manage_inner(cfg: &DaemonConfig, target: Target, timeline: Option<std::fs::Fi
         }
         false
     };
-    let result = {
+    let (result, observe_report) = {
         let mut controller = Controller::new(policy, placement.as_mut(), retainer, sampler, opts);
-        controller.run(&stop)
+        let result = controller.run(&stop);
+        (result, controller.observe_report())
     };
+    if let Some(report) = observe_report {
+        crate::errln!("{}", report.trim_end());
+    }
     // Give everything back before reporting anything, error or not.
     let restored = placement.restore();
     if let Some(p) = &mut poll {
