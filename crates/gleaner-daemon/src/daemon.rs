@@ -274,14 +274,13 @@ fn manage_inner(cfg: &DaemonConfig, target: Target, timeline: Option<std::fs::Fi
         }
         false
     };
-    let (result, observe_report) = {
+    let (result, summary) = {
         let mut controller = Controller::new(policy, placement.as_mut(), retainer, sampler, opts);
         let result = controller.run(&stop);
-        (result, controller.observe_report())
+        (result, controller.summary())
     };
-    if let Some(report) = observe_report {
-        crate::errln!("{}", report.trim_end());
-    }
+    // What Gleaner did and why, or why it did nothing: the user's first question.
+    crate::errln!("{}", summary.trim_end());
     // Give everything back before reporting anything, error or not.
     let restored = placement.restore();
     if let Some(p) = &mut poll {

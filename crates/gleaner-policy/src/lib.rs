@@ -16,6 +16,6 @@ pub use characteristics::characterize;
 pub use config::{ConfigError, Mode, PolicyConfig};
 pub use cpuset::{Cpuset, CpusetParseError};
 pub use engine::{Decision, EventKind, Gleaner, PolicyEvent, RetentionAction, FOREVER_NS};
-pub use observe::ObserveSummary;
+pub use observe::RunSummary;
 pub use retention::RetentionTimeout;
 pub use sample::{Characteristics, LatencyHistogram, PeriodSample, VcpuSample, WakeLatencies, LATENCY_BUCKETS};

@@ -1,18 +1,19 @@
-//! What an observe-only run would have done: counts of the changes the policy proposed,
-//! period by period, and the measured reasons when it proposed none.
+//! What a run did, or an observe-only run would have done: counts of the changes the policy
+//! made or proposed, period by period, and the measured reasons when there were none.
 //!
-//! Exists so that `gleaner run --observe` ends with a preview of full mode a user can act on,
-//! rather than a log of hypothetical changes that were never made (and so never judged).
+//! Exists so that every `gleaner run` ends by telling the user what Gleaner did and why, and
+//! `gleaner run --observe` with a preview of full mode a user can act on, rather than a log
+//! of hypothetical changes that were never made (and so never judged).
 
 use std::collections::BTreeMap;
 
 use crate::engine::{Decision, EventKind, Gleaner};
 use crate::sample::Characteristics;
 
-/// Accumulates the decisions of an observe-only run (the policy's changes forgotten after
-/// each period with [`Gleaner::forget_changes`]).
+/// Accumulates the decisions of a run; in an observe-only run the policy's changes are
+/// forgotten after each period with [`Gleaner::forget_changes`].
 #[derive(Debug, Clone, Default)]
-pub struct ObserveSummary {
+pub struct RunSummary {
     periods: u64,
     /// Periods in which the policy proposed each kind of change, with the first reason given.
     proposed: BTreeMap<&'static str, (u64, String)>,
@@ -31,7 +32,7 @@ fn kind_name(kind: &EventKind) -> &'static str {
     }
 }
 
-impl ObserveSummary {
+impl RunSummary {
     pub fn add(&mut self, d: &Decision, idle_util: f64) {
         self.periods += 1;
         for e in &d.events {
@@ -69,15 +70,17 @@ impl ObserveSummary {
         }
     }
 
-    /// The report printed at the end of an observe-only run.
-    pub fn render(&self, policy: &Gleaner) -> String {
-        let mut out = format!("observe: {} periods measured, nothing changed.\n", self.periods);
+    /// The report printed at the end of a run; `observed` for an observe-only run, whose
+    /// changes were proposed, not made.
+    pub fn render(&self, policy: &Gleaner, observed: bool) -> String {
+        let (tag, verb, would) = if observed { ("observe", "would have", "would have changed nothing") } else { ("gleaner", "did", "changed nothing") };
+        let mut out = format!("{tag}: {} periods measured{}.\n", self.periods, if observed { ", nothing changed" } else { "" });
         if self.periods == 0 {
             return out;
         }
         let mean = self.mean_characteristics();
         if self.proposed.is_empty() {
-            out += "observe: full mode would have changed nothing, because (means over the busy periods):\n";
+            out += &format!("{tag}: {} {would}, because (means over the busy periods):\n", if observed { "full mode" } else { "Gleaner" });
             let why = policy.why_unchanged(&mean);
             if why.is_empty() {
                 out += "  - no single period met the conditions, although their means do (the workload varies)\n";
@@ -86,13 +89,13 @@ impl ObserveSummary {
                 out += &format!("  - {w}\n");
             }
         } else {
-            out += "observe: full mode would have, in this many of the periods:\n";
+            out += &format!("{tag}: {} {verb}, in this many of the periods:\n", if observed { "full mode" } else { "Gleaner" });
             for (kind, (n, reason)) in &self.proposed {
                 out += &format!("  - {kind}: {n} of {} ({:.0} %); first because {reason}\n", self.periods, *n as f64 * 100.0 / self.periods as f64);
             }
         }
         out += &format!(
-            "observe: means: utilization {:.2} vCPUs, l_comp {:.1} µs, g_comp {:.1} µs, l_idle {:.1} µs, {:.0} idle periods/s per vCPU\n",
+            "{tag}: means: utilization {:.2} vCPUs, l_comp {:.1} µs, g_comp {:.1} µs, l_idle {:.1} µs, {:.0} idle periods/s per vCPU\n",
             mean.total_util,
             mean.l_comp_ns / 1e3,
             mean.g_comp_ns / 1e3,

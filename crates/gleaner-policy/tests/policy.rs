@@ -334,7 +334,7 @@ fn observe_only_proposes_the_same_change_each_period_and_never_judges_it() {
     // Figure 4(a) measured with nothing applied: the consolidation is proposed every period
     // (never rolled back by measurements that cannot reflect it), and the summary says so.
     let mut g = Gleaner::new(consolidation_only(), Cpuset::first_n(3)).unwrap();
-    let mut summary = ObserveSummary::default();
+    let mut summary = RunSummary::default();
     for _ in 0..6 {
         let d = g.step(&sample(&Cpuset::first_n(3), 3, 2 * T, T, T, 10));
         assert_eq!(events(std::slice::from_ref(&d)), vec![EventKind::Deactivate { cpu: 2 }], "{:?}", d.events);
@@ -342,7 +342,7 @@ fn observe_only_proposes_the_same_change_each_period_and_never_judges_it() {
         g.forget_changes();
         assert_eq!(g.active().len(), 3);
     }
-    let report = summary.render(&g);
+    let report = summary.render(&g, true);
     assert!(report.contains("deactivate a vCPU (consolidate): 6 of 6"), "{report}");
     assert!(!report.contains("roll"), "{report}");
 }
@@ -351,13 +351,13 @@ fn observe_only_proposes_the_same_change_each_period_and_never_judges_it() {
 fn observe_explains_why_nothing_would_change() {
     // Figure 4(b): g_comp = 2t > eta x l_idle; idle periods far too few and long to hold.
     let mut g = Gleaner::new(PolicyConfig { warmup_periods: 0, ..Default::default() }, Cpuset::first_n(3)).unwrap();
-    let mut summary = ObserveSummary::default();
+    let mut summary = RunSummary::default();
     for _ in 0..4 {
         let d = g.step(&sample(&Cpuset::first_n(3), 3, 2 * T, T, 2 * T, 10));
         summary.add(&d, 0.02);
         g.forget_changes();
     }
-    let report = summary.render(&g);
+    let report = summary.render(&g, true);
     assert!(report.contains("would have changed nothing"), "{report}");
     assert!(report.contains("retention:") && report.contains("idle periods/s per vCPU, fewer than"), "{report}");
     assert!(report.contains("consolidation: g_comp") && report.contains("synchronize too rarely"), "{report}");
