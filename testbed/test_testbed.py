@@ -56,10 +56,17 @@ FAKE_QEMU = textwrap.dedent(
     print("boot noise", flush=True)
     print("TB-READY 2 fake", flush=True)
     for line in sys.stdin:
+        if os.environ.get("FAKE_QEMU_INPUT"):
+            with open(os.environ["FAKE_QEMU_INPUT"], "a") as f:
+                f.write(line)
         words = line.split()
         if words and words[0] == "RUN":
             if "hang" in words:
                 time.sleep(3600)
+            if os.environ.get("FAKE_QEMU_BROKEN_GLEANER") and words[2] != "off":
+                print("TB-RESULT %s 1 {}" % words[1], flush=True)
+                print("TB-LOG %s gleaner: error: cannot start retention threads: ENOSYS" % words[1], flush=True)
+                continue
             tput = 200.0 if words[2] == "full" else 100.0
             report = {"workload": words[3], "ops": 10, "elapsed_s": 0.1, "throughput_per_s": tput}
             print("TB-RESULT %s 0 %s" % (words[1], json.dumps(report)), flush=True)
@@ -305,6 +312,28 @@ class FakeQemuTest(unittest.TestCase):
         self.assertIn(b"interrupted", err)
         for pid in pids.read_text().split():
             self.assertFalse(Path(f"/proc/{pid}").exists(), f"fake QEMU {pid} survived")
+
+    def smoke(self, **env) -> tuple[int, str]:
+        """`testbed.py smoke` against the fake QEMU: (exit code, stderr)."""
+        env = {**os.environ, "GLEANER_TESTBED_QEMU": testbed.QEMU, "GLEANER_TESTBED_LOCK": str(self.dir / "lock"),
+               "FAKE_QEMU_INPUT": str(self.dir / "input"), "TMPDIR": str(self.dir), **env}  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, testbed.__file__, "--image", str(self.dir), "smoke"], env=env, capture_output=True, timeout=30
+        )
+        return done.returncode, done.stderr.decode()
+
+    def test_smoke_runs_the_workload_under_gleaner_with_retention(self):
+        rc, err = self.smoke()
+        self.assertEqual(rc, 0, err)
+        self.assertIn("testbed smoke: ok", err)
+        runs = [line for line in (self.dir / "input").read_text().splitlines() if line.startswith("RUN")]
+        self.assertEqual(runs, ["RUN 1 retention pipeline --duration 1s"])
+
+    def test_smoke_fails_when_gleaner_fails_in_the_guest(self):
+        rc, err = self.smoke(FAKE_QEMU_BROKEN_GLEANER="1")
+        self.assertEqual(rc, 1, err)
+        self.assertIn("testbed smoke: FAILED", err)
+        self.assertIn("guest: gleaner: error: cannot start retention threads: ENOSYS", err)
 
     def test_a_guest_that_never_answers_times_out(self):
         spec = testbed.GuestSpec("g", "benchmark", 2, 256, ["hang"], "off")
