@@ -544,11 +544,8 @@ pub fn guard_main(journal_path: &Path) -> Result<i32> {
 fn hasten_exit(pid: libc::pid_t) {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return };
     for tid in tasks.flatten().filter_map(|t| t.file_name().to_str()?.parse::<libc::pid_t>().ok()) {
-        // Zeroed rather than a struct literal: musl's sched_param has extra fields.
-        // SAFETY: sched_param is plain old data (all-zero is priority 0); the call only
-        // changes that thread's policy.
-        let param: libc::sched_param = unsafe { std::mem::zeroed() };
-        unsafe { libc::sched_setscheduler(tid, libc::SCHED_OTHER, &param) };
+        // Best effort: a thread that already exited has nothing left to hasten.
+        let _ = gleaner_linux::retention::set_thread_sched_policy(tid, libc::SCHED_OTHER);
     }
 }
 
