@@ -3,6 +3,7 @@
 //! Exists so that `gleaner run`, `gleaner attach` and the service read one format with one set
 //! of documented defaults, and a bad value is refused before any CPU is touched.
 
+use gleaner_sys::one_line;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -193,10 +194,6 @@ pub fn parse(text: &str) -> Result<DaemonConfig> {
     let cfg: DaemonConfig = toml::from_str(text).map_err(|e| anyhow::anyhow!("malformed TOML: {}", one_line(&e.to_string())))?;
     cfg.validate()?;
     Ok(cfg)
-}
-
-fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 pub fn is_root() -> bool {
