@@ -3,6 +3,7 @@
 
 mod man;
 
+use gleaner_sys::one_line;
 use gleaner_daemon::{config, daemon, probe, service, status};
 
 use std::ffi::OsString;
@@ -137,6 +138,3 @@ fn main() -> ExitCode {
     }
 }
 
-fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
-}
