@@ -9,7 +9,7 @@ use anyhow::Context;
 use serde::Serialize;
 
 use crate::report::{table, SimReport};
-use crate::scenario::{load_value, Scenario, Sweep};
+use crate::scenario::{parse_value, read_text, Scenario, Sweep};
 use crate::simulate;
 
 #[derive(Debug, Clone, clap::Args)]
@@ -41,10 +41,11 @@ struct SweepReport<'a> {
 }
 
 pub fn run(args: SimArgs) -> anyhow::Result<()> {
-    let base = load_value(&args.scenario)?;
+    let text = read_text(&args.scenario)?;
+    let base = parse_value(&text, &args.scenario)?;
     let (json, rows_text) = match &args.sweep {
         None => {
-            let mut scenario = Scenario::from_value(base, &args.scenario)?;
+            let mut scenario = Scenario::from_value_in(base, Some(&text), &args.scenario)?;
             if let Some(seed) = args.seed {
                 scenario.seed = seed;
             }
