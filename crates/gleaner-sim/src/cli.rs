@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::report::{table, SimReport};
 use crate::scenario::{parse_value, read_text, Scenario, Sweep};
-use crate::simulate;
+use crate::simulate_counting;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct SimArgs {
@@ -41,6 +41,17 @@ struct SweepReport<'a> {
 }
 
 pub fn run(args: SimArgs) -> anyhow::Result<()> {
+    // Wall time of the simulations alone, for the events/s line on stderr (stdout stays the
+    // deterministic report).
+    let mut events = 0u64;
+    let mut busy = std::time::Duration::ZERO;
+    let mut timed = |scenario: &Scenario| {
+        let started = std::time::Instant::now();
+        let (report, n) = simulate_counting(scenario);
+        busy += started.elapsed();
+        events += n;
+        report
+    };
     let text = read_text(&args.scenario)?;
     let base = parse_value(&text, &args.scenario)?;
     let (json, rows_text) = match &args.sweep {
@@ -49,7 +60,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
             if let Some(seed) = args.seed {
                 scenario.seed = seed;
             }
-            let report = simulate(&scenario);
+            let report = timed(&scenario);
             let text = table(&[(None, &report, None)]);
             (serde_json::to_string_pretty(&report)?, text)
         }
@@ -64,7 +75,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
                 if let Some(seed) = args.seed {
                     scenario.seed = seed;
                 }
-                reports.push(simulate(&scenario));
+                reports.push(timed(&scenario));
             }
             let relative: Vec<Option<f64>> = reports.iter().map(|r| r.relative_to(&reports[0])).collect();
             let rows: Vec<_> = reports
@@ -91,6 +102,15 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         println!("{json}");
     } else {
         print!("{rows_text}");
+    }
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let secs = busy.as_secs_f64();
+    if secs > 0.0 {
+        eprintln!(
+            "{events} events in {secs:.2} s of simulation: {:.2} M events/s",
+            events as f64 / secs / 1e6
+        );
     }
     Ok(())
 }

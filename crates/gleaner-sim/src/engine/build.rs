@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use gleaner_policy::{Cpuset, Gleaner, Mode, PolicyConfig};
+use gleaner_policy::{Cpuset, Gleaner, Mode, PolicyConfig, WakeLatencies};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
@@ -90,6 +90,7 @@ impl Sim {
             any_finite: false,
             scenario_name: s.name.clone(),
             seed: s.seed,
+            kept_samples: None,
         };
         for (i, vm) in s.vms.iter().enumerate() {
             sim.add_vm(s, i, vm);
@@ -197,7 +198,7 @@ impl Sim {
                     burst_left: 0,
                     spinning: false,
                     spin_held: 0,
-                    woken_at: None,
+                    woken: None,
                     rng,
                 });
                 local_thread += 1;
@@ -245,6 +246,8 @@ impl Sim {
             last: vec![Counters::default(); cfg.vcpus],
             last_switches: 0,
             last_wait: 0,
+            last_iterations: 0,
+            period_wake: WakeLatencies::default(),
             active_history: Vec::new(),
             retaining_history: Vec::new(),
             policy_events: Vec::new(),

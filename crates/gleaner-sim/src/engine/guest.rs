@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use super::accounting::{Acct, Counters};
 use super::ids::{ThreadId, VcpuId, VmId};
 use super::sync::{ROp, TState};
-use super::wake::Waker;
+use super::wake::{WakeeState, Waker};
 use super::{Event, Sim};
 use crate::scenario::GuestPolicy;
 use crate::time::Ns;
@@ -88,9 +88,15 @@ impl Sim {
         match self.vcpus[v].act {
             Activity::Switching(t) => {
                 let th = &mut self.threads[t];
-                if let Some(at) = th.woken_at.take() {
-                    let vm = th.vm;
-                    self.vms[vm].latency.record(self.now - at);
+                if let Some((at, state)) = th.woken.take() {
+                    let vm = &mut self.vms[th.vm];
+                    let latency = self.now - at;
+                    vm.latency.record(latency);
+                    match state {
+                        WakeeState::Running => vm.period_wake.running.record(latency),
+                        WakeeState::Polling => vm.period_wake.polling.record(latency),
+                        WakeeState::Halted => vm.period_wake.halted.record(latency),
+                    }
                 }
                 self.vcpus[v].act = Activity::Running(t);
                 self.thread_continue(t);

@@ -32,7 +32,7 @@ mod report;
 mod sync;
 mod wake;
 
-use gleaner_policy::Gleaner;
+use gleaner_policy::{Gleaner, PeriodSample, WakeLatencies};
 
 use guest::Vcpu;
 use accounting::Counters;
@@ -83,6 +83,10 @@ struct Vm {
     last: Vec<Counters>,
     last_switches: u64,
     last_wait: Ns,
+    /// Iterations at the last policy period: progress is the difference.
+    last_iterations: u64,
+    /// Wake latencies of the current policy period, by the wakee vCPU's state.
+    period_wake: WakeLatencies,
     active_history: Vec<usize>,
     retaining_history: Vec<usize>,
     policy_events: Vec<gleaner_policy::PolicyEvent>,
@@ -144,11 +148,25 @@ pub struct Sim {
     any_finite: bool,
     scenario_name: String,
     seed: u64,
+    /// Every `PeriodSample` handed to a policy, with its VM's index, when asked for
+    /// ([`Sim::run_keeping_samples`]): what the policy lab correlates with throughput.
+    kept_samples: Option<Vec<(usize, PeriodSample)>>,
 }
 
 impl Sim {
     /// Run to completion and report.
-    pub fn run(mut self) -> SimReport {
+    pub fn run(self) -> SimReport {
+        self.run_loop().0
+    }
+
+    /// Run to completion; also return every sample the VMs' policies were given.
+    pub fn run_keeping_samples(mut self) -> (SimReport, Vec<(usize, PeriodSample)>) {
+        self.kept_samples = Some(Vec::new());
+        let (report, samples) = self.run_loop();
+        (report, samples.unwrap_or_default())
+    }
+
+    fn run_loop(mut self) -> (SimReport, Option<Vec<(usize, PeriodSample)>>) {
         self.start();
         while let Some((at, ev)) = self.q.pop() {
             if at > self.end {
@@ -162,7 +180,8 @@ impl Sim {
                 break;
             }
         }
-        self.report()
+        let samples = self.kept_samples.take();
+        (self.report(), samples)
     }
 
     fn start(&mut self) {

@@ -1,7 +1,7 @@
 //! Glue to gleaner-policy: the per-period `PeriodSample` built from the VM's counters, the
 //! decision applied (active vCPUs, retention holds), and the sub-sampled runnable wait.
 
-use gleaner_policy::{PeriodSample, RetentionAction, VcpuSample};
+use gleaner_policy::{PeriodSample, RetentionAction, VcpuSample, WakeLatencies};
 
 use super::guest::Activity;
 use super::ids::{ThreadId, VcpuId, VmId};
@@ -64,13 +64,18 @@ impl Sim {
             work_switches: vm.thread_switches - vm.last_switches,
             work_threads: vm.live_threads,
             work_runnable_wait_ns: Some(vm.imbalance_wait_ns - vm.last_wait),
-            wake_latency: None,
-            progress: None,
+            wake_latency: Some(vm.period_wake.clone()),
+            progress: Some(vm.iterations - vm.last_iterations),
         };
         let vm = &mut self.vms[vm_id];
+        vm.period_wake = WakeLatencies::default();
+        vm.last_iterations = vm.iterations;
         vm.last = (0..n).map(|i| self.vcpus[base.offset(i)].c.clone()).collect();
         vm.last_switches = vm.thread_switches;
         vm.last_wait = vm.imbalance_wait_ns;
+        if let Some(kept) = self.kept_samples.as_mut() {
+            kept.push((vm_id.index(), sample.clone()));
+        }
         let Some(gleaner) = vm.gleaner.as_mut() else { return };
         let decision = gleaner.step(&sample);
         vm.active_history.push(decision.active.len());

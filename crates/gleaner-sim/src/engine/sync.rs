@@ -8,7 +8,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::guest::Activity;
 use super::ids::{BarrierId, MutexId, ProgramId, QueueId, SpinId, ThreadId, VcpuId, VmId};
-use super::wake::Waker;
+use super::wake::{WakeeState, Waker};
 use super::{Event, Sim};
 use crate::host::VState;
 use crate::time::Ns;
@@ -35,7 +35,8 @@ pub(super) struct Thread {
     pub(super) burst_left: Ns,
     pub(super) spinning: bool,
     pub(super) spin_held: u32,
-    pub(super) woken_at: Option<Ns>,
+    /// When the thread was last woken and what its target vCPU was doing then, until it runs.
+    pub(super) woken: Option<(Ns, WakeeState)>,
     pub(super) rng: ChaCha8Rng,
 }
 

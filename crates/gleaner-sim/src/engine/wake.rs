@@ -8,6 +8,16 @@ use super::Event;
 use super::Sim;
 use crate::host::VState;
 
+/// What a woken thread's target vCPU was doing at the wake-up (the split of
+/// `PeriodSample::wake_latency`): busy or the waker's own, idle in a polling state (haltpoll,
+/// a retention hold), or idle in HLT.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum WakeeState {
+    Running,
+    Polling,
+    Halted,
+}
+
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Waker {
     /// A thread running on this vCPU (the unlock, push or barrier arrival that wakes).
@@ -69,8 +79,16 @@ impl Sim {
     }
 
     pub(super) fn wake_thread(&mut self, t: ThreadId, waker: Waker) {
-        self.threads[t].woken_at = Some(self.now);
         let v = self.select_vcpu(t, waker);
+        let state = match (self.vcpus[v].act, waker) {
+            // A thread waking another onto its own vCPU: that vCPU is running (the waker).
+            // A timer is not like that: it fires on a halted vCPU too, which the host kicks.
+            (_, Waker::Thread(u)) if u == v => WakeeState::Running,
+            (Activity::Switching(_) | Activity::Running(_), _) => WakeeState::Running,
+            (Activity::Polling | Activity::Retaining, _) => WakeeState::Polling,
+            (Activity::Idle, _) => WakeeState::Halted,
+        };
+        self.threads[t].woken = Some((self.now, state));
         self.enqueue_ready(t, v);
         self.kick(v, waker);
     }
