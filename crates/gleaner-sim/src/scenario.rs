@@ -303,6 +303,10 @@ pub struct VmConfig {
     /// Pin vCPU i to the i-th pCPU of `host_cpus` (a dedicated-hardware VM).
     #[serde(default)]
     pub pin_vcpus: bool,
+    /// Confine the workload to the VM's first `active_vcpus` vCPUs for the whole run (a fixed
+    /// cpuset: the policy lab's static settings); default all.
+    #[serde(default)]
+    pub active_vcpus: Option<usize>,
     /// Overrides `guest.retention_timeout` for this VM.
     #[serde(default)]
     pub retention_timeout: Option<Dur>,
@@ -439,6 +443,14 @@ impl Scenario {
             let f = |name: &str| format!("vm[{i}].{name}");
             if vm.vcpus == 0 || vm.vcpus > 8192 {
                 return Err(bad(f("vcpus"), format!("{} must be 1..=8192", vm.vcpus)));
+            }
+            if let Some(k) = vm.active_vcpus {
+                if k == 0 || k > vm.vcpus {
+                    return Err(bad(f("active_vcpus"), format!("{k} must be 1..={} (the VM's vcpus)", vm.vcpus)));
+                }
+                if vm.guest == GuestPolicy::Retention || vm.guest == GuestPolicy::Gleaner {
+                    return Err(bad(f("active_vcpus"), "a fixed cpuset conflicts with the policy's own; use guest none, haltpoll or hold".into()));
+                }
             }
             if vm.weight == 0 {
                 return Err(bad(f("weight"), "must be > 0 (1024 is nice 0)".into()));

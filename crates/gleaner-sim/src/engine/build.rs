@@ -140,6 +140,8 @@ impl Sim {
             _ => None,
         };
         let (groups, queue_caps) = cfg.expanded();
+        // A fixed cpuset for the workload (the lab's static settings): the first k vCPUs.
+        let confined = cfg.active_vcpus.unwrap_or(cfg.vcpus).clamp(1, cfg.vcpus);
         // Sync objects are named per VM and numbered over the host.
         let mut mutex_ids: BTreeMap<String, MutexId> = BTreeMap::new();
         let mut spin_ids: BTreeMap<String, SpinId> = BTreeMap::new();
@@ -182,7 +184,7 @@ impl Sim {
                 let mut rng = ChaCha8Rng::seed_from_u64(s.seed);
                 rng.set_stream(id.0 as u64);
                 let pin = group.pin.map(|p| base.offset(p as u32));
-                let vcpu = pin.unwrap_or(base.offset((local_thread % cfg.vcpus) as u32));
+                let vcpu = pin.unwrap_or(base.offset((local_thread % confined) as u32));
                 if group.iterations.is_some() {
                     finite += 1;
                 }
@@ -196,6 +198,7 @@ impl Sim {
                     vcpu,
                     pin,
                     burst_left: 0,
+                    burst_total: 0,
                     spinning: false,
                     spin_held: 0,
                     woken: None,
@@ -234,7 +237,7 @@ impl Sim {
             policy: cfg.guest,
             base,
             n: cfg.vcpus as u32,
-            active: vec![true; cfg.vcpus],
+            active: (0..cfg.vcpus).map(|i| i < confined).collect(),
             finite_left: finite,
             done_at: None,
             iterations: 0,
@@ -246,7 +249,8 @@ impl Sim {
             last: vec![Counters::default(); cfg.vcpus],
             last_switches: 0,
             last_wait: 0,
-            last_iterations: 0,
+            work_done_ns: 0,
+            last_work_done_ns: 0,
             period_wake: WakeLatencies::default(),
             active_history: Vec::new(),
             retaining_history: Vec::new(),

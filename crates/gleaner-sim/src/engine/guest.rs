@@ -108,6 +108,7 @@ impl Sim {
                     let th = &mut self.threads[t];
                     th.burst_left = 0;
                     th.op += 1;
+                    self.vms[th.vm].work_done_ns += std::mem::take(&mut th.burst_total);
                     self.thread_continue(t);
                 }
             }

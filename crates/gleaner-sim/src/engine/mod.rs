@@ -83,8 +83,10 @@ struct Vm {
     last: Vec<Counters>,
     last_switches: u64,
     last_wait: Ns,
-    /// Iterations at the last policy period: progress is the difference.
-    last_iterations: u64,
+    /// Compute bursts completed (the workload's useful work), and the total at the last
+    /// policy period: the application progress the sample reports is the difference.
+    work_done_ns: Ns,
+    last_work_done_ns: Ns,
     /// Wake latencies of the current policy period, by the wakee vCPU's state.
     period_wake: WakeLatencies,
     active_history: Vec<usize>,
@@ -209,7 +211,7 @@ impl Sim {
             if self.vms[vm].n > 1 {
                 self.q.push(self.g.balance_interval, Event::GuestBalance { vm });
             }
-            if self.vms[vm].gleaner.is_some() {
+            if self.vms[vm].gleaner.is_some() || self.kept_samples.is_some() {
                 self.q.push(self.g.policy_period, Event::PolicyPeriod { vm });
                 self.q.push(self.wait_sample_interval(), Event::WaitSample { vm });
             }

@@ -65,11 +65,13 @@ impl Sim {
             work_threads: vm.live_threads,
             work_runnable_wait_ns: Some(vm.imbalance_wait_ns - vm.last_wait),
             wake_latency: Some(vm.period_wake.clone()),
-            progress: Some(vm.iterations - vm.last_iterations),
+            // In microseconds of the workload's compute completed: every simulated workload's
+            // useful work, whatever its kind (items, transactions, barrier rounds).
+            progress: Some((vm.work_done_ns - vm.last_work_done_ns) / 1_000),
         };
         let vm = &mut self.vms[vm_id];
         vm.period_wake = WakeLatencies::default();
-        vm.last_iterations = vm.iterations;
+        vm.last_work_done_ns = vm.work_done_ns;
         vm.last = (0..n).map(|i| self.vcpus[base.offset(i)].c.clone()).collect();
         vm.last_switches = vm.thread_switches;
         vm.last_wait = vm.imbalance_wait_ns;

@@ -43,6 +43,7 @@ impl Sim {
                     finished: vm.done_at.is_some(),
                     run_time_ns: vm.done_at,
                     iterations: vm.iterations,
+                    completed_work_ns: vm.work_done_ns,
                     throughput_per_s: vm.iterations as f64 * 1e9 / measured as f64,
                     wake_latency: vm.latency.summary(),
                     vcpu_switches: vcpus.iter().map(|c| c.switches_in).sum(),

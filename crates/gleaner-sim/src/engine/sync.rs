@@ -33,6 +33,8 @@ pub(super) struct Thread {
     pub(super) vcpu: VcpuId,
     pub(super) pin: Option<VcpuId>,
     pub(super) burst_left: Ns,
+    /// The whole of the current compute burst, credited as work done when it completes.
+    pub(super) burst_total: Ns,
     pub(super) spinning: bool,
     pub(super) spin_held: u32,
     /// When the thread was last woken and what its target vCPU was doing then, until it runs.
@@ -120,6 +122,7 @@ impl Sim {
                     let th = &mut self.threads[t];
                     if th.burst_left == 0 {
                         th.burst_left = d.sample(&mut th.rng);
+                        th.burst_total = th.burst_left;
                     }
                     let left = th.burst_left;
                     self.set_act(v, Activity::Running(t), left);
