@@ -15,6 +15,7 @@
 pub mod cli;
 pub mod engine;
 pub mod host;
+pub mod lab;
 pub mod ostree;
 pub mod queue;
 pub mod report;
@@ -22,7 +23,7 @@ pub mod scenario;
 pub mod time;
 pub mod workload;
 
-pub use cli::{run, SimArgs};
+pub use cli::{run, run_with_machine, SimArgs, SimCommand};
 pub use report::SimReport;
 pub use scenario::{Scenario, ScenarioError};
 

@@ -401,6 +401,12 @@ impl Scenario {
         Ok(scenario)
     }
 
+    /// A scenario built in code, validated as a file would be; `path` labels errors.
+    pub fn validated(self, path: &Path) -> Result<Scenario, ScenarioError> {
+        self.validate(path)?;
+        Ok(self)
+    }
+
     fn validate(&self, path: &Path) -> Result<(), ScenarioError> {
         let bad = |field: String, problem: String| ScenarioError::Invalid {
             path: path.to_path_buf(),

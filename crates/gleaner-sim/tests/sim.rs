@@ -301,7 +301,8 @@ fn cli_writes_json_and_reports_bad_files_in_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out.json");
     let args = SimArgs {
-        scenario: scenario_file("table2-c.toml"),
+        command: None,
+        scenario: Some(scenario_file("table2-c.toml")),
         sweep: Some("vm.0.workload.iterations=50,100".into()),
         out: Some(out.clone()),
         seed: Some(5),
@@ -320,14 +321,15 @@ fn cli_writes_json_and_reports_bad_files_in_one_line() {
         ("[host\npcpus = 1\n", "bad.toml:1:"),
     ] {
         std::fs::write(&bad, text).unwrap();
-        let args = SimArgs { scenario: bad.clone(), sweep: None, out: None, seed: None, json: true };
+        let args = SimArgs { command: None, scenario: Some(bad.clone()), sweep: None, out: None, seed: None, json: true };
         let err = format!("{:#}", run(args).unwrap_err());
         assert!(!err.contains('\n') && err.contains(needle), "{err}");
     }
-    let missing = SimArgs { scenario: dir.path().join("nope.toml"), sweep: None, out: None, seed: None, json: true };
+    let missing = SimArgs { command: None, scenario: Some(dir.path().join("nope.toml")), sweep: None, out: None, seed: None, json: true };
     assert!(format!("{:#}", run(missing).unwrap_err()).contains("cannot read scenario"));
     let bad_sweep = SimArgs {
-        scenario: scenario_file("table2-a.toml"),
+        command: None,
+        scenario: Some(scenario_file("table2-a.toml")),
         sweep: Some("host.pcpus".into()),
         out: None,
         seed: None,
