@@ -260,7 +260,7 @@ fn manage_inner(cfg: &DaemonConfig, target: Target, proc: &ProcFs, journal: &Sha
         (None, StopReason::WorkloadGone) => 0,
         (None, StopReason::Requested) => {
             if child.is_some() {
-                eprintln!("gleaner: stopped by signal {sig}; the workload keeps running with all its CPUs");
+                tracing::warn!(signal = sig, "stopped by signal {sig}; the workload keeps running with all its CPUs");
             }
             128 + sig
         }
@@ -440,7 +440,11 @@ fn finish_journal(journal: &SharedJournal, proc: &ProcFs) -> Result<()> {
 fn spawn_guard(journal_path: &Path) -> Result<GuardHandle> {
     let exe = std::env::current_exe().context("cannot find our own executable for the guard")?;
     let mut c = Command::new(exe);
-    c.arg("__guard").arg(journal_path).stdin(Stdio::piped()).stdout(Stdio::null());
+    // The guard logs the way its instance does (JSON lines under --log-format json).
+    c.args(crate::logging::child_args()).arg("__guard").arg(journal_path).stdin(Stdio::piped()).stdout(Stdio::null());
+    if let Some((k, v)) = crate::logging::child_env() {
+        c.env(k, v);
+    }
     // SAFETY: setsid is async-signal-safe.
     unsafe {
         c.pre_exec(|| {
@@ -521,7 +525,7 @@ pub fn guard_main(journal_path: &Path) -> Result<i32> {
     let _ = std::fs::remove_file(journal_path.with_extension("status"));
     let _ = j.remove();
     if n > 0 {
-        eprintln!("gleaner guard: instance {} ended without cleaning up; restored {n} change(s)", journal_path.display());
+        tracing::warn!(journal = %journal_path.display(), restored = n, "gleaner guard: the instance ended without cleaning up; restored {n} change(s)");
     }
     Ok(0)
 }

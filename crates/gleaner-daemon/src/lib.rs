@@ -8,6 +8,7 @@
 pub mod calibration;
 pub mod config;
 pub mod daemon;
+pub mod logging;
 pub mod metrics;
 pub mod notify;
 pub mod probe;

@@ -868,6 +868,9 @@ fn spawn_instance(exe: &Path, logging: &ChildLogging, state_dir: &Path, target: 
     }
     let mut c = Command::new(exe);
     c.arg("--log-format").arg(if logging.json { "json" } else { "text" });
+    if let Some((k, v)) = crate::logging::child_env() {
+        c.env(k, v);
+    }
     if let Some(f) = &logging.filter {
         c.arg("--log").arg(f);
     }
@@ -932,18 +935,23 @@ fn last_message(line: &str) -> String {
 }
 
 fn tag_line(line: &str, name: &str, json: bool) -> String {
+    // A journald priority prefix stays first, where journald looks for it.
+    let (priority, rest) = crate::logging::split_priority(line);
     if json {
-        if let Ok(serde_json::Value::Object(mut m)) = serde_json::from_str::<serde_json::Value>(line) {
-            // Next to the event's other fields, where the daemon's own lines carry it.
-            let tag = serde_json::Value::String(name.into());
-            match m.get_mut("fields") {
-                Some(serde_json::Value::Object(fields)) => fields.insert("target_name".into(), tag),
-                _ => m.insert("target_name".into(), tag),
-            };
-            return serde_json::Value::Object(m).to_string();
+        let object = match serde_json::from_str::<serde_json::Value>(rest) {
+            Ok(serde_json::Value::Object(m)) => Some(m),
+            // Not JSON (printed before the child's logging was up): made JSON here.
+            _ => serde_json::from_str::<serde_json::Value>(&crate::logging::wrap_unstructured(rest)).ok().and_then(|v| match v {
+                serde_json::Value::Object(m) => Some(m),
+                _ => None,
+            }),
+        };
+        if let Some(mut m) = object {
+            m.insert("target_name".into(), serde_json::Value::String(name.into()));
+            return format!("{priority}{}", serde_json::Value::Object(m));
         }
     }
-    format!("[{name}] {line}")
+    format!("{priority}[{name}] {rest}")
 }
 
 #[cfg(test)]
@@ -1110,13 +1118,16 @@ eta = 0.5
 
     #[test]
     fn instance_log_lines_name_their_target() {
-        let tagged = tag_line(r#"{"level":"INFO","fields":{"message":"x"}}"#, "db", true);
-        let v: serde_json::Value = serde_json::from_str(&tagged).unwrap();
-        assert_eq!(v["fields"]["target_name"], "db");
-        assert_eq!(v["fields"]["message"], "x");
-        let v: serde_json::Value = serde_json::from_str(&tag_line(r#"{"level":"INFO"}"#, "db", true)).unwrap();
-        assert_eq!(v["target_name"], "db");
-        assert_eq!(tag_line("gleaner: error: boom", "db", true), "[db] gleaner: error: boom");
+        let v: serde_json::Value = serde_json::from_str(&tag_line(r#"{"level":"INFO","message":"x","added":[]}"#, "db", true)).unwrap();
+        assert_eq!((v["target_name"].as_str(), v["message"].as_str()), (Some("db"), Some("x")));
+        assert_eq!(v["added"], serde_json::json!([]));
+        // Under journald the priority stays in front of the object.
+        let prefixed = tag_line(r#"<3>{"level":"ERROR","message":"x"}"#, "db", true);
+        assert!(prefixed.starts_with("<3>{"), "{prefixed}");
+        // A plain line from a child is made JSON, not passed on as text.
+        let v: serde_json::Value = serde_json::from_str(&tag_line("gleaner: error: boom", "db", true)).unwrap();
+        assert_eq!((v["level"].as_str(), v["message"].as_str(), v["target_name"].as_str()), (Some("ERROR"), Some("gleaner: error: boom"), Some("db")));
         assert_eq!(tag_line("  INFO managing workload", "db", false), "[db]   INFO managing workload");
+        assert_eq!(tag_line("<6>INFO managing workload", "db", false), "<6>[db] INFO managing workload");
     }
 }

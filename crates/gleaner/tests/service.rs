@@ -449,3 +449,97 @@ fn daemon_under_the_units_capabilities_manages_a_cgroup_v1_target() {
     assert_eq!(std::fs::read_to_string(cg.dir.join("cpuset.cpus")).unwrap(), original_cpus, "CPUs given back");
     assert!(!state.join("daemon.status").exists(), "the daemon's status file outlived it");
 }
+
+fn assert_all_json(lines: &[String]) {
+    for l in lines {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l:?}\nall lines:\n{}", lines.join("\n")));
+        assert!(v.get("fields").is_none(), "fields nested instead of flat: {l}");
+        assert!(v["level"].is_string() && v["timestamp"].is_string(), "{l}");
+    }
+}
+
+/// Issue 15 item 4: under `--log-format json` the daemon's lines, its instances' and their
+/// guards' are all JSON, flat, lists as arrays.
+#[test]
+fn json_logs_are_json_throughout() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let config = dir.path().join("gleaner.toml");
+    let cfg = |name: &str| {
+        format!(
+            "state_dir = \"{}\"\nretention_timeout_us = 100\n[metrics]\nlisten = \"127.0.0.1:0\"\n[[target]]\nname = \"{name}\"\ncgroup = \"{}\"\n",
+            state.display(),
+            dir.path().join("absent").display()
+        )
+    };
+    write_config(&config, &cfg("a"));
+    let mut child = Command::new(GLEANER)
+        .args(["--log-format", "json", "daemon", "--config"])
+        .arg(&config)
+        .env("GLEANER_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, lines) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut daemon = Daemon { child, lines, log: vec![] };
+    daemon.wait_log("waiting", Duration::from_secs(10));
+    write_config(&config, &cfg("b"));
+    daemon.signal(libc::SIGHUP);
+    let reloaded = daemon.wait_log("configuration reloaded", Duration::from_secs(10));
+    let v: serde_json::Value = serde_json::from_str(&reloaded).unwrap();
+    assert_eq!(v["added"], serde_json::json!(["b"]), "{reloaded}");
+    assert_eq!(v["removed"], serde_json::json!(["a"]), "{reloaded}");
+    assert_eq!(daemon.stop(), Some(0));
+    let log = daemon.log_text();
+    assert_all_json(&daemon.log);
+    assert!(!log.is_empty());
+
+    // An instance killed at once: its guard restores and says so, in JSON as well.
+    let run_state = dir.path().join("run");
+    let mut inst = Command::new(GLEANER)
+        .args(["--log-format", "json", "run", "--state-dir"])
+        .arg(&run_state)
+        .args(["--period-ms", "20", "--retention-timeout-us", "50", "--", "sleep", "30"])
+        .env("GLEANER_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = inst.id();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !run_state.join(format!("{pid}.status")).exists() {
+        assert!(Instant::now() < deadline, "the instance never wrote its status");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The workload (sleep) shares the stderr pipe: it is killed too, so the pipe closes
+    // once the guard has exited.
+    let workload: Vec<i32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
+        .filter(|p| {
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+            let after_comm = stat.rsplit_once(')').map(|(_, r)| r.to_string()).unwrap_or_default();
+            after_comm.split_whitespace().nth(1) == Some(&pid.to_string()) && stat.contains("(sleep)")
+        })
+        .collect();
+    let _ = inst.kill();
+    let _ = inst.wait();
+    for p in workload {
+        unsafe { libc::kill(p, libc::SIGKILL) };
+    }
+    let mut text = String::new();
+    inst.stderr.take().unwrap().read_to_string(&mut text).unwrap();
+    let lines: Vec<String> = text.lines().map(String::from).collect();
+    assert_all_json(&lines);
+    assert!(lines.iter().any(|l| l.contains("gleaner guard")), "no line from the guard:\n{text}");
+}
