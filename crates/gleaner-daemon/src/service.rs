@@ -186,7 +186,7 @@ pub fn parse(text: &str) -> Result<ServiceConfig> {
     }
     if let Some(p) = &metrics_file.textfile {
         if !p.is_absolute() || p.file_name().is_none() {
-            bail!("[metrics] textfile = {:?} must be an absolute file path such as /var/lib/node_exporter/textfile/gleaner.prom", p);
+            bail!("[metrics] textfile = {:?} must be an absolute file path such as /var/lib/prometheus/node-exporter/gleaner.prom", p);
         }
     }
     let metrics = MetricsConfig { listen, textfile: metrics_file.textfile, textfile_interval: Duration::from_secs(metrics_file.textfile_interval_s) };
@@ -1053,7 +1053,7 @@ eta = 0.5
         let cfg = parse(&uncommented).unwrap();
         assert_eq!(cfg.targets.len(), 2);
         assert_eq!(cfg.targets[1].daemon.policy.rho, 0.9);
-        assert_eq!(cfg.metrics.textfile.as_deref(), Some(Path::new("/var/lib/node_exporter/textfile/gleaner.prom")));
+        assert_eq!(cfg.metrics.textfile.as_deref(), Some(Path::new("/var/lib/prometheus/node-exporter/gleaner.prom")));
     }
 
     #[test]
