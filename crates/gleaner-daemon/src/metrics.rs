@@ -618,6 +618,14 @@ mod tests {
             used += 1;
         }
         assert!(used >= 15, "only {used} metric references found");
+        // Every panel queries the data source the variable picks; nothing else is declared.
+        let d: serde_json::Value = serde_json::from_str(dashboard).unwrap();
+        assert!(d.get("__inputs").is_none() && !dashboard.contains("DS_PROMETHEUS"), "an input no panel uses");
+        for p in d["panels"].as_array().unwrap() {
+            assert_eq!(p["datasource"]["uid"], "${datasource}", "{}", p["title"]);
+        }
+        // Rates come from counters, so that they hold over any scrape interval.
+        assert!(!dashboard.contains("_per_second"), "a per-period gauge where a counter's rate() belongs");
     }
 
     #[test]
