@@ -84,21 +84,6 @@ enum Cmd {
     },
 }
 
-fn init_logging(format: LogFormat, filter: Option<&str>) {
-    use tracing_subscriber::EnvFilter;
-    let filter = filter
-        .map(EnvFilter::new)
-        .or_else(|| std::env::var("GLEANER_LOG").ok().map(EnvFilter::new))
-        .unwrap_or_else(|| EnvFilter::new("info"));
-    // Colour only on a terminal: journald and the daemon's log forwarding get plain text.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).with_ansi(ansi);
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
-    };
-}
-
 /// Where `gleaner sim lab` runs, for its results files: read through gleaner-linux's readers.
 fn lab_machine() -> gleaner_sim::lab::Machine {
     let procfs = gleaner_linux::procfs::ProcFs::new("/proc");
@@ -115,10 +100,10 @@ fn main() -> ExitCode {
     // A bug must not print a backtrace at a user; the restore paths still run on unwind.
     std::panic::set_hook(Box::new(|info| {
         let msg = info.payload().downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| info.payload().downcast_ref::<String>().cloned());
-        gleaner_daemon::errln!("gleaner: internal error: {} (please report this)", msg.unwrap_or_else(|| "panic".into()));
+        gleaner_daemon::logging::print_unstructured(&format!("gleaner: internal error: {} (please report this)", msg.unwrap_or_else(|| "panic".into())));
     }));
     let cli = Cli::parse();
-    init_logging(cli.log_format, cli.log.as_deref());
+    gleaner_daemon::logging::init(matches!(cli.log_format, LogFormat::Json), cli.log.as_deref());
     let result = match cli.command {
         Cmd::Run { flags, command } => daemon::manage(&flags, daemon::Target::Command(command)),
         Cmd::Attach { flags, pid, cgroup, system_process } => match (pid, cgroup) {
@@ -144,7 +129,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(e) => {
-            gleaner_daemon::errln!("gleaner: error: {}", one_line(&format!("{e:#}")));
+            gleaner_daemon::logging::report_error(&one_line(&format!("{e:#}")));
             ExitCode::from(2)
         }
     }
