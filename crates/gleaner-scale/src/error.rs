@@ -27,7 +27,7 @@ pub enum ScaleError {
     #[error("the command failed ({status}) at {cpus} CPU(s), run {run}; fix the command (its stderr is shown above) before measuring it")]
     CommandFailed { cpus: usize, run: u32, status: String },
     #[error("cannot read the CPU affinity of this process: {0}")]
-    Affinity(nix::Error),
+    Affinity(std::io::Error),
     #[error("cannot read {path}: {source}")]
     Read { path: PathBuf, source: std::io::Error },
     #[error("cannot parse {path}: {detail}")]

@@ -23,7 +23,7 @@ use std::process::ExitStatus;
 use std::time::Instant;
 
 use nix::fcntl::OFlag;
-use nix::sched::CpuSet;
+use gleaner_sys::affinity::CpuMask;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::{ForkResult, Pid};
 use perf_event::events::{Cache, CacheId, CacheOp, CacheResult, Hardware, Software};
@@ -288,10 +288,8 @@ impl Runner {
         cpus: &[usize],
         idle: &mut IdleCounter,
     ) -> Result<Measurement, ScaleError> {
-        let mut cpu_set = CpuSet::new();
-        for &cpu in cpus {
-            cpu_set.set(cpu).map_err(|source| ScaleError::Os { what: "building the CPU set", source })?;
-        }
+        // Built here: applying it after the fork must not allocate.
+        let cpu_mask = CpuMask::new(&cpus.iter().copied().collect());
         let (go_read, go_write) = nix::unistd::pipe2(OFlag::O_CLOEXEC)
             .map_err(|source| ScaleError::Os { what: "creating the start pipe", source })?;
         let (error_read, error_write) = nix::unistd::pipe2(OFlag::O_CLOEXEC)
@@ -317,7 +315,7 @@ impl Runner {
         let fork = unsafe { nix::unistd::fork() }.map_err(|source| ScaleError::Os { what: "fork", source })?;
         let child = match fork {
             ForkResult::Child => child_after_fork(ChildSetup {
-                cpu_set: &cpu_set,
+                cpu_mask: &cpu_mask,
                 go_read: &go_read,
                 error_write: &error_write,
                 stdout_target: &stdout_target,
@@ -408,7 +406,7 @@ fn read_counters<E: Ord>(counters: Vec<(E, Counter)>) -> BTreeMap<E, u64> {
 
 /// What the child needs between fork and exec, all prepared by the parent.
 struct ChildSetup<'a> {
-    cpu_set: &'a CpuSet,
+    cpu_mask: &'a CpuMask,
     go_read: &'a OwnedFd,
     error_write: &'a OwnedFd,
     stdout_target: &'a OwnedFd,
@@ -430,8 +428,8 @@ fn child_after_fork(setup: ChildSetup<'_>) -> ! {
         // run in a forked copy of the parent.
         unsafe { libc::_exit(127) }
     };
-    if let Err(errno) = nix::sched::sched_setaffinity(Pid::from_raw(0), setup.cpu_set) {
-        report(STAGE_AFFINITY, errno as i32);
+    if let Err(e) = setup.cpu_mask.apply(0) {
+        report(STAGE_AFFINITY, e.raw_os_error().unwrap_or(0));
     }
     let mut go = [0u8; 1];
     // EOF (the parent gave up before releasing us) or an error: exit quietly.

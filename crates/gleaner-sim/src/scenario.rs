@@ -4,6 +4,7 @@
 //! (`--sweep host.pcpus=4,8,16`) can override any field by its dotted path before the typed
 //! structs are built. Every error is one line naming the file, the field and the fix.
 
+use gleaner_sys::one_line;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -507,10 +508,6 @@ impl Scenario {
                 .max(self.host.min_granularity.0),
         }
     }
-}
-
-fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 pub fn load_value(path: &Path) -> Result<toml::Value, ScenarioError> {

@@ -3,6 +3,7 @@
 
 mod man;
 
+use gleaner_sys::one_line;
 use gleaner_daemon::{config, daemon, probe, service, status};
 
 use std::ffi::OsString;
@@ -145,10 +146,6 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
-}
-
-fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// `gleaner __idle-entries`: the bench harness counts idle entries through this, so the

@@ -2,6 +2,8 @@
 //! a run ends in an ordinary but unhappy way (a closed pipe, a process that ends by itself, a
 //! file that cannot be opened). Each test is a bug a user found.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed assumption is a failed test
+
 mod common;
 
 use std::os::fd::OwnedFd;
@@ -47,7 +49,7 @@ fn attach_exits_zero_when_the_process_ends_normally() {
     let state = tempfile::tempdir().unwrap();
     let mut work = Command::new("sleep").arg("1").spawn().unwrap();
     let pid = work.id().to_string();
-    let mut g = gleaner().args(["attach", "--period-ms", "20", "--mode", "consolidation", "--state-dir"]).arg(state.path()).arg(&pid).stderr(Stdio::piped()).spawn().unwrap();
+    let g = gleaner().args(["attach", "--period-ms", "20", "--mode", "consolidation", "--state-dir"]).arg(state.path()).arg(&pid).stderr(Stdio::piped()).spawn().unwrap();
     // Reaped by its parent (us), as a shell reaps its job: /proc/PID disappears entirely.
     work.wait().unwrap();
     let out = g.wait_with_output().unwrap();
