@@ -7,7 +7,7 @@ use gleaner_sys::one_line;
 use gleaner_daemon::{config, daemon, probe, service, status};
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
@@ -76,6 +76,15 @@ enum Cmd {
     Sim(gleaner_sim::SimArgs),
     #[command(name = "__guard", hide = true)]
     Guard { journal: PathBuf },
+    /// Print idle entries per CPU as a JSON line now and after each line read on stdin, until
+    /// stdin closes (how the bench harness counts idle entries: bench/harness/idle.py)
+    #[command(name = "__idle-entries", hide = true)]
+    IdleEntries {
+        #[arg(long, value_name = "DIR", default_value = "/sys")]
+        sys_root: PathBuf,
+        #[arg(long, value_name = "DIR", default_value = "/proc")]
+        proc_root: PathBuf,
+    },
     /// Write the man pages (generated from these definitions) into DIR
     #[command(hide = true)]
     Man {
@@ -119,6 +128,7 @@ fn main() -> ExitCode {
         Cmd::Scale(args) => gleaner_scale::run(args).map(|_| 0),
         Cmd::Sim(args) => gleaner_sim::run_with_machine(args, lab_machine).map(|_| 0),
         Cmd::Guard { journal } => daemon::guard_main(&journal),
+        Cmd::IdleEntries { sys_root, proc_root } => idle_entries(&sys_root, &proc_root),
         Cmd::Man { out } => man::write_pages(Cli::command(), &out).map(|files| {
             for f in files {
                 gleaner_daemon::outln!("{}", f.display());
@@ -135,3 +145,26 @@ fn main() -> ExitCode {
     }
 }
 
+/// `gleaner __idle-entries`: the bench harness counts idle entries through this, so the
+/// kernel files behind them are parsed, and the best source chosen, only in
+/// `gleaner_linux::idle_entries`. One counter stays open between readings because the
+/// tracepoint source counts only while open.
+fn idle_entries(sys_root: &Path, proc_root: &Path) -> anyhow::Result<i32> {
+    use std::io::{BufRead, Write};
+    let cpus: Vec<usize> = gleaner_linux::SysFs::new(sys_root).online_cpus()?.iter().collect();
+    let mut counter = gleaner_linux::idle_entries::IdleEntryCounter::open(sys_root, proc_root, &cpus);
+    let mut stdin = std::io::stdin().lock();
+    let mut line = String::new();
+    loop {
+        let per_cpu: serde_json::Map<String, serde_json::Value> =
+            cpus.iter().zip(counter.read()).map(|(cpu, count)| (cpu.to_string(), count.into())).collect();
+        let reading = serde_json::json!({"source": counter.source(), "exact": counter.source().exact(), "per_cpu": per_cpu});
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "{reading}")?;
+        stdout.flush()?;
+        line.clear();
+        if stdin.read_line(&mut line)? == 0 {
+            return Ok(0);
+        }
+    }
+}
