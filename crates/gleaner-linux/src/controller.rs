@@ -167,6 +167,7 @@ pub struct Controller<'a> {
     status: InstanceStatus,
     started: Instant,
     recorder: Recorder,
+    retention_tids_sent: bool,
 }
 
 impl<'a> Controller<'a> {
@@ -179,13 +180,39 @@ impl<'a> Controller<'a> {
             observe: opts.observe,
             placement: opts.placement_name.clone(),
             retention_backend: opts.retention_backend.clone(),
-            idle_source: format!("{:?}", sampler.idle_source()).to_lowercase(),
+            idle_source: sampler.idle_source_name(),
+            sampler: sampler.kind().name().to_string(),
+            sampler_blind_spots: sampler.blind_spots(),
             allowed: allowed.to_string(),
             active: allowed.to_string(),
             ..Default::default()
         };
         let recorder = Recorder::start(opts.status_path.clone(), opts.timeline.as_ref().and_then(|f| f.try_clone().ok()));
-        Self { policy, placement, retainer, sampler, opts, applied_active: allowed, status, started: Instant::now(), recorder }
+        let mut sampler = sampler;
+        sampler.set_active(&allowed);
+        Self { policy, placement, retainer, sampler, opts, applied_active: allowed, status, started: Instant::now(), recorder, retention_tids_sent: false }
+    }
+
+    /// The latest status (also after `run` returned: `gleaner run --observe` prints the
+    /// wake latencies from it).
+    pub fn status(&self) -> &InstanceStatus {
+        &self.status
+    }
+
+    /// Tells the sampler which threads are Gleaner's retention threads, once they all have
+    /// started (a vCPU running one counts as polling, not busy).
+    fn send_retention_tids(&mut self) {
+        if self.retention_tids_sent {
+            return;
+        }
+        let tids: Vec<i32> = match &self.retainer {
+            Retainer::Yield(pool) => pool.threads().iter().map(|t| t.tid).collect(),
+            _ => Vec::new(),
+        };
+        if tids.iter().all(|&t| t > 0) {
+            self.sampler.set_retention_threads(&tids);
+            self.retention_tids_sent = true;
+        }
     }
 
     /// Runs until the workload is gone or `stop()` says so.
@@ -197,14 +224,16 @@ impl<'a> Controller<'a> {
         self.sampler.sample(now_ns(), &view, &counters)?;
         let mut pacer = Pacer::new(now_ns());
         let mut last_sample_ns = now_ns();
-        let slice = self.opts.period / self.opts.sub_samples.max(1);
+        // The BPF sampler measures queueing continuously: one wake-up per period suffices.
+        let sub_samples = if self.sampler.wants_sub_samples() { self.opts.sub_samples.max(1) } else { 1 };
+        let slice = self.opts.period / sub_samples;
         let mut view = self.view()?;
         loop {
             // An idle workload is neither sub-sampled nor sampled every period: each wake-up
             // of a thread costs a vCPU exit here, and an idle workload has nothing to decide.
             // Gleaner then wakes a few times a second, which keeps it under 1 % of a CPU.
             let busy = self.status.characteristics.total_util >= self.policy.config().idle_util || self.status.periods == 0;
-            let (slices, slice) = if busy { (self.opts.sub_samples.max(1), slice) } else { (1, self.opts.period * IDLE_STRETCH) };
+            let (slices, slice) = if busy { (sub_samples, slice) } else { (1, self.opts.period * IDLE_STRETCH) };
             let slice_ns = slice.as_nanos() as u64;
             for _ in 0..slices {
                 std::thread::sleep(Duration::from_nanos(pacer.next(now_ns(), slice_ns)));
@@ -222,6 +251,7 @@ impl<'a> Controller<'a> {
             if view.tids.is_empty() {
                 return Ok(StopReason::WorkloadGone);
             }
+            self.send_retention_tids();
             let counters = self.retention_counters();
             let viewed = work_start.elapsed();
             let now = now_ns();
@@ -298,6 +328,7 @@ impl<'a> Controller<'a> {
         if d.active != self.applied_active || refresh {
             self.placement.set_active(&d.active)?;
             self.applied_active = d.active.clone();
+            self.sampler.set_active(&d.active);
         }
         for (cpu, action) in &d.retention {
             self.retainer.apply(*cpu, *action);
@@ -330,6 +361,11 @@ impl<'a> Controller<'a> {
             .collect();
         st.retention_cpu_s = self.retainer.counters().iter().map(|(_, c)| c.yield_ns).sum::<u64>() as f64 / 1e9;
         st.self_cpu_s = own_cpu_seconds();
+        st.sampler_blind_spots = self.sampler.blind_spots();
+        st.sampler_cost_fraction = self.sampler.budget().cost_fraction();
+        st.sampler_thin_level = self.sampler.budget().level();
+        st.bpf_events = self.sampler.kernel_events();
+        st.wake_latency = self.sampler.wake_latency_total().cloned();
         for e in &d.events {
             match e.kind {
                 EventKind::Deactivate { .. } => st.consolidations += 1,
@@ -352,6 +388,7 @@ impl<'a> Controller<'a> {
                 "eta": d.eta,
                 "events": d.events,
                 "observe": self.opts.observe,
+                "wake_latency": sample.wake_latency,
             });
             self.recorder.send(Record::Timeline(line.to_string()));
         }

@@ -202,7 +202,7 @@ fn manage_inner(cfg: &DaemonConfig, target: Target, proc: &ProcFs, journal: &Sha
         placement_name: placement.kind().to_string(),
         retention_backend: retention_name,
     };
-    let sampler = Sampler::new(ProcFs::new("/proc"), "/sys", allowed.clone());
+    let sampler = Sampler::open(ProcFs::new("/proc"), "/sys", allowed.clone(), cfg.sampler.preference()).map_err(|why| anyhow!("--sampler bpf: {why}; use --sampler auto to fall back to /proc"))?;
 
     let exited: Cell<Option<ExitStatus>> = Cell::new(None);
     let child_cell = std::cell::RefCell::new(child);
@@ -218,10 +218,14 @@ fn manage_inner(cfg: &DaemonConfig, target: Target, proc: &ProcFs, journal: &Sha
         }
         false
     };
-    let result = {
+    let (result, final_status) = {
         let mut controller = Controller::new(policy, placement.as_mut(), retainer, sampler, opts);
-        controller.run(&stop)
+        let r = controller.run(&stop);
+        (r, controller.status().clone())
     };
+    if cfg.observe {
+        eprint!("{}", crate::status::wake_latency_report(&final_status));
+    }
     // Give everything back before reporting anything, error or not.
     let restored = placement.restore();
     if let Some(p) = &mut poll {

@@ -33,6 +33,27 @@ pub fn run(args: StatusArgs) -> Result<()> {
     Ok(())
 }
 
+/// The workload's wake latency by the wakee vCPU's state (p50/p99/count), or which sampler
+/// runs and why it has none.
+pub fn wake_latency_report(s: &InstanceStatus) -> String {
+    let mut out = format!("  sampler {}", s.sampler);
+    if s.sampler == "procfs" {
+        out += &format!(" (own CPU {:.2} % of one CPU, thinning level {})", s.sampler_cost_fraction * 100.0, s.sampler_thin_level);
+    }
+    out += "\n";
+    for b in &s.sampler_blind_spots {
+        out += &format!("    cannot see: {b}\n");
+    }
+    let Some(w) = &s.wake_latency else { return out };
+    out += "  wake latency of the workload's threads (sched_waking to running), by the wakee vCPU's state:\n";
+    out += "    state       p50        p99        count\n";
+    for (name, h) in [("running", &w.running), ("polling", &w.polling), ("halted", &w.halted)] {
+        let q = |p: f64| h.quantile_ns(p).map(us).unwrap_or_else(|| "-".into());
+        out += &format!("    {:<8} {:>10} {:>10} {:>10}\n", name, q(0.5), q(0.99), h.count);
+    }
+    out
+}
+
 fn us(ns: f64) -> String {
     format!("{:.1} µs", ns / 1e3)
 }
@@ -82,6 +103,7 @@ pub fn render(s: &InstanceStatus) -> String {
             v.steal_fraction * 100.0
         );
     }
+    out += &wake_latency_report(s);
     if !s.last_events.is_empty() {
         out += "  last decisions:\n";
         for e in s.last_events.iter().rev().take(8) {
