@@ -240,6 +240,7 @@ impl<'a> Controller<'a> {
                 let wake = pacer.woke(now_ns(), slice_ns, self.opts.period.as_nanos() as u64);
                 self.note_wake(wake);
                 if stop() {
+                    self.final_read(now_ns());
                     return Ok(StopReason::Requested);
                 }
                 if busy {
@@ -249,6 +250,7 @@ impl<'a> Controller<'a> {
             let work_start = Instant::now();
             view = self.view()?;
             if view.tids.is_empty() {
+                self.final_read(now_ns());
                 return Ok(StopReason::WorkloadGone);
             }
             self.send_retention_tids();
@@ -287,6 +289,18 @@ impl<'a> Controller<'a> {
                     "the end-of-period work took longer than a sub-sample slice"
                 );
             }
+        }
+    }
+
+    /// Counts the wake-ups of the last, partial period, so that the totals `run --observe`
+    /// prints cover the whole run (BPF sampler only: its counters need no workload threads).
+    fn final_read(&mut self, now_ns: u64) {
+        if self.sampler.wants_sub_samples() {
+            return;
+        }
+        if let Ok(Some(_)) = self.sampler.sample(now_ns, &WorkloadView::default(), &self.retention_counters()) {
+            self.status.wake_latency = self.sampler.wake_latency_total().cloned();
+            self.status.bpf_events = self.sampler.kernel_events();
         }
     }
 
