@@ -319,9 +319,10 @@ impl Sampler {
                 let mut v = vec!["wake latency (needs the BPF sampler: root and kernel BTF)".to_string()];
                 if self.budget.level() > 0 {
                     v.push(format!(
-                        "per-thread context switches between reads (every {} periods) and run states of all but {} threads per sub-sample, to stay within {:.1} % of a CPU",
+                        "per-thread context switches between reads (every {} periods), and run states beyond {} threads at every {}th sub-sample, to stay within {:.1} % of a CPU",
                         self.budget.switch_stride(),
                         self.budget.runnable_window(),
+                        self.budget.runnable_every(),
                         self.budget.fraction * 100.0
                     ));
                 }

@@ -214,14 +214,14 @@ mod tests {
     fn loads_and_counts_idle_and_wakeups_where_bpf_is_available() {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
-            eprintln!("SKIP loads_and_counts…: not root, BPF cannot load");
+            eprintln!("loads_and_counts_idle_and_wakeups_where_bpf_is_available: skipped: needs root");
             return;
         }
         let nr = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         let mut k = match KernelSampler::load(Path::new("/sys"), None, nr) {
             Ok(k) => k,
             Err(why) => {
-                eprintln!("SKIP loads_and_counts…: {why}");
+                eprintln!("loads_and_counts_idle_and_wakeups_where_bpf_is_available: skipped: {why}");
                 return;
             }
         };
