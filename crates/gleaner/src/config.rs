@@ -242,6 +242,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn sampler_is_chosen_in_the_file_or_on_the_command_line() {
+        assert_eq!(parse("").unwrap().sampler, SamplerChoice::Auto);
+        assert_eq!(parse("sampler = \"procfs\"").unwrap().sampler, SamplerChoice::Procfs);
+        assert!(parse("sampler = \"ebpf\"").is_err());
+        let flags = DaemonFlags { sampler: Some(SamplerChoice::Bpf), ..Default::default() };
+        assert_eq!(flags.resolve().unwrap().sampler, SamplerChoice::Bpf);
+    }
+
+    #[test]
     fn defaults_are_valid_and_documented_keys_parse() {
         let cfg = parse("").unwrap();
         assert_eq!(cfg, DaemonConfig::default());
