@@ -235,9 +235,10 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 		return 0;
 	s->events++;
 
+	/* What `prev` is was decided when it switched in: no map lookup needed for it. */
 	u32 prev_kind = st->curr_kind;
 	u32 prev_pid = BPF_CORE_READ(prev, pid);
-	if (is_workload(prev)) {
+	if (prev_kind == KIND_WORKLOAD) {
 		if (st->switch_ns && now > st->switch_ns)
 			s->work_ns += now - st->switch_ns;
 		s->work_switches++;
