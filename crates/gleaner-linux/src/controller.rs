@@ -323,6 +323,13 @@ impl<'a> Controller<'a> {
     }
 
     fn view(&self) -> Result<WorkloadView> {
+        if !self.sampler.wants_thread_list() && self.placement.kind() != PlacementKind::Affinity {
+            // The BPF sampler needs only the processes; listing every thread would make the
+            // daemon's period cost grow with the workload's thread count.
+            let pids = self.placement.workload_pids()?;
+            let tids = pids.iter().map(|&p| (p, p)).collect();
+            return Ok(WorkloadView { pids, tids, percpu_work_ns: None, total_work_ns: None });
+        }
         let tids = self.placement.workload_tids()?;
         let mut pids: Vec<u32> = tids.iter().map(|(p, _)| *p).collect();
         pids.sort_unstable();

@@ -193,7 +193,8 @@ struct Snapshot {
 pub struct WorkloadView {
     /// Processes of the workload (for their CPU clocks).
     pub pids: Vec<u32>,
-    /// (pid, tid) of every workload thread (for context switches).
+    /// (pid, tid) of every workload thread (for context switches); with the BPF sampler and
+    /// a cgroup placement, one (pid, pid) per process (see `Sampler::wants_thread_list`).
     pub tids: Vec<(u32, u32)>,
     /// Cumulative workload ns per CPU id, when the placement back end measures it.
     pub percpu_work_ns: Option<Vec<u64>>,
@@ -334,6 +335,12 @@ impl Sampler {
     /// Whether the controller should sub-sample run states between samples (procfs only:
     /// the BPF sampler measures queueing continuously).
     pub fn wants_sub_samples(&self) -> bool {
+        self.kernel.is_none()
+    }
+
+    /// Whether the caller must list every workload thread in [`WorkloadView::tids`] (procfs),
+    /// or only its processes (BPF: `tids` may then hold one (pid, pid) per process).
+    pub fn wants_thread_list(&self) -> bool {
         self.kernel.is_none()
     }
 
@@ -544,7 +551,7 @@ impl Sampler {
             period_ns,
             vcpus,
             work_switches: switches,
-            work_threads: work.tids.len() as u64,
+            work_threads: work.pids.iter().filter_map(|&p| self.procfs.task_stat(p, p).ok()).map(|s| s.num_threads as u64).sum(),
             work_runnable_wait_ns: Some(crowded_ns.min(period_ns)),
             wake_latency: Some(wake),
             progress: None,
