@@ -102,9 +102,10 @@ struct pending {
 	u64 queued_ns;
 };
 
+/* LRU: a thread that exits or is never switched in again cannot leak an entry for good. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 65536);
+	__uint(max_entries, 16384);
 	__type(key, u32);
 	__type(value, struct pending);
 } pendings SEC(".maps");
