@@ -15,10 +15,16 @@ pub struct StatusArgs {
     /// Directory of status files [default: /run/gleaner, or $XDG_RUNTIME_DIR/gleaner]
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
+    /// Redraw every second, with each instance's wake latency over the last second, until Ctrl-C
+    #[arg(long, conflicts_with = "json")]
+    watch: bool,
 }
 
 pub fn run(args: StatusArgs) -> Result<()> {
     let dir = args.state_dir.unwrap_or_else(Journal::default_dir);
+    if args.watch {
+        return watch(&dir);
+    }
     let all = read_statuses(&dir).with_context(|| format!("cannot read status files in {}", dir.display()))?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&all)?);
@@ -31,6 +37,33 @@ pub fn run(args: StatusArgs) -> Result<()> {
         print!("{}", render(s));
     }
     Ok(())
+}
+
+/// Redraws every instance's status each second, adding its wake latency over that second.
+fn watch(dir: &std::path::Path) -> Result<()> {
+    let mut before: std::collections::HashMap<u32, gleaner_policy::WakeLatencies> = Default::default();
+    loop {
+        let all = read_statuses(dir).with_context(|| format!("cannot read status files in {}", dir.display()))?;
+        let mut screen = String::from("\x1b[H\x1b[2J");
+        if all.is_empty() {
+            screen += &format!("no running gleaner instance (looked in {})\n", dir.display());
+        }
+        for s in &all {
+            screen += &render(s);
+            if let Some(now) = &s.wake_latency {
+                let Some(prev) = before.insert(s.pid, now.clone()) else { continue };
+                let d = gleaner_linux::sampler::wake_delta(now, &prev);
+                screen += "  last second:";
+                for (name, h) in [("running", &d.running), ("polling", &d.polling), ("halted", &d.halted)] {
+                    let p50 = h.quantile_ns(0.5).map(us).unwrap_or_else(|| "-".into());
+                    screen += &format!("  {name} p50 {p50} ({})", h.count);
+                }
+                screen += "\n";
+            }
+        }
+        print!("{screen}");
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    }
 }
 
 /// The workload's wake latency by the wakee vCPU's state (p50/p99/count), or which sampler
