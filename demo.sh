@@ -7,6 +7,17 @@ if ! command -v cargo >/dev/null; then
     echo "demo.sh: cargo not found: install Rust from your distribution (apt-get install cargo) or rustup" >&2
     exit 1
 fi
+# The BPF sampler's build (crates/gleaner-linux/build.rs) needs clang, and libbpf-sys needs
+# make, pkg-config and the libelf and zlib headers.
+if ! command -v clang >/dev/null || ! command -v make >/dev/null || ! command -v pkg-config >/dev/null \
+    || [ ! -e /usr/include/libelf.h ] || [ ! -e /usr/include/zlib.h ]; then
+    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+        apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q clang libelf-dev zlib1g-dev pkg-config make
+    else
+        echo "demo.sh: the build needs clang, make, pkg-config, libelf and zlib headers: apt-get install clang libelf-dev zlib1g-dev pkg-config make" >&2
+        exit 1
+    fi
+fi
 cargo build --release -p gleaner
 G=target/release/gleaner
 echo "== wake-up latency on this machine (the paper's Table 2) =="
