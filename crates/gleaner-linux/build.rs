@@ -10,8 +10,12 @@ use libbpf_cargo::SkeletonBuilder;
 
 const SRC: &str = "src/bpf/sampler.bpf.c";
 
-fn main() {
-    let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR for build scripts")).join("sampler.skel.rs");
+fn main() -> std::process::ExitCode {
+    let Some(out_dir) = env::var_os("OUT_DIR") else {
+        eprintln!("build.rs: OUT_DIR is not set: run this through cargo");
+        return std::process::ExitCode::FAILURE;
+    };
+    let out = PathBuf::from(out_dir).join("sampler.skel.rs");
     let arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
     let target_arch = match arch.as_str() {
         "x86_64" => "x86",
@@ -23,8 +27,10 @@ fn main() {
         .clang_args([format!("-D__TARGET_ARCH_{target_arch}"), "-Isrc/bpf".to_string(), "-O2".to_string()])
         .build_and_generate(&out)
     {
-        panic!("cannot build the BPF sampler {SRC} (is clang installed? Debian: apt-get install clang libelf-dev zlib1g-dev pkg-config): {e:#}");
+        eprintln!("cannot build the BPF sampler {SRC} (is clang installed? Debian: apt-get install clang libelf-dev zlib1g-dev pkg-config make): {e:#}");
+        return std::process::ExitCode::FAILURE;
     }
     println!("cargo:rerun-if-changed={SRC}");
     println!("cargo:rerun-if-changed=src/bpf/vmlinux_min.h");
+    std::process::ExitCode::SUCCESS
 }

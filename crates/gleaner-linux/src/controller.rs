@@ -9,7 +9,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use gleaner_policy::{Cpuset, Decision, EventKind, Gleaner, PolicyEvent, RetentionAction};
+use gleaner_policy::{Cpuset, Decision, EventKind, Gleaner, RunSummary, PolicyEvent, RetentionAction};
 
 use crate::cgroup::{Placement, PlacementKind};
 use crate::error::Result;
@@ -168,6 +168,11 @@ pub struct Controller<'a> {
     started: Instant,
     recorder: Recorder,
     retention_tids_sent: bool,
+    /// What the policy did (or, observing, would have done), and the kinds of change it
+    /// proposed in the previous period of an observe-only run (logged once per run of
+    /// periods, not every period).
+    summary: RunSummary,
+    last_observed: Vec<std::mem::Discriminant<EventKind>>,
 }
 
 impl<'a> Controller<'a> {
@@ -176,7 +181,7 @@ impl<'a> Controller<'a> {
         let status = InstanceStatus {
             pid: std::process::id(),
             command: opts.command.clone(),
-            mode: format!("{:?}", policy.config().mode).to_lowercase(),
+            mode: policy.config().mode.to_string(),
             observe: opts.observe,
             placement: opts.placement_name.clone(),
             retention_backend: opts.retention_backend.clone(),
@@ -190,7 +195,25 @@ impl<'a> Controller<'a> {
         let recorder = Recorder::start(opts.status_path.clone(), opts.timeline.as_ref().and_then(|f| f.try_clone().ok()));
         let mut sampler = sampler;
         sampler.set_active(&allowed);
-        Self { policy, placement, retainer, sampler, opts, applied_active: allowed, status, started: Instant::now(), recorder, retention_tids_sent: false }
+        Self {
+            policy,
+            placement,
+            retainer,
+            sampler,
+            opts,
+            applied_active: allowed,
+            status,
+            started: Instant::now(),
+            recorder,
+            retention_tids_sent: false,
+            summary: RunSummary::default(),
+            last_observed: Vec::new(),
+        }
+    }
+
+    /// What the policy did (or, observing, would have done) and why: printed at the end.
+    pub fn summary(&self) -> String {
+        self.summary.render(&self.policy, self.opts.observe)
     }
 
     /// The latest status (also after `run` returned: `gleaner run --observe` prints the
@@ -267,8 +290,22 @@ impl<'a> Controller<'a> {
                 continue;
             }
             let decision = self.policy.step(&sample);
-            for e in &decision.events {
-                tracing::info!(period = e.period, event = ?e.kind, observe = self.opts.observe, "{}", e.reason);
+            if self.opts.observe {
+                // Nothing is applied: count what would have been done, log a kind of change
+                // only when it was not proposed the period before, and judge the next period
+                // from the configuration that really runs.
+                self.summary.add(&decision, self.policy.config().idle_util);
+                let kinds: Vec<_> = decision.events.iter().map(|e| std::mem::discriminant(&e.kind)).collect();
+                for e in decision.events.iter().filter(|e| !self.last_observed.contains(&std::mem::discriminant(&e.kind))) {
+                    tracing::info!(period = e.period, event = ?e.kind, observe = true, "would: {}", e.reason);
+                }
+                self.last_observed = kinds;
+                self.policy.forget_changes();
+            } else {
+                self.summary.add(&decision, self.policy.config().idle_util);
+                for e in &decision.events {
+                    tracing::info!(period = e.period, event = ?e.kind, observe = false, "{}", e.reason);
+                }
             }
             tracing::debug!(characteristics = ?decision.characteristics, active = %decision.active, "period");
             if !self.opts.observe {
@@ -425,10 +462,7 @@ fn push_events(history: &mut Vec<PolicyEvent>, new: &[PolicyEvent]) {
 
 /// CPU time of this process (controller and retention threads), in seconds.
 pub fn own_cpu_seconds() -> f64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: writes into a local timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+    gleaner_sys::clock::own_process_cpu_ns() as f64 / 1e9
 }
 
 /// The controller thread's nice value when the process may raise it (CAP_SYS_NICE).
@@ -443,9 +477,8 @@ pub const CONTROLLER_NICE: i32 = -10;
 /// [`CONTROLLER_NICE`]; returns the nice value in effect. Called after the workload and the
 /// guard were started, so neither inherits it.
 fn raise_own_priority() -> i32 {
-    // SAFETY: plain syscalls on the calling thread.
-    let tid = unsafe { libc::gettid() } as libc::id_t;
-    // SAFETY: as above.
+    let tid = gleaner_sys::sched::gettid() as libc::id_t;
+    // SAFETY: a plain syscall on the calling thread.
     if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, CONTROLLER_NICE) } == 0 {
         return CONTROLLER_NICE;
     }

@@ -274,7 +274,7 @@ pub fn stale_journals(dir: &Path, proc: &ProcFs) -> Result<Vec<Result<Journal>>>
     let mut paths: Vec<PathBuf> = rd
         .filter_map(|e| e.ok())
         .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .filter(|p| is_journal_name(p))
         .collect();
     paths.sort();
     let mut stale = vec![];
@@ -298,6 +298,17 @@ pub fn stale_journals(dir: &Path, proc: &ProcFs) -> Result<Vec<Result<Journal>>>
         }
     }
     Ok(stale)
+}
+
+/// Journals are named `<owner pid>.json`; the state directory also holds other files (the
+/// daemon's calibration cache, status files), which are not journals and must not be read as
+/// such.
+fn is_journal_name(path: &Path) -> bool {
+    path.extension().is_some_and(|x| x == "json")
+        && path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .is_some_and(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// Undoes one change. Things that are already gone (an exited thread, a removed cgroup, a
@@ -651,6 +662,8 @@ mod tests {
         write(200, 1); // pid reused by a process started later
         write(300, 7000); // dead
         fs::write(run.join("400.json"), "{ truncated").unwrap();
+        // The daemon's calibration cache lives beside the journals and is not one.
+        fs::write(run.join("calibration.json"), r#"{"boot_id":"x","timeout_ns":1}"#).unwrap();
         let stale = stale_journals(&run, &proc).unwrap();
         let owners: Vec<u32> = stale
             .iter()

@@ -5,6 +5,8 @@
 //! created cgroup really disappears. The cgroup tests need root and a v1 cpuset hierarchy
 //! and print why they skip otherwise; the affinity test runs as any user.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed assumption is a failed test
+
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command};
@@ -36,14 +38,25 @@ fn allowed_list(pid: u32) -> Cpuset {
         .cpus_allowed
 }
 
+/// Reports a skip on stderr and in `target/tmp/skipped-tests.log`, which `test.sh` prints at
+/// the end (cargo hides the stderr of passing tests, so a skip would look like a pass).
+fn skipped(test: &str, why: &str) {
+    use std::io::Write;
+    eprintln!("{test}: skipped: {why}");
+    let log = Path::new(env!("CARGO_TARGET_TMPDIR")).join("skipped-tests.log");
+    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(log) {
+        let _ = writeln!(f, "{test}: {why}");
+    }
+}
+
 fn v1_mounts_or_skip(test: &str) -> Option<V1Mounts> {
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipping {test}: needs root to create cgroups");
+        skipped(test, "needs root to create cgroups");
         return None;
     }
     let mounts = CgroupMounts::from_mountinfo(&ProcFs::new("/proc"), Path::new("/")).unwrap();
     let Some(m) = V1Mounts::from_detected(&mounts) else {
-        eprintln!("skipping {test}: no cgroup v1 cpuset hierarchy mounted");
+        skipped(test, "no cgroup v1 cpuset hierarchy mounted");
         return None;
     };
     Some(m)
@@ -132,7 +145,7 @@ fn v1_child_started_inside_via_pre_exec_goes_back_out() {
 fn affinity_confines_a_process_tree_and_restores_it() {
     let online = ProcFs::new("/proc").online_cpus().unwrap();
     if online.len() < 2 || !online.contains(0) {
-        eprintln!("skipping affinity test: needs CPU 0 and at least 2 online CPUs");
+        skipped("affinity test", "needs CPU 0 and at least 2 online CPUs");
         return;
     }
     let child = spawn(Command::new("sh").args(["-c", "sleep 30 & sleep 31 & wait"]));

@@ -1,13 +1,10 @@
 //! `gleaner`: the command line. Thin on purpose: each subcommand parses its flags and hands
 //! over to the crate that does the work.
 
-mod config;
-mod daemon;
 mod man;
-mod metrics;
-mod probe;
-mod service;
-mod status;
+
+use gleaner_sys::one_line;
+use gleaner_daemon::{config, daemon, probe, service, status};
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -54,6 +51,10 @@ enum Cmd {
         /// Existing cgroup directory (v1 cpuset or v2 with cpuset enabled)
         #[arg(long, value_name = "PATH")]
         cgroup: Option<PathBuf>,
+        /// Allow PID 1, a kernel thread or an ancestor of gleaner: confines that process's
+        /// whole tree (for PID 1, every process on the machine)
+        #[arg(long, requires = "pid")]
+        system_process: bool,
     },
     /// Run as a system service managing the cgroups in a config file, with metrics
     Daemon(service::ServiceArgs),
@@ -98,18 +99,30 @@ fn init_logging(format: LogFormat, filter: Option<&str>) {
     };
 }
 
+/// Where `gleaner sim lab` runs, for its results files: read through gleaner-linux's readers.
+fn lab_machine() -> gleaner_sim::lab::Machine {
+    let procfs = gleaner_linux::procfs::ProcFs::new("/proc");
+    let sysfs = gleaner_linux::sysfs::SysFs::new("/sys");
+    gleaner_sim::lab::Machine {
+        kernel: procfs.kernel_release().ok(),
+        cpuidle_driver: sysfs.cpuidle_driver().ok().map(|d| d.unwrap_or_else(|| "none".into())),
+        loadavg_at_start: procfs.loadavg().ok().map(|l| [l.one, l.five, l.fifteen]),
+        ..gleaner_sim::lab::Machine::here()
+    }
+}
+
 fn main() -> ExitCode {
     // A bug must not print a backtrace at a user; the restore paths still run on unwind.
     std::panic::set_hook(Box::new(|info| {
         let msg = info.payload().downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| info.payload().downcast_ref::<String>().cloned());
-        eprintln!("gleaner: internal error: {} (please report this)", msg.unwrap_or_else(|| "panic".into()));
+        gleaner_daemon::errln!("gleaner: internal error: {} (please report this)", msg.unwrap_or_else(|| "panic".into()));
     }));
     let cli = Cli::parse();
     init_logging(cli.log_format, cli.log.as_deref());
     let result = match cli.command {
         Cmd::Run { flags, command } => daemon::manage(&flags, daemon::Target::Command(command)),
-        Cmd::Attach { flags, pid, cgroup } => match (pid, cgroup) {
-            (Some(pid), _) => daemon::manage(&flags, daemon::Target::Pid(pid)),
+        Cmd::Attach { flags, pid, cgroup, system_process } => match (pid, cgroup) {
+            (Some(pid), _) => daemon::manage(&flags, daemon::Target::Pid { pid, system_ok: system_process }),
             (None, Some(dir)) => daemon::manage(&flags, daemon::Target::Cgroup(dir)),
             (None, None) => Err(anyhow::anyhow!("give a PID or --cgroup PATH")),
         },
@@ -119,11 +132,11 @@ fn main() -> ExitCode {
         Cmd::Probe(args) => probe::run(args).map(|_| 0),
         Cmd::Workload(args) => gleaner_workloads::run(args).map(|_| 0),
         Cmd::Scale(args) => gleaner_scale::run(args).map(|_| 0),
-        Cmd::Sim(args) => gleaner_sim::run(args).map(|_| 0),
+        Cmd::Sim(args) => gleaner_sim::run_with_machine(args, lab_machine).map(|_| 0),
         Cmd::Guard { journal } => daemon::guard_main(&journal),
         Cmd::Man { out } => man::write_pages(Cli::command(), &out).map(|files| {
             for f in files {
-                println!("{}", f.display());
+                gleaner_daemon::outln!("{}", f.display());
             }
             0
         }),
@@ -131,12 +144,9 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(e) => {
-            eprintln!("gleaner: error: {}", one_line(&format!("{e:#}")));
+            gleaner_daemon::errln!("gleaner: error: {}", one_line(&format!("{e:#}")));
             ExitCode::from(2)
         }
     }
 }
 
-fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
-}

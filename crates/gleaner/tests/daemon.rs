@@ -5,6 +5,10 @@
 //! its time waking its partner, a CPU-bound job with nothing to wait for) so that they hold on
 //! any 2-vCPU guest, noisy or not.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed assumption is a failed test
+
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
@@ -35,7 +39,7 @@ fn skip_reason() -> Option<String> {
 macro_rules! require_machine {
     () => {
         if let Some(why) = skip_reason() {
-            eprintln!("skipping: {why}");
+            common::skipped(module_path!(), &why);
             return;
         }
     };

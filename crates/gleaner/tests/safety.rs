@@ -7,6 +7,10 @@
 //! Every test uses its own state dir and checks that its `gleaner-<pid>` cgroups, journal and
 //! status file are gone afterwards. The random-moment kill test is `tests/kill_test.sh`.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed assumption is a failed test
+
+mod common;
+
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -24,11 +28,11 @@ fn is_root() -> bool {
 /// True (after printing why) when this machine cannot run the real-cgroup tests.
 fn skip_without_root_v1(test: &str) -> bool {
     if !is_root() {
-        eprintln!("{test}: skipped: needs root");
+        common::skipped(test, "needs root");
         return true;
     }
     if !Path::new(CPUSET).join("cpuset.cpus").exists() {
-        eprintln!("{test}: skipped: no cgroup v1 cpuset hierarchy at {CPUSET}");
+        common::skipped(test, &format!("no cgroup v1 cpuset hierarchy at {CPUSET}"));
         return true;
     }
     false
@@ -228,42 +232,99 @@ fn workload_that_exits_at_once_leaves_nothing_and_passes_its_exit_code() {
     assert_nothing_left(pid, state.path());
 }
 
-#[test]
-fn sigkill_mid_run_is_undone_by_the_guard_within_a_second() {
-    if skip_without_root_v1("sigkill_mid_run") {
-        return;
-    }
+/// Whether this guest's cpuidle driver has a POLL state (driver `haltpoll`): only then can
+/// retention run by PM QoS polling. Machines of the project's kind differ in this.
+fn has_poll_state() -> bool {
+    fs::read_to_string("/sys/devices/system/cpu/cpu0/cpuidle/state0/name").map(|n| n.trim() == "POLL").unwrap_or(false)
+}
+
+fn pm_qos_values() -> Vec<String> {
+    let mut v: Vec<(usize, String)> = fs::read_dir("/sys/devices/system/cpu")
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().to_string_lossy().into_owned();
+            let cpu: usize = name.strip_prefix("cpu")?.parse().ok()?;
+            let value = fs::read_to_string(format!("/sys/devices/system/cpu/{name}/power/pm_qos_resume_latency_us")).ok()?;
+            Some((cpu, value.trim().to_string()))
+        })
+        .collect();
+    v.sort();
+    v.into_iter().map(|(_, value)| value).collect()
+}
+
+fn yielding_threads(gp: u32) -> usize {
+    fs::read_dir(format!("/proc/{gp}/task"))
+        .map(|d| {
+            d.filter(|t| {
+                let tid = t.as_ref().unwrap().file_name();
+                fs::read_to_string(format!("/proc/{gp}/task/{}/comm", tid.to_string_lossy())).unwrap_or_default().starts_with("gleaner-ret")
+            })
+            .count()
+        })
+        .unwrap_or(0)
+}
+
+/// SIGKILL of `gleaner run --mode always-yield` while it retains through `backend`; within a
+/// second the guard must have undone everything.
+fn sigkill_while_retaining(backend: &str) {
     let state = tempfile::tempdir().unwrap();
     let me = std::process::id().to_string();
-    let mut g = gleaner().arg("run").args(fast_flags(state.path())).args(["--mode", "always-yield", "--", "sleep", "30"]).stderr(Stdio::null()).spawn().unwrap();
+    let qos_before = pm_qos_values();
+    let mut g = gleaner()
+        .arg("run")
+        .args(fast_flags(state.path()))
+        .args(["--mode", "always-yield", "--retention-backend", backend, "--", "sleep", "30"])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
     let gp = g.id();
     let work = workload_pid_in(&cgroup_dirs(gp)[0]);
     assert!(wait_until(Duration::from_secs(5), || periods_in_status(state.path(), gp) >= 3), "controller never ran");
-    let yielders = fs::read_dir(format!("/proc/{gp}/task"))
-        .unwrap()
-        .filter(|t| {
-            let tid = t.as_ref().unwrap().file_name();
-            fs::read_to_string(format!("/proc/{gp}/task/{}/comm", tid.to_string_lossy())).unwrap_or_default().starts_with("gleaner-ret")
-        })
-        .count();
-    assert!(yielders > 0, "always-yield mode started no yielding threads");
+    match backend {
+        "yield" => assert!(yielding_threads(gp) > 0, "always-yield mode started no yielding threads"),
+        _ => assert_ne!(pm_qos_values(), qos_before, "always-yield mode with poll retention changed no pm_qos_resume_latency_us"),
+    }
 
     g.kill().unwrap();
     let killed = Instant::now();
     g.wait().unwrap();
     let restored = wait_until(Duration::from_secs(1), || {
-        cgroup_dirs(gp).iter().all(|d| !d.exists()) && !state.path().join(format!("{gp}.json")).exists() && v1_cgroups(&work.to_string()) == v1_cgroups(&me)
+        cgroup_dirs(gp).iter().all(|d| !d.exists())
+            && !state.path().join(format!("{gp}.json")).exists()
+            && v1_cgroups(&work.to_string()) == v1_cgroups(&me)
+            && pm_qos_values() == qos_before
     });
     let took = killed.elapsed();
     let alive = is_alive(work);
     let cpus = allowed_cpus(work);
     kill_pid(work);
-    assert!(restored, "not restored within 1 s of SIGKILL: cgroups {:?}", v1_cgroups(&work.to_string()));
-    eprintln!("restored {took:?} after SIGKILL");
+    assert!(restored, "not restored within 1 s of SIGKILL: cgroups {:?}, pm_qos {:?} (was {:?})", v1_cgroups(&work.to_string()), pm_qos_values(), qos_before);
+    eprintln!("{backend} retention: restored {took:?} after SIGKILL");
     assert!(alive, "the workload died with gleaner");
     assert_eq!(cpus, allowed_cpus(std::process::id()), "workload's allowed CPUs differ from before");
     assert!(!Path::new(&format!("/proc/{gp}")).exists(), "gleaner (and its yielding threads) still exist");
     assert_nothing_left(gp, state.path());
+}
+
+#[test]
+fn sigkill_mid_run_is_undone_by_the_guard_within_a_second() {
+    if skip_without_root_v1("sigkill_mid_run") {
+        return;
+    }
+    sigkill_while_retaining("yield");
+}
+
+#[test]
+fn sigkill_mid_run_with_poll_retention_restores_pm_qos_within_a_second() {
+    if skip_without_root_v1("sigkill_mid_run_poll") {
+        return;
+    }
+    if !has_poll_state() {
+        common::skipped("sigkill_mid_run_poll", "this guest's cpuidle driver has no POLL state (driver `none`), so poll retention cannot run");
+        return;
+    }
+    eprintln!("sigkill_mid_run_poll: this guest has a cpuidle POLL state: testing PM QoS poll retention");
+    sigkill_while_retaining("poll");
 }
 
 #[test]
@@ -386,7 +447,7 @@ fn cpu_leaving_the_cpuset_is_survived_and_everything_restored() {
     }
     let all = fs::read_to_string(Path::new(CPUSET).join("cpuset.effective_cpus")).unwrap();
     let Some(first) = all.trim().split([',', '-']).next().filter(|_| all.contains(['-', ','])) else {
-        eprintln!("cpu_offline: skipped: needs at least two CPUs");
+        common::skipped("cpu_offline", "needs at least two CPUs");
         return;
     };
     let m = Managed::start(20, &["sleep", "30"], 2);
@@ -405,7 +466,7 @@ fn cpu_leaving_the_cpuset_is_survived_and_everything_restored() {
 #[test]
 fn config_writable_by_others_is_refused_as_root() {
     if !is_root() {
-        eprintln!("config_writable_by_others: skipped: the check applies only when running as root");
+        common::skipped("config_writable_by_others", "the check applies only when running as root");
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -476,7 +537,7 @@ fn status_file_is_private_and_readable_through_status() {
 /// `cmd` wrapped to run as user nobody through `setpriv`, if both exist and we are root.
 fn nobody_command(cmd: &mut Command) -> Option<Command> {
     if !is_root() || !Path::new("/usr/bin/setpriv").exists() {
-        eprintln!("skipping the other-user part: needs root and /usr/bin/setpriv");
+        common::skipped("other-user part of a safety test", "needs root and /usr/bin/setpriv");
         return None;
     }
     let mut c = Command::new("/usr/bin/setpriv");
@@ -597,7 +658,7 @@ fn wall_clock_jumps_do_not_disturb_the_control_loop() {
         let Some(_forward) = WallClockStep::by(3600) else {
             let _ = m.terminate();
             kill_pid(work);
-            eprintln!("wall_clock_jumps: skipped: cannot set CLOCK_REALTIME here");
+            common::skipped("wall_clock_jumps", "cannot set CLOCK_REALTIME here");
             return;
         };
         advanced.push(wait_until(Duration::from_secs(3), || m.periods() >= p0 + 2));
@@ -658,7 +719,7 @@ fn cgroup_made_read_only_is_reported_restored_and_recoverable() {
     let Some(ro) = ReadOnlyBind::over(&dir) else {
         let _ = m.terminate();
         kill_pid(work);
-        eprintln!("cgroup_read_only: skipped: cannot bind-mount {} read-only", dir.display());
+        common::skipped("cgroup_read_only", &format!("cannot bind-mount {} read-only", dir.display()));
         return;
     };
     let (state, mut g) = (m.state, m.gleaner);

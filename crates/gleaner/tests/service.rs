@@ -5,6 +5,10 @@
 //! it skips otherwise; it creates `gleaner-test-svc-<pid>`, runs a short workload in it and
 //! removes it on every exit path (guards below), checking the CPUs were given back.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed assumption is a failed test
+
+mod common;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -219,17 +223,17 @@ struct TestCgroup {
 impl TestCgroup {
     fn create() -> Option<TestCgroup> {
         if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipping: needs root to create a cgroup");
+            common::skipped("service cgroup test", "needs root to create a cgroup");
             return None;
         }
         let root = Path::new("/sys/fs/cgroup/cpuset");
         if !root.join("cpuset.cpus").exists() {
-            eprintln!("skipping: no cgroup v1 cpuset hierarchy at {}", root.display());
+            common::skipped("service cgroup test", &format!("no cgroup v1 cpuset hierarchy at {}", root.display()));
             return None;
         }
         let cpus = std::fs::read_to_string(root.join("cpuset.cpus")).unwrap();
         if !cpus.trim().contains(['-', ',']) {
-            eprintln!("skipping: needs at least 2 CPUs, have {}", cpus.trim());
+            common::skipped("service cgroup test", &format!("needs at least 2 CPUs, have {}", cpus.trim()));
             return None;
         }
         let dir = root.join(format!("gleaner-test-svc-{}", std::process::id()));

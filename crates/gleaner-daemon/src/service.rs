@@ -12,6 +12,7 @@
 //! calibrations do not disturb each other), restarts them with back-off, reloads the
 //! configuration on SIGHUP and serves the instances' status files as Prometheus metrics.
 
+use gleaner_sys::one_line;
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
@@ -295,10 +296,6 @@ fn has_tasks(dir: &Path) -> bool {
     std::fs::read_dir(dir).map(|rd| rd.flatten().any(|e| e.file_type().is_ok_and(|t| t.is_dir()) && has_tasks(&e.path()))).unwrap_or(false)
 }
 
-fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
 static STOP: AtomicBool = AtomicBool::new(false);
 static RELOAD: AtomicBool = AtomicBool::new(false);
 
@@ -340,24 +337,24 @@ pub fn run(args: ServiceArgs, logging: ChildLogging) -> Result<i32> {
 }
 
 fn print_check(path: &Path, cfg: &ServiceConfig) {
-    println!("{}: valid", path.display());
-    println!("  state dir {}", cfg.state_dir.display());
+    crate::outln!("{}: valid", path.display());
+    crate::outln!("  state dir {}", cfg.state_dir.display());
     match cfg.metrics.listen {
-        Some(a) => println!("  metrics   http://{a}/metrics"),
-        None => println!("  metrics   no HTTP endpoint"),
+        Some(a) => crate::outln!("  metrics   http://{a}/metrics"),
+        None => crate::outln!("  metrics   no HTTP endpoint"),
     }
     if let Some(t) = &cfg.metrics.textfile {
-        println!("  textfile  {} every {} s", t.display(), cfg.metrics.textfile_interval.as_secs());
+        crate::outln!("  textfile  {} every {} s", t.display(), cfg.metrics.textfile_interval.as_secs());
     }
     if cfg.targets.is_empty() {
-        println!("  no [[target]]: nothing will be managed");
+        crate::outln!("  no [[target]]: nothing will be managed");
     }
     for t in &cfg.targets {
         let now = match resolve(&t.cgroup) {
             Ok(dir) => dir.display().to_string(),
             Err(why) => format!("not yet manageable: {why}"),
         };
-        println!("  target {}: mode {:?}, period {} ms, rho {}, eta {} -> {now}", t.name, t.daemon.policy.mode, t.daemon.period_ms, t.daemon.policy.rho, t.daemon.policy.eta);
+        crate::outln!("  target {}: mode {:?}, period {} ms, rho {}, eta {} -> {now}", t.name, t.daemon.policy.mode, t.daemon.period_ms, t.daemon.policy.rho, t.daemon.policy.eta);
     }
 }
 
