@@ -140,13 +140,6 @@ impl ProcfsBudget {
     }
 }
 
-/// CPU time of the calling thread in ns.
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: writes into a local timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
 
 /// The per-CPU counters of the BPF sampler between two reads, and their wake-up histograms
 /// merged over the vCPUs in `cpus`.
@@ -397,9 +390,9 @@ impl Sampler {
         if !self.slice.is_multiple_of(self.budget.runnable_every()) {
             return;
         }
-        let t0 = thread_cpu_ns();
+        let t0 = gleaner_sys::clock::own_thread_cpu_ns();
         self.observe_runnable_window(tids, active);
-        self.cost_ns += thread_cpu_ns().saturating_sub(t0);
+        self.cost_ns += gleaner_sys::clock::own_thread_cpu_ns().saturating_sub(t0);
     }
 
     fn observe_runnable_window(&mut self, tids: &[(u32, u32)], active: &Cpuset) {
@@ -433,9 +426,9 @@ impl Sampler {
         if self.kernel.is_some() {
             return self.sample_kernel(now_ns, work, retention);
         }
-        let t0 = thread_cpu_ns();
+        let t0 = gleaner_sys::clock::own_thread_cpu_ns();
         let out = self.sample_procfs(now_ns, work, retention);
-        self.cost_ns += thread_cpu_ns().saturating_sub(t0);
+        self.cost_ns += gleaner_sys::clock::own_thread_cpu_ns().saturating_sub(t0);
         if let Ok(Some(s)) = &out {
             self.budget.account(std::mem::take(&mut self.cost_ns), s.period_ns);
         }
