@@ -12,6 +12,17 @@ if [ -z "$have" ] || [ "$(printf '%s\n%s\n' "$need" "$have" | sort -V | head -1)
     echo "demo.sh: Rust >= $need is needed (found: ${have:-none}); install it with rustup (https://rustup.rs): Debian's cargo package is too old for this Cargo.lock" >&2
     exit 1
 fi
+# The BPF sampler's build (crates/gleaner-linux/build.rs) needs clang, and libbpf-sys needs
+# make, pkg-config and the libelf and zlib headers.
+if ! command -v clang >/dev/null || ! command -v make >/dev/null || ! command -v pkg-config >/dev/null \
+    || [ ! -e /usr/include/libelf.h ] || [ ! -e /usr/include/zlib.h ]; then
+    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+        apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q clang libelf-dev zlib1g-dev pkg-config make
+    else
+        echo "demo.sh: the build needs clang, make, pkg-config, libelf and zlib headers: apt-get install clang libelf-dev zlib1g-dev pkg-config make" >&2
+        exit 1
+    fi
+fi
 if [ ! -x target/release/gleaner ]; then
     echo "building the release binary (the first build compiles every dependency: several minutes on 2 vCPUs)"
 fi

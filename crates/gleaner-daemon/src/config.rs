@@ -23,6 +23,30 @@ pub enum BackendChoice {
     Affinity,
 }
 
+/// What measures the workload each period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum SamplerChoice {
+    /// The in-kernel BPF sampler where it loads (root, kernel BTF), else procfs.
+    #[default]
+    Auto,
+    /// The BPF sampler, or an error saying why it cannot load.
+    Bpf,
+    /// Per-thread /proc reads under a CPU budget; no wake-latency histogram.
+    Procfs,
+}
+
+impl SamplerChoice {
+    pub fn preference(self) -> gleaner_linux::sampler::SamplerPreference {
+        use gleaner_linux::sampler::SamplerPreference as P;
+        match self {
+            SamplerChoice::Auto => P::Auto,
+            SamplerChoice::Bpf => P::Bpf,
+            SamplerChoice::Procfs => P::Procfs,
+        }
+    }
+}
+
 /// How idle vCPUs are held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ValueEnum)]
 #[serde(rename_all = "kebab-case")]
@@ -48,6 +72,8 @@ pub struct DaemonConfig {
     pub retention_backend: RetentionBackendChoice,
     /// Measure and log every decision without acting on any (default false).
     pub observe: bool,
+    /// Sampler (default auto: BPF where it loads, else procfs).
+    pub sampler: SamplerChoice,
     /// Retention hold in microseconds; unset means derive it from a wake-latency measurement.
     pub retention_timeout_us: Option<u64>,
     /// Directory for the crash journal and status file; unset means /run/gleaner as root,
@@ -67,6 +93,7 @@ impl Default for DaemonConfig {
             backend: BackendChoice::Auto,
             retention_backend: RetentionBackendChoice::Auto,
             observe: false,
+            sampler: SamplerChoice::Auto,
             retention_timeout_us: None,
             state_dir: None,
             policy: PolicyConfig::default(),
@@ -105,6 +132,9 @@ pub struct DaemonFlags {
     /// Measure and log every decision without acting on it
     #[arg(long)]
     pub observe: bool,
+    /// Sampler: auto (BPF where it loads, else procfs), bpf, procfs [default: auto]
+    #[arg(long, value_enum)]
+    pub sampler: Option<SamplerChoice>,
     /// Append one JSON line per period (time, active vCPUs, characteristics) to FILE
     #[arg(long, value_name = "FILE")]
     pub timeline: Option<PathBuf>,
@@ -147,6 +177,9 @@ impl DaemonFlags {
         }
         if self.observe {
             cfg.observe = true;
+        }
+        if let Some(c) = self.sampler {
+            cfg.sampler = c;
         }
         if let Some(d) = &self.state_dir {
             cfg.state_dir = Some(d.clone());
@@ -210,6 +243,15 @@ pub fn is_root() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sampler_is_chosen_in_the_file_or_on_the_command_line() {
+        assert_eq!(parse("").unwrap().sampler, SamplerChoice::Auto);
+        assert_eq!(parse("sampler = \"procfs\"").unwrap().sampler, SamplerChoice::Procfs);
+        assert!(parse("sampler = \"ebpf\"").is_err());
+        let flags = DaemonFlags { sampler: Some(SamplerChoice::Bpf), ..Default::default() };
+        assert_eq!(flags.resolve().unwrap().sampler, SamplerChoice::Bpf);
+    }
 
     #[test]
     fn defaults_are_valid_and_documented_keys_parse() {

@@ -260,7 +260,7 @@ fn manage_inner(cfg: &DaemonConfig, target: Target, timeline: Option<std::fs::Fi
         retention_backend: retention_name,
         retention_timeout_source: costs.source.clone(),
     };
-    let sampler = Sampler::new(ProcFs::new("/proc"), "/sys", allowed.clone());
+    let sampler = Sampler::open(ProcFs::new("/proc"), "/sys", allowed.clone(), cfg.sampler.preference()).map_err(|why| anyhow!("--sampler bpf: {why}; use --sampler auto to fall back to /proc"))?;
 
     let exited: Cell<Option<ExitStatus>> = Cell::new(None);
     let child_cell = std::cell::RefCell::new(child);
@@ -276,13 +276,16 @@ fn manage_inner(cfg: &DaemonConfig, target: Target, timeline: Option<std::fs::Fi
         }
         false
     };
-    let (result, summary) = {
+    let (result, summary, final_status) = {
         let mut controller = Controller::new(policy, placement.as_mut(), retainer, sampler, opts);
         let result = controller.run(&stop);
-        (result, controller.summary())
+        (result, controller.summary(), controller.status().clone())
     };
     // What Gleaner did and why, or why it did nothing: the user's first question.
     crate::errln!("{}", summary.trim_end());
+    if cfg.observe {
+        crate::errln!("{}", crate::status::wake_latency_report(&final_status).trim_end());
+    }
     // Give everything back before reporting anything, error or not.
     let restored = placement.restore();
     if let Some(p) = &mut poll {

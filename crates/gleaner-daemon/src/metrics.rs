@@ -497,6 +497,7 @@ mod tests {
             major_changes: 2,
             last_events: vec![],
             observe: false,
+            ..Default::default()
         }
     }
 

@@ -24,6 +24,9 @@ pub struct StatusArgs {
     /// The service's configuration, for its state_dir [default: /etc/gleaner/gleaner.toml if it exists]
     #[arg(long, value_name = "FILE", conflicts_with = "state_dir")]
     config: Option<PathBuf>,
+    /// Redraw every second, with each instance's wake latency over the last second, until Ctrl-C
+    #[arg(long, conflicts_with = "json")]
+    watch: bool,
 }
 
 /// How a configured target stands.
@@ -195,6 +198,9 @@ fn state_dir_of(args: &StatusArgs) -> Result<PathBuf> {
 
 pub fn run(args: StatusArgs) -> Result<()> {
     let dir = state_dir_of(&args)?;
+    if args.watch {
+        return watch(&dir);
+    }
     let all = read_statuses(&dir).with_context(|| format!("cannot read status files in {}", dir.display()))?;
     let daemon = read_daemon_status(&dir)?;
     crate::outln!("{}", (report(&dir, daemon.as_ref(), &all, args.json)?).trim_end_matches('\n'));
@@ -239,6 +245,54 @@ fn report(dir: &Path, daemon: Option<&DaemonStatus>, all: &[InstanceStatus], jso
         out += &render(s);
     }
     Ok(out)
+}
+
+/// Redraws every instance's status each second, adding its wake latency over that second.
+fn watch(dir: &std::path::Path) -> Result<()> {
+    let mut before: std::collections::HashMap<u32, gleaner_policy::WakeLatencies> = Default::default();
+    loop {
+        let all = read_statuses(dir).with_context(|| format!("cannot read status files in {}", dir.display()))?;
+        let mut screen = String::from("\x1b[H\x1b[2J");
+        if all.is_empty() {
+            screen += &format!("no running gleaner instance (looked in {})\n", dir.display());
+        }
+        for s in &all {
+            screen += &render(s);
+            if let Some(now) = &s.wake_latency {
+                let Some(prev) = before.insert(s.pid, now.clone()) else { continue };
+                let d = gleaner_linux::sampler::wake_delta(now, &prev);
+                screen += "  last second:";
+                for (name, h) in [("running", &d.running), ("polling", &d.polling), ("halted", &d.halted)] {
+                    let p50 = h.quantile_ns(0.5).map(us).unwrap_or_else(|| "-".into());
+                    screen += &format!("  {name} p50 {p50} ({})", h.count);
+                }
+                screen += "\n";
+            }
+        }
+        crate::outln!("{}", screen.trim_end_matches('\n'));
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    }
+}
+
+/// The workload's wake latency by the wakee vCPU's state (p50/p99/count), or which sampler
+/// runs and why it has none.
+pub fn wake_latency_report(s: &InstanceStatus) -> String {
+    let mut out = format!("  sampler {}", s.sampler);
+    if s.sampler == "procfs" {
+        out += &format!(" (own CPU {:.2} % of one CPU, thinning level {})", s.sampler_cost_fraction * 100.0, s.sampler_thin_level);
+    }
+    out += "\n";
+    for b in &s.sampler_blind_spots {
+        out += &format!("    cannot see: {b}\n");
+    }
+    let Some(w) = &s.wake_latency else { return out };
+    out += "  wake latency of the workload's threads (sched_waking to running), by the wakee vCPU's state:\n";
+    out += "    state       p50        p99        count\n";
+    for (name, h) in [("running", &w.running), ("polling", &w.polling), ("halted", &w.halted)] {
+        let q = |p: f64| h.quantile_ns(p).map(us).unwrap_or_else(|| "-".into());
+        out += &format!("    {:<8} {:>10} {:>10} {:>10}\n", name, q(0.5), q(0.99), h.count);
+    }
+    out
 }
 
 fn us(ns: f64) -> String {
@@ -296,6 +350,7 @@ pub fn render(s: &InstanceStatus) -> String {
             v.steal_fraction * 100.0
         );
     }
+    out += &wake_latency_report(s);
     if !s.last_events.is_empty() {
         out += "  last decisions:\n";
         for e in s.last_events.iter().rev().take(8) {
@@ -384,7 +439,7 @@ mod tests {
         std::fs::write(&cfg, "state_dir = \"/srv/gleaner-state\"\n").unwrap();
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o600)).unwrap();
-        let args = StatusArgs { json: false, state_dir: None, config: Some(cfg) };
+        let args = StatusArgs { json: false, state_dir: None, config: Some(cfg), watch: false };
         assert_eq!(state_dir_of(&args).unwrap(), Path::new("/srv/gleaner-state"));
     }
 }

@@ -169,6 +169,7 @@ pub struct Controller<'a> {
     status: InstanceStatus,
     started: Instant,
     recorder: Recorder,
+    retention_tids_sent: bool,
     /// What the policy did (or, observing, would have done), and the kinds of change it
     /// proposed in the previous period of an observe-only run (logged once per run of
     /// periods, not every period).
@@ -228,12 +229,16 @@ impl<'a> Controller<'a> {
             observe: opts.observe,
             placement: opts.placement_name.clone(),
             retention_backend: opts.retention_backend.clone(),
-            idle_source: format!("{:?}", sampler.idle_source()).to_lowercase(),
+            idle_source: sampler.idle_source_name(),
+            sampler: sampler.kind().name().to_string(),
+            sampler_blind_spots: sampler.blind_spots(),
             allowed: allowed.to_string(),
             active: allowed.to_string(),
             ..Default::default()
         };
         let recorder = Recorder::start(opts.status_path.clone(), opts.timeline.as_ref().and_then(|f| f.try_clone().ok()));
+        let mut sampler = sampler;
+        sampler.set_active(&allowed);
         Self {
             policy,
             placement,
@@ -248,12 +253,35 @@ impl<'a> Controller<'a> {
             last_observed: Vec::new(),
             totals: Default::default(),
             slow_log: RateLimit::new(Duration::from_secs(60)),
+            retention_tids_sent: false,
         }
     }
 
     /// What the policy did (or, observing, would have done) and why: printed at the end.
     pub fn summary(&self) -> String {
         self.summary.render(&self.policy, self.opts.observe)
+    }
+
+    /// The latest status (also after `run` returned: `gleaner run --observe` prints the
+    /// wake latencies from it).
+    pub fn status(&self) -> &InstanceStatus {
+        &self.status
+    }
+
+    /// Tells the sampler which threads are Gleaner's retention threads, once they all have
+    /// started (a vCPU running one counts as polling, not busy).
+    fn send_retention_tids(&mut self) {
+        if self.retention_tids_sent {
+            return;
+        }
+        let tids: Vec<i32> = match &self.retainer {
+            Retainer::Yield(pool) => pool.threads().iter().map(|t| t.tid).collect(),
+            _ => Vec::new(),
+        };
+        if tids.iter().all(|&t| t > 0) {
+            self.sampler.set_retention_threads(&tids);
+            self.retention_tids_sent = true;
+        }
     }
 
     /// Runs until the workload is gone or `stop()` says so.
@@ -265,20 +293,23 @@ impl<'a> Controller<'a> {
         self.sampler.sample(now_ns(), &view, &counters)?;
         let mut pacer = Pacer::new(now_ns());
         let mut last_sample_ns = now_ns();
-        let slice = self.opts.period / self.opts.sub_samples.max(1);
+        // The BPF sampler measures queueing continuously: one wake-up per period suffices.
+        let sub_samples = if self.sampler.wants_sub_samples() { self.opts.sub_samples.max(1) } else { 1 };
+        let slice = self.opts.period / sub_samples;
         let mut view = self.view()?;
         loop {
             // An idle workload is neither sub-sampled nor sampled every period: each wake-up
             // of a thread costs a vCPU exit here, and an idle workload has nothing to decide.
             // Gleaner then wakes a few times a second, which keeps it under 1 % of a CPU.
             let busy = self.status.characteristics.total_util >= self.policy.config().idle_util || self.status.periods == 0;
-            let (slices, slice) = if busy { (self.opts.sub_samples.max(1), slice) } else { (1, self.opts.period * IDLE_STRETCH) };
+            let (slices, slice) = if busy { (sub_samples, slice) } else { (1, self.opts.period * IDLE_STRETCH) };
             let slice_ns = slice.as_nanos() as u64;
             for _ in 0..slices {
                 std::thread::sleep(Duration::from_nanos(pacer.next(now_ns(), slice_ns)));
                 let wake = pacer.woke(now_ns(), slice_ns, self.opts.period.as_nanos() as u64);
                 self.note_wake(wake);
                 if stop() {
+                    self.final_read(now_ns());
                     return Ok(StopReason::Requested);
                 }
                 if busy {
@@ -288,8 +319,10 @@ impl<'a> Controller<'a> {
             let work_start = Instant::now();
             view = self.view()?;
             if view.tids.is_empty() {
+                self.final_read(now_ns());
                 return Ok(StopReason::WorkloadGone);
             }
+            self.send_retention_tids();
             let counters = self.retention_counters();
             let viewed = work_start.elapsed();
             let now = now_ns();
@@ -362,6 +395,18 @@ impl<'a> Controller<'a> {
         self.status.runnable_wait_seconds_total += sample.work_runnable_wait_ns.unwrap_or(0) as f64 / 1e9;
     }
 
+    /// Counts the wake-ups of the last, partial period, so that the totals `run --observe`
+    /// prints cover the whole run (BPF sampler only: its counters need no workload threads).
+    fn final_read(&mut self, now_ns: u64) {
+        if self.sampler.wants_sub_samples() {
+            return;
+        }
+        if let Ok(Some(_)) = self.sampler.sample(now_ns, &WorkloadView::default(), &self.retention_counters()) {
+            self.status.wake_latency = self.sampler.wake_latency_total().cloned();
+            self.status.bpf_events = self.sampler.kernel_events();
+        }
+    }
+
     fn note_wake(&mut self, wake: Wake) {
         let st = &mut self.status;
         st.max_late_ms = st.max_late_ms.max(wake.late_ns as f64 / 1e6);
@@ -381,6 +426,13 @@ impl<'a> Controller<'a> {
     }
 
     fn view(&self) -> Result<WorkloadView> {
+        if !self.sampler.wants_thread_list() && self.placement.kind() != PlacementKind::Affinity {
+            // The BPF sampler needs only the processes; listing every thread would make the
+            // daemon's period cost grow with the workload's thread count.
+            let pids = self.placement.workload_pids()?;
+            let tids = pids.iter().map(|&p| (p, p)).collect();
+            return Ok(WorkloadView { pids, tids, percpu_work_ns: None, total_work_ns: None });
+        }
         let tids = self.placement.workload_tids()?;
         let mut pids: Vec<u32> = tids.iter().map(|(p, _)| *p).collect();
         pids.sort_unstable();
@@ -400,6 +452,7 @@ impl<'a> Controller<'a> {
         if d.active != self.applied_active || refresh {
             self.placement.set_active(&d.active)?;
             self.applied_active = d.active.clone();
+            self.sampler.set_active(&d.active);
         }
         for (cpu, action) in &d.retention {
             self.retainer.apply(*cpu, *action);
@@ -436,6 +489,11 @@ impl<'a> Controller<'a> {
             .collect();
         st.retention_cpu_s = self.retainer.counters().iter().map(|(_, c)| c.yield_ns).sum::<u64>() as f64 / 1e9;
         st.self_cpu_s = own_cpu_seconds();
+        st.sampler_blind_spots = self.sampler.blind_spots();
+        st.sampler_cost_fraction = self.sampler.budget().cost_fraction();
+        st.sampler_thin_level = self.sampler.budget().level();
+        st.bpf_events = self.sampler.kernel_events();
+        st.wake_latency = self.sampler.wake_latency_total().cloned();
         for e in &d.events {
             match e.kind {
                 EventKind::Deactivate { .. } => st.consolidations += 1,
@@ -458,6 +516,7 @@ impl<'a> Controller<'a> {
                 "eta": d.eta,
                 "events": d.events,
                 "observe": self.opts.observe,
+                "wake_latency": sample.wake_latency,
             });
             self.recorder.send(Record::Timeline(line.to_string()));
         }

@@ -5,6 +5,7 @@
 //! cgroup mount points), so the tests run against fake trees in temp dirs and nothing here
 //! assumes the machine it runs on. Readers only read; decisions live in `gleaner-policy`.
 
+pub mod bpf;
 pub mod cgroup;
 pub mod controller;
 pub mod error;

@@ -20,16 +20,156 @@
 //!
 //! schedstat `run_delay` is not used: it does not see BWW (a wakee is enqueued only after its
 //! vCPU left HLT), and on this test bed it is all zeros anyway.
+//!
+//! Two samplers stand behind [`Sampler`], chosen once at start ([`SamplerPreference`]):
+//!
+//! * **bpf** (default where it loads, see [`crate::bpf`]): idle entries and idle time per
+//!   vCPU from `power:cpu_idle`, workload run time and context switches per vCPU from
+//!   `sched_switch`, the queued time of workload threads while another active vCPU idles, and
+//!   every wake-up of a workload thread timed from `sched_waking` to its switch-in, split by
+//!   the state of the vCPU it ran on ([`WakeLatencies`]). A period's read is one map lookup
+//!   plus `/proc/stat` for steal; nothing is read per thread, and the controller does not
+//!   sub-sample.
+//! * **procfs** (no root, no BTF, locked-down kernel): the sources listed above, under a CPU
+//!   budget ([`ProcfsBudget`]): when reading every thread's files costs more than the budget,
+//!   per-thread context switches are read every 2nd, 4th… period and fewer threads' run states
+//!   per sub-sample. It cannot time wake-ups at all.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use gleaner_policy::{Cpuset, PeriodSample, VcpuSample};
+use gleaner_policy::{Cpuset, PeriodSample, VcpuSample, WakeLatencies};
 
+use crate::bpf::{CpuCounters, KernelSampler, Unavailable};
 use crate::error::Result;
 use crate::idle_entries::{IdleEntryCounter, IdleEntrySource};
 use crate::procfs::ProcFs;
 use crate::retention::RetentionCounters;
+use crate::sysfs::SysFs;
+
+/// Which sampler to run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SamplerPreference {
+    /// The BPF sampler where it loads, else procfs (with one info line saying why).
+    #[default]
+    Auto,
+    /// The BPF sampler or an error.
+    Bpf,
+    /// The procfs sampler even where BPF would load.
+    Procfs,
+}
+
+/// The sampler that runs, as `status` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SamplerKind {
+    Bpf,
+    Procfs,
+}
+
+impl SamplerKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            SamplerKind::Bpf => "bpf",
+            SamplerKind::Procfs => "procfs",
+        }
+    }
+}
+
+/// Default CPU budget of the procfs sampler: 0.5 % of one CPU.
+pub const PROCFS_BUDGET_FRACTION: f64 = 0.005;
+
+/// Deepest thinning step: per-thread switches read every 2^6 = 64 periods.
+const MAX_THIN_LEVEL: u32 = 6;
+
+/// Keeps the procfs sampler's own CPU time within a fraction of one CPU by thinning what it
+/// reads per thread: at level `L`, per-thread context switches are read every `2^L` periods
+/// (the rate measured over those periods is reported for each of them) and run states are
+/// sub-sampled at every `2^L`-th slice for `32 >> L` threads (at least 4). The level rises when
+/// the smoothed cost is over budget and falls when it is under a quarter of it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProcfsBudget {
+    /// Allowed sampling CPU as a fraction of one CPU.
+    pub fraction: f64,
+    level: u32,
+    /// Smoothed sampling CPU per period, as a fraction of the period.
+    cost: f64,
+}
+
+impl ProcfsBudget {
+    pub fn new(fraction: f64) -> Self {
+        Self { fraction, level: 0, cost: 0.0 }
+    }
+
+    pub fn level(&self) -> u32 {
+        self.level
+    }
+
+    /// Smoothed cost as a fraction of one CPU.
+    pub fn cost_fraction(&self) -> f64 {
+        self.cost
+    }
+
+    /// Per-thread switch counts are read every this many periods.
+    pub fn switch_stride(&self) -> u64 {
+        1 << self.level
+    }
+
+    /// Threads whose run state one sub-sample reads.
+    pub fn runnable_window(&self) -> usize {
+        (RUNNABLE_WINDOW >> self.level).max(4)
+    }
+
+    /// Run states are read at every this-many-th sub-sample slice.
+    pub fn runnable_every(&self) -> u32 {
+        1 << self.level
+    }
+
+    /// Takes one period's sampling CPU time and adapts the level.
+    pub fn account(&mut self, cost_ns: u64, period_ns: u64) {
+        let now = cost_ns as f64 / period_ns.max(1) as f64;
+        // First period: take it as is; then smooth over about four periods.
+        self.cost = if self.cost == 0.0 { now } else { 0.75 * self.cost + 0.25 * now };
+        if self.cost > self.fraction && self.level < MAX_THIN_LEVEL {
+            self.level += 1;
+            // The new level's cost is not known yet: judge it afresh.
+            self.cost /= 2.0;
+        } else if self.cost < self.fraction / 4.0 && self.level > 0 {
+            self.level -= 1;
+            self.cost *= 2.0;
+        }
+    }
+}
+
+
+/// The per-CPU counters of the BPF sampler between two reads, and their wake-up histograms
+/// merged over the vCPUs in `cpus`.
+pub fn kernel_delta(now: &[CpuCounters], before: &[CpuCounters], cpu: usize) -> CpuCounters {
+    let a = now.get(cpu).cloned().unwrap_or_default();
+    let b = before.get(cpu).cloned().unwrap_or_default();
+    CpuCounters {
+        idle_entries: a.idle_entries.saturating_sub(b.idle_entries),
+        idle_ns: a.idle_ns.saturating_sub(b.idle_ns),
+        work_ns: a.work_ns.saturating_sub(b.work_ns),
+        work_switches: a.work_switches.saturating_sub(b.work_switches),
+        crowded_wait_ns: a.crowded_wait_ns.saturating_sub(b.crowded_wait_ns),
+        events: a.events.saturating_sub(b.events),
+        wake: wake_delta(&a.wake, &b.wake),
+    }
+}
+
+/// `now − before` of cumulative wake-latency histograms.
+pub fn wake_delta(now: &WakeLatencies, before: &WakeLatencies) -> WakeLatencies {
+    let sub = |a: &gleaner_policy::LatencyHistogram, b: &gleaner_policy::LatencyHistogram| {
+        let mut h = a.clone();
+        for (x, y) in h.buckets.iter_mut().zip(b.buckets.iter()) {
+            *x = x.saturating_sub(*y);
+        }
+        h.count = a.count.saturating_sub(b.count);
+        h.sum_ns = a.sum_ns.saturating_sub(b.sum_ns);
+        h
+    };
+    WakeLatencies { running: sub(&now.running, &before.running), polling: sub(&now.polling, &before.polling), halted: sub(&now.halted, &before.halted) }
+}
 
 /// Cumulative counters at one instant.
 #[derive(Debug, Clone, Default)]
@@ -46,7 +186,8 @@ struct Snapshot {
 pub struct WorkloadView {
     /// Processes of the workload (for their CPU clocks).
     pub pids: Vec<u32>,
-    /// (pid, tid) of every workload thread (for context switches).
+    /// (pid, tid) of every workload thread (for context switches); with the BPF sampler and
+    /// a cgroup placement, one (pid, pid) per process (see `Sampler::wants_thread_list`).
     pub tids: Vec<(u32, u32)>,
     /// Cumulative workload ns per CPU id, when the placement back end measures it.
     pub percpu_work_ns: Option<Vec<u64>>,
@@ -61,7 +202,24 @@ const RUNNABLE_WINDOW: usize = 32;
 pub struct Sampler {
     procfs: ProcFs,
     cpus: Cpuset,
-    entries: IdleEntryCounter,
+    /// The BPF sampler, when it runs; the procfs sources below are then not read.
+    kernel: Option<KernelSampler>,
+    /// Its counters at the previous sample, indexed by CPU id.
+    kernel_prev: Vec<CpuCounters>,
+    /// Wake-ups timed since start (cumulative, for `status` and the metrics).
+    wake_total: WakeLatencies,
+    /// Tracepoint events the BPF program handled since start.
+    kernel_events: u64,
+    budget: ProcfsBudget,
+    /// Sampling CPU ns spent on the controller thread this period (procfs).
+    cost_ns: u64,
+    /// Periods since the per-thread switches were last read, and the rate then measured.
+    switch_periods: u64,
+    switch_rate: u64,
+    /// Sub-sample slices seen this period (for thinning).
+    slice: u32,
+    /// Idle-entry counts for procfs; `None` with the BPF sampler, which counts them itself.
+    entries: Option<IdleEntryCounter>,
     precise_idle: bool,
     rotate: usize,
     prev: Option<Snapshot>,
@@ -78,16 +236,145 @@ pub struct Sampler {
 
 
 impl Sampler {
+    /// The procfs sampler.
     pub fn new(procfs: ProcFs, sys_root: impl Into<PathBuf>, cpus: Cpuset) -> Self {
         let sys_root = sys_root.into();
         let list: Vec<usize> = cpus.iter().collect();
         let entries = IdleEntryCounter::open(&sys_root, procfs.root(), &list);
-        let precise_idle = matches!(procfs.timer_list(), Ok(Some(_)));
-        Self { procfs, cpus, entries, precise_idle, rotate: 0, prev: None, prev_time_ns: 0, switches: HashMap::new(), clocks: HashMap::new(), retired_ns: 0, crowded: (0, 0) }
+        Self::with(procfs, cpus, Some(entries), None)
+    }
+
+    fn with(procfs: ProcFs, cpus: Cpuset, entries: Option<IdleEntryCounter>, kernel: Option<KernelSampler>) -> Self {
+        let precise_idle = kernel.is_none() && matches!(procfs.timer_list(), Ok(Some(_)));
+        Self {
+            procfs,
+            cpus,
+            kernel,
+            kernel_prev: Vec::new(),
+            wake_total: WakeLatencies::default(),
+            kernel_events: 0,
+            budget: ProcfsBudget::new(PROCFS_BUDGET_FRACTION),
+            cost_ns: 0,
+            switch_periods: 0,
+            switch_rate: 0,
+            slice: 0,
+            entries,
+            precise_idle,
+            rotate: 0,
+            prev: None,
+            prev_time_ns: 0,
+            switches: HashMap::new(),
+            clocks: HashMap::new(),
+            retired_ns: 0,
+            crowded: (0, 0),
+        }
+    }
+
+    /// The sampler `preference` asks for. With `Auto`, a BPF sampler that cannot load is
+    /// reported in one info line and procfs runs instead; with `Bpf` that is an error.
+    pub fn open(procfs: ProcFs, sys_root: impl Into<PathBuf>, cpus: Cpuset, preference: SamplerPreference) -> std::result::Result<Self, Unavailable> {
+        let sys_root = sys_root.into();
+        if preference == SamplerPreference::Procfs {
+            return Ok(Self::new(procfs, sys_root, cpus));
+        }
+        let sysfs = SysFs::new(&sys_root);
+        let first = cpus.iter().next().unwrap_or(0);
+        let poll_state = poll_state_index(&sysfs, first);
+        let nr_cpus = sysfs.possible_cpus().ok().and_then(|p| p.iter().max()).map(|m| m + 1).unwrap_or(cpus.iter().max().unwrap_or(0) + 1);
+        match KernelSampler::load(&sys_root, poll_state, nr_cpus) {
+            Ok(kernel) => {
+                tracing::debug!(poll_state = ?poll_state, "BPF sampler loaded");
+                Ok(Self::with(procfs, cpus, None, Some(kernel)))
+            }
+            Err(why) if preference == SamplerPreference::Auto => {
+                tracing::info!("sampling from /proc (no wake-latency histogram, CPU budget {:.1} % of one CPU): {why}", PROCFS_BUDGET_FRACTION * 100.0);
+                Ok(Self::new(procfs, sys_root, cpus))
+            }
+            Err(why) => Err(why),
+        }
+    }
+
+    pub fn kind(&self) -> SamplerKind {
+        if self.kernel.is_some() {
+            SamplerKind::Bpf
+        } else {
+            SamplerKind::Procfs
+        }
+    }
+
+    /// What this sampler cannot see, one phrase each, for `status`.
+    pub fn blind_spots(&self) -> Vec<String> {
+        match self.kind() {
+            SamplerKind::Bpf => vec![
+                "wake-ups before it attached".into(),
+                "queued workload threads while an idle peer vCPU has an id of 64 or more".into(),
+            ],
+            SamplerKind::Procfs => {
+                let mut v = vec!["wake latency (needs the BPF sampler: root and kernel BTF)".to_string()];
+                if self.budget.level() > 0 {
+                    v.push(format!(
+                        "per-thread context switches between reads (every {} periods), and run states beyond {} threads at every {}th sub-sample, to stay within {:.1} % of a CPU",
+                        self.budget.switch_stride(),
+                        self.budget.runnable_window(),
+                        self.budget.runnable_every(),
+                        self.budget.fraction * 100.0
+                    ));
+                }
+                v
+            }
+        }
+    }
+
+    /// Whether the controller should sub-sample run states between samples (procfs only:
+    /// the BPF sampler measures queueing continuously).
+    pub fn wants_sub_samples(&self) -> bool {
+        self.kernel.is_none()
+    }
+
+    /// Whether the caller must list every workload thread in [`WorkloadView::tids`] (procfs),
+    /// or only its processes (BPF: `tids` may then hold one (pid, pid) per process).
+    pub fn wants_thread_list(&self) -> bool {
+        self.kernel.is_none()
+    }
+
+    /// Wake-ups timed since start, split by the wakee vCPU's state; `None` for procfs.
+    pub fn wake_latency_total(&self) -> Option<&WakeLatencies> {
+        self.kernel.as_ref().map(|_| &self.wake_total)
+    }
+
+    /// Tracepoint events the BPF program handled since start (0 for procfs).
+    pub fn kernel_events(&self) -> u64 {
+        self.kernel_events
+    }
+
+    pub fn budget(&self) -> &ProcfsBudget {
+        &self.budget
+    }
+
+    /// Gleaner's retention threads, so that a vCPU running one counts as polling.
+    pub fn set_retention_threads(&mut self, tids: &[i32]) {
+        if let Some(k) = &mut self.kernel {
+            k.set_retention_threads(tids);
+        }
+    }
+
+    /// The vCPUs the workload may use now.
+    pub fn set_active(&mut self, active: &Cpuset) {
+        if let Some(k) = &mut self.kernel {
+            k.set_active(active.iter());
+        }
+    }
+
+    /// Where idle entries come from, as `status` names it.
+    pub fn idle_source_name(&self) -> String {
+        match &self.entries {
+            Some(e) => format!("{:?}", e.source()).to_lowercase(),
+            None => "bpf".into(),
+        }
     }
 
     pub fn idle_source(&self) -> IdleEntrySource {
-        self.entries.source()
+        self.entries.as_ref().map(|e| e.source()).unwrap_or(IdleEntrySource::Tracepoint)
     }
 
     /// Called several times per period: are workload threads queueing on one vCPU while
@@ -96,10 +383,20 @@ impl Sampler {
     /// not. Reads the run state and CPU of up to [`RUNNABLE_WINDOW`] threads, rotating
     /// through larger workloads.
     pub fn observe_runnable(&mut self, tids: &[(u32, u32)], active: &Cpuset) {
-        if tids.is_empty() || active.len() < 2 {
+        if self.kernel.is_some() || tids.is_empty() || active.len() < 2 {
             return;
         }
-        let n = tids.len().min(RUNNABLE_WINDOW);
+        self.slice += 1;
+        if !self.slice.is_multiple_of(self.budget.runnable_every()) {
+            return;
+        }
+        let t0 = gleaner_sys::clock::own_thread_cpu_ns();
+        self.observe_runnable_window(tids, active);
+        self.cost_ns += gleaner_sys::clock::own_thread_cpu_ns().saturating_sub(t0);
+    }
+
+    fn observe_runnable_window(&mut self, tids: &[(u32, u32)], active: &Cpuset) {
+        let n = tids.len().min(self.budget.runnable_window());
         let mut per_cpu: HashMap<usize, usize> = HashMap::new();
         let mut seen = 0usize;
         for k in 0..n {
@@ -126,8 +423,32 @@ impl Sampler {
     /// Takes a snapshot at `now_ns` and returns the sample for the period since the previous
     /// one (`None` on the first call, which only primes the counters).
     pub fn sample(&mut self, now_ns: u64, work: &WorkloadView, retention: &[(usize, RetentionCounters)]) -> Result<Option<PeriodSample>> {
+        if self.kernel.is_some() {
+            return self.sample_kernel(now_ns, work, retention);
+        }
+        let t0 = gleaner_sys::clock::own_thread_cpu_ns();
+        let out = self.sample_procfs(now_ns, work, retention);
+        self.cost_ns += gleaner_sys::clock::own_thread_cpu_ns().saturating_sub(t0);
+        if let Ok(Some(s)) = &out {
+            self.budget.account(std::mem::take(&mut self.cost_ns), s.period_ns);
+        }
+        out
+    }
+
+    fn sample_procfs(&mut self, now_ns: u64, work: &WorkloadView, retention: &[(usize, RetentionCounters)]) -> Result<Option<PeriodSample>> {
         let snap = self.snapshot(work, retention)?;
-        let (work_switches, work_threads) = self.switch_delta(&work.tids);
+        // Under a tight budget the per-thread files are read every `stride` periods, and the
+        // rate measured over those periods stands for each of them.
+        self.switch_periods += 1;
+        let work_threads = if self.prev.is_none() || self.switch_periods >= self.budget.switch_stride() {
+            let (delta, threads) = self.switch_delta(&work.tids);
+            self.switch_rate = delta / self.switch_periods.max(1);
+            self.switch_periods = 0;
+            threads
+        } else {
+            work.tids.len() as u64
+        };
+        let work_switches = self.switch_rate;
         let crowded = std::mem::take(&mut self.crowded);
         let Some(prev) = self.prev.replace(snap.clone()) else {
             self.prev_time_ns = now_ns;
@@ -173,10 +494,67 @@ impl Sampler {
         Ok(Some(PeriodSample { period_ns, vcpus, work_switches, work_threads, work_runnable_wait_ns: runnable_wait, wake_latency: None, progress: None }))
     }
 
+    /// One period from the BPF sampler's counters (plus steal from `/proc/stat`, the retention
+    /// threads' own counters, and the process list for the program's workload map).
+    fn sample_kernel(&mut self, now_ns: u64, work: &WorkloadView, retention: &[(usize, RetentionCounters)]) -> Result<Option<PeriodSample>> {
+        let Some(kernel) = self.kernel.as_mut() else { return Ok(None) };
+        kernel.set_workload(&work.pids);
+        let counters = match kernel.read() {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!("{e}");
+                return Ok(None);
+            }
+        };
+        let stat = self.procfs.stat()?;
+        let now_retention: HashMap<usize, RetentionCounters> = retention.iter().copied().collect();
+        let prev_counters = std::mem::replace(&mut self.kernel_prev, counters);
+        let steal_now: Vec<u64> = self.cpus.iter().map(|c| stat.per_cpu.iter().find(|p| p.cpu == c).map(|p| p.times.steal_ns).unwrap_or(0)).collect();
+        let snap = Snapshot { cpus: steal_now.iter().map(|&s| (0, 0, s, 0)).collect(), retention: now_retention, percpu_work: None, work_total_ns: 0 };
+        let Some(prev) = self.prev.replace(snap.clone()) else {
+            self.prev_time_ns = now_ns;
+            self.kernel_events = self.kernel_prev.iter().map(|c| c.events).sum();
+            return Ok(None);
+        };
+        let period_ns = now_ns.saturating_sub(self.prev_time_ns).max(1);
+        self.prev_time_ns = now_ns;
+        let mut vcpus = Vec::with_capacity(self.cpus.len());
+        let mut wake = WakeLatencies::default();
+        let (mut switches, mut crowded_ns) = (0u64, 0u64);
+        for (i, cpu) in self.cpus.iter().enumerate() {
+            let d = kernel_delta(&self.kernel_prev, &prev_counters, cpu);
+            let r1 = snap.retention.get(&cpu).copied().unwrap_or_default();
+            let r0 = prev.retention.get(&cpu).copied().unwrap_or_default();
+            wake.merge(&d.wake);
+            switches += d.work_switches;
+            crowded_ns += d.crowded_wait_ns;
+            vcpus.push(VcpuSample {
+                cpu,
+                work_ns: d.work_ns.min(period_ns),
+                yield_ns: r1.yield_ns.saturating_sub(r0.yield_ns),
+                idle_ns: d.idle_ns.min(period_ns),
+                steal_ns: snap.cpus[i].2.saturating_sub(prev.cpus[i].2),
+                yield_preemptions: r1.preemptions.saturating_sub(r0.preemptions),
+                idle_entries: d.idle_entries,
+            });
+        }
+        self.wake_total.merge(&wake);
+        self.kernel_events = self.kernel_prev.iter().map(|c| c.events).sum();
+        Ok(Some(PeriodSample {
+            period_ns,
+            vcpus,
+            work_switches: switches,
+            work_threads: work.pids.iter().filter_map(|&p| self.procfs.task_stat(p, p).ok()).map(|s| s.num_threads as u64).sum(),
+            work_runnable_wait_ns: Some(crowded_ns.min(period_ns)),
+            wake_latency: Some(wake),
+            progress: None,
+        }))
+    }
+
     fn snapshot(&mut self, work: &WorkloadView, retention: &[(usize, RetentionCounters)]) -> Result<Snapshot> {
         let stat = self.procfs.stat()?;
         let timer = if self.precise_idle { self.procfs.timer_list().ok().flatten() } else { None };
-        let entries = self.entries.read();
+        let entries = self.entries.as_mut().map(|e| e.read()).unwrap_or_default();
         let mut cpus = Vec::with_capacity(self.cpus.len());
         for (i, cpu) in self.cpus.iter().enumerate() {
             let times = stat.per_cpu.iter().find(|c| c.cpu == cpu).map(|c| c.times).unwrap_or_default();
@@ -243,6 +621,12 @@ impl Sampler {
     }
 }
 
+/// Index of the cpuidle state named `POLL` on `cpu` (the haltpoll and intel_idle drivers
+/// have one as state 0; with driver `none` there is none).
+fn poll_state_index(sysfs: &SysFs, cpu: usize) -> Option<usize> {
+    sysfs.cpuidle_states(cpu).ok()?.into_iter().find(|s| s.name == "POLL").map(|s| s.index)
+}
+
 /// Spreads `total` workload ns over vCPUs in proportion to their non-retention busy time,
 /// never more than a period per vCPU.
 fn spread(total: u64, spare: &[u64], period_ns: u64, vcpus: &mut [VcpuSample]) {
@@ -267,6 +651,7 @@ fn process_cpu_ns(pid: u32) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gleaner_policy::LatencyHistogram;
 
     #[test]
     fn exited_processes_keep_counting_without_being_remembered() {
@@ -278,6 +663,78 @@ mod tests {
         let after = s.process_clocks(&[]);
         assert_eq!(after, before);
         assert!(s.clocks.is_empty());
+    }
+
+    #[test]
+    fn kernel_counters_become_per_period_deltas_and_histograms_merge_over_vcpus() {
+        let mut before = vec![CpuCounters::default(), CpuCounters::default()];
+        before[1].work_ns = 1_000;
+        before[1].wake.halted.record(20_000);
+        let mut now = before.clone();
+        now[0].idle_entries = 5;
+        now[1].work_ns = 4_000;
+        now[1].wake.halted.record(40_000);
+        now[1].wake.polling.record(3_000);
+        let d0 = kernel_delta(&now, &before, 0);
+        let d1 = kernel_delta(&now, &before, 1);
+        assert_eq!((d0.idle_entries, d1.work_ns), (5, 3_000));
+        // Only the wake-ups of this period: the 20 µs one from before is gone.
+        assert_eq!((d1.wake.halted.count, d1.wake.halted.sum_ns), (1, 40_000));
+        assert_eq!(d1.wake.halted.buckets[LatencyHistogram::bucket_of(20_000)], 0);
+        assert_eq!(d1.wake.halted.buckets[LatencyHistogram::bucket_of(40_000)], 1);
+        let mut all = d0.wake.clone();
+        all.merge(&d1.wake);
+        assert_eq!((all.running.count, all.polling.count, all.halted.count), (0, 1, 1));
+        // A CPU the program never reported (offline) reads as zero, not as an error.
+        assert_eq!(kernel_delta(&now, &before, 7), CpuCounters::default());
+        // Counters that went backwards (a reloaded program) give zero, not a huge number.
+        assert_eq!(kernel_delta(&before, &now, 0).idle_entries, 0);
+    }
+
+    #[test]
+    fn procfs_budget_thins_reads_when_over_budget_and_recovers_when_cheap() {
+        let mut b = ProcfsBudget::new(0.005);
+        let period = 100_000_000;
+        assert_eq!((b.switch_stride(), b.runnable_window(), b.runnable_every()), (1, 32, 1));
+        // 2 ms of sampling per 100 ms period is 2 %: four times over a 0.5 % budget.
+        for _ in 0..20 {
+            b.account(2_000_000, period);
+        }
+        assert!(b.level() >= 2, "level {}", b.level());
+        assert!(b.switch_stride() >= 4 && b.runnable_window() <= 8);
+        let thinned = b.level();
+        // Thinning made it cheap (50 µs per period, 0.05 %): it reads more again.
+        for _ in 0..40 {
+            b.account(50_000, period);
+        }
+        assert!(b.level() < thinned, "level {} after {}", b.level(), thinned);
+        // Never past the deepest level, never below zero.
+        for _ in 0..100 {
+            b.account(50_000_000, period);
+        }
+        assert_eq!(b.level(), MAX_THIN_LEVEL);
+        assert_eq!(b.runnable_window(), 4);
+        for _ in 0..200 {
+            b.account(0, period);
+        }
+        assert_eq!(b.level(), 0);
+    }
+
+    #[test]
+    fn thinned_switch_counts_report_the_rate_over_the_periods_between_reads() {
+        let mut s = Sampler::new(ProcFs::new("/proc"), "/nonexistent-sys", Cpuset::first_n(1));
+        for _ in 0..20 {
+            s.budget.account(10_000_000, 100_000_000);
+        }
+        let stride = s.budget.switch_stride();
+        assert!(stride > 1);
+        let me = std::process::id();
+        let view = WorkloadView { pids: vec![me], tids: vec![(me, me)], ..Default::default() };
+        assert!(s.sample_procfs(0, &view, &[]).unwrap().is_none());
+        // Periods between reads carry the last measured rate, and the thread count.
+        let sample = s.sample_procfs(100_000_000, &view, &[]).unwrap().unwrap();
+        assert_eq!(sample.work_threads, 1);
+        assert_eq!(s.switch_periods, 1);
     }
 
     #[test]

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use gleaner_policy::{Characteristics, PolicyEvent};
+use gleaner_policy::{Characteristics, PolicyEvent, WakeLatencies};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{write_private_atomic, Durability, Error, Result};
@@ -90,6 +90,34 @@ pub struct InstanceStatus {
     pub major_changes: u64,
     /// The most recent decisions, oldest first.
     pub last_events: Vec<PolicyEvent>,
+    /// Which sampler measures: `bpf` (in-kernel, see `gleaner_linux::bpf`) or `procfs`.
+    #[serde(default)]
+    pub sampler: String,
+    /// What that sampler cannot see, one phrase each (empty: nothing known).
+    #[serde(default)]
+    pub sampler_blind_spots: Vec<String>,
+    /// procfs sampler: its own CPU time, smoothed, as a fraction of one CPU (0 for bpf).
+    #[serde(default)]
+    pub sampler_cost_fraction: f64,
+    /// procfs sampler: how far it thinned its per-thread reads to stay within budget
+    /// (0 = reads every thread every period; level L reads switches every 2^L periods).
+    #[serde(default)]
+    pub sampler_thin_level: u32,
+    /// bpf sampler: tracepoint events its programs handled since start, cumulative.
+    #[serde(default)]
+    pub bpf_events: u64,
+    /// Wake-up latency of the workload's threads since start (bpf sampler only; `None` with
+    /// procfs), from the waker's `sched_waking` to the wakee's switch-in, split by what the
+    /// vCPU the wakee ran on was doing at the waking moment (`running`, `polling`, `halted`).
+    ///
+    /// Every field is a cumulative counter that only grows while the instance runs, so a
+    /// Prometheus histogram can be rendered from it directly: per state, `buckets[i]` counts
+    /// the wake-ups with latency in `[2^i, 2^(i+1))` ns (bucket 0 also holds 0 and 1 ns, the
+    /// last bucket everything from 2^31 ns up) — per bucket, not yet summed, so `le` bucket
+    /// `2^(i+1)` ns is the sum of `buckets[0..=i]`; `count` is the number of wake-ups and
+    /// `sum_ns` their total latency in ns (divide by 1e9 for `_sum` in seconds).
+    #[serde(default)]
+    pub wake_latency: Option<WakeLatencies>,
 }
 
 pub fn status_path(state_dir: &Path, pid: u32) -> PathBuf {

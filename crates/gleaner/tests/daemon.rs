@@ -224,3 +224,68 @@ fn bad_input_gets_one_line_errors() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("malformed TOML"), "{err}");
 }
+
+/// Sums one state's per-period wake-up counts over a timeline.
+fn timeline_wake_count(lines: &[serde_json::Value], state: &str) -> u64 {
+    lines.iter().filter_map(|l| l["wake_latency"][state]["count"].as_u64()).sum()
+}
+
+#[test]
+fn observe_ends_with_the_workloads_wake_latency_by_vcpu_state() {
+    require_machine!();
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let tl = dir.path().join("timeline.jsonl");
+    let out = Command::new(gleaner())
+        .args(["run", "--observe", "--state-dir"])
+        .arg(dir.path())
+        .arg("--timeline")
+        .arg(&tl)
+        .args(["--", gleaner(), "workload", "pingpong", "--duration", "1500ms"])
+        .stdout(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    if let Some(line) = err.lines().find(|l| l.contains("sampling from /proc")) {
+        eprintln!("procfs branch (BPF did not load): {line}");
+        assert_eq!(err.matches("sampling from /proc").count(), 1, "{err}");
+        assert!(err.contains("sampler procfs") && err.contains("cannot see: wake latency"), "{err}");
+        return;
+    }
+    eprintln!("bpf branch");
+    assert!(err.contains("sampler bpf"), "{err}");
+    assert!(err.contains("by the wakee vCPU's state"), "{err}");
+    let lines = timeline(&tl);
+    let total: u64 = ["running", "polling", "halted"].iter().map(|s| timeline_wake_count(&lines, s)).sum();
+    // 1.5 s of ping-pong is tens of thousands of hand-offs even on a loaded 2-vCPU guest.
+    assert!(total > 1_000, "{total} wake-ups in the timeline");
+}
+
+#[test]
+fn without_privileges_the_procfs_sampler_runs_and_says_so_once() {
+    require_machine!();
+    if !Path::new("/usr/bin/setpriv").exists() {
+        eprintln!("skipping: no setpriv to drop privileges");
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let out = Command::new("/usr/bin/setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "env"])
+        .arg(format!("XDG_RUNTIME_DIR={}", dir.path().display()))
+        .args([gleaner(), "run", "--observe", "--", gleaner(), "workload", "pingpong", "--rounds", "20000"])
+        .stdout(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() && err.contains("Permission denied") && err.contains("target") {
+        eprintln!("skipping: the test binary is not readable by nobody: {err}");
+        return;
+    }
+    assert!(out.status.success(), "{err}");
+    assert_eq!(err.matches("sampling from /proc").count(), 1, "{err}");
+    assert!(!err.contains("ERROR"), "{err}");
+    assert!(err.contains("sampler procfs"), "{err}");
+}

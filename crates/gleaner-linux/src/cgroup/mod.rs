@@ -56,6 +56,14 @@ pub trait Placement {
     fn set_active(&mut self, cpus: &Cpuset) -> Result<()>;
     /// (pid, tid) of every thread of the workload now.
     fn workload_tids(&self) -> Result<Vec<(u32, u32)>>;
+    /// Pids of the workload's processes now. The cgroup back ends read only `cgroup.procs`,
+    /// so a caller that needs no thread list (the BPF sampler) does not list every thread.
+    fn workload_pids(&self) -> Result<Vec<u32>> {
+        let mut pids: Vec<u32> = self.workload_tids()?.into_iter().map(|(p, _)| p).collect();
+        pids.sort_unstable();
+        pids.dedup();
+        Ok(pids)
+    }
     /// Per-CPU ns of work done by the workload (v1 `cpuacct.usage_percpu`), if available.
     fn per_cpu_work_ns(&self) -> Result<Option<Vec<u64>>>;
     /// Give back exactly what was there. Idempotent; failed items stay for a retry.

@@ -236,6 +236,13 @@ impl Placement for CgroupV1 {
         threads_of(&self.env, &pids_in_subtree(&self.cpuset_dir)?)
     }
 
+    fn workload_pids(&self) -> Result<Vec<u32>> {
+        let mut pids = pids_in_subtree(&self.cpuset_dir)?;
+        pids.sort_unstable();
+        pids.dedup();
+        Ok(pids)
+    }
+
     fn per_cpu_work_ns(&self) -> Result<Option<Vec<u64>>> {
         let Some(dir) = &self.cpuacct_dir else {
             return Ok(None);

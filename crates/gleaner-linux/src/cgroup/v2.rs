@@ -214,6 +214,13 @@ impl Placement for CgroupV2 {
         threads_of(&self.env, &pids_in_subtree(&self.dir)?)
     }
 
+    fn workload_pids(&self) -> Result<Vec<u32>> {
+        let mut pids = pids_in_subtree(&self.dir)?;
+        pids.sort_unstable();
+        pids.dedup();
+        Ok(pids)
+    }
+
     fn per_cpu_work_ns(&self) -> Result<Option<Vec<u64>>> {
         Ok(None)
     }

@@ -1,0 +1,261 @@
+#!/usr/bin/env python3
+"""Gleaner's measurement overhead (issue 14 targets); writes results/overhead-DATE.{json,md}.
+
+Three parts, each recording the commit, cpuidle driver, kernel and load average:
+
+* **wall** — `gleaner run --observe` (changes nothing) against the bare program, N interleaved
+  pairs per workload (the order alternates within pairs), median of the per-pair ratios. Target:
+  within 1 %. Workloads: fine pipeline, ping-pong, `sysbench threads` (fixed events; skipped
+  without sysbench) and a 160-thread messaging workload over sockets and over pipes
+  (`perf bench sched messaging -t -g 4`, 4 groups of 20 senders + 20 receivers; skipped
+  without perf).
+* **self-cpu** — Gleaner's own CPU (utime+stime of the gleaner process, read from /proc while
+  it runs, the first second left out) as a fraction of one CPU, with 1,000 busy threads and with
+  ping-pong's ~100,000+ context switches per second. Target: ≤ 0.5 %. Run for each sampler.
+* **bpf-cost** — the BPF programs' own run time: `kernel.bpf_stats_enabled=1` for the run
+  (restored after, also on failure), run_time_ns and run_cnt summed over the gleaner process's
+  BPF program fds (/proc/PID/fdinfo), reported per event and per 100,000 events.
+
+Needs root for the BPF sampler. Do not run it on a machine others are loading: the numbers are
+only meaningful on a quiet one.
+
+    sudo python3 bench/overhead.py --gleaner target/release/gleaner --pairs 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+BPF_STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
+
+
+def machine_facts() -> dict:
+    def read(p: str) -> str:
+        try:
+            return Path(p).read_text().strip()
+        except OSError:
+            return "missing"
+
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    return {
+        "commit": commit,
+        "cpuidle_driver": read("/sys/devices/system/cpu/cpuidle/current_driver"),
+        "kernel": os.uname().release,
+        "loadavg": read("/proc/loadavg"),
+        "cpus": os.cpu_count(),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def wall_workloads(gleaner: str) -> dict[str, list[str]]:
+    w = {
+        "pipeline-fine": [gleaner, "workload", "pipeline", "--work", "500", "--items", "300000"],
+        "pingpong": [gleaner, "workload", "pingpong", "--rounds", "200000"],
+    }
+    if shutil.which("sysbench"):
+        w["sysbench-threads"] = ["sysbench", "threads", "--threads=8", "--thread-locks=2", "--events=20000", "--time=0", "run"]
+    if shutil.which("perf"):
+        w["messaging-160-socket"] = ["perf", "bench", "sched", "messaging", "-t", "-g", "4", "-l", "2000"]
+        w["messaging-160-pipe"] = ["perf", "bench", "sched", "messaging", "-t", "-p", "-g", "4", "-l", "2000"]
+    return w
+
+
+def timed(cmd: list[str]) -> float:
+    t0 = time.monotonic()
+    r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    dt = time.monotonic() - t0
+    if r.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({r.returncode}): {r.stderr[-1500:]}")
+    return dt
+
+
+def gleaner_cmd(gleaner: str, sampler: str, state_dir: str, cmd: list[str]) -> list[str]:
+    return [gleaner, "run", "--observe", "--sampler", sampler, "--state-dir", state_dir, "--", *cmd]
+
+
+def part_wall(gleaner: str, pairs: int, sampler: str, state_dir: str, only: set[str]) -> list[dict]:
+    rows = []
+    for name, cmd in wall_workloads(gleaner).items():
+        if only and name not in only:
+            continue
+        bare, under = [], []
+        for i in range(pairs):
+            order = [("bare", cmd), ("gleaner", gleaner_cmd(gleaner, sampler, state_dir, cmd))]
+            if i % 2:
+                order.reverse()
+            for label, c in order:
+                (bare if label == "bare" else under).append(timed(c))
+        ratios = [u / b for u, b in zip(under, bare)]
+        rows.append(
+            {
+                "workload": name,
+                "command": " ".join(cmd),
+                "sampler": sampler,
+                "pairs": pairs,
+                "bare_s": bare,
+                "gleaner_s": under,
+                "median_ratio": statistics.median(ratios),
+                "min_ratio": min(ratios),
+                "max_ratio": max(ratios),
+                "within_1pct": statistics.median(ratios) <= 1.01,
+            }
+        )
+        print(f"wall {name:<22} {sampler:<6} median ×{rows[-1]['median_ratio']:.3f} (min ×{min(ratios):.3f}, max ×{max(ratios):.3f}) over {pairs} pairs", flush=True)
+    return rows
+
+
+def proc_cpu_s(pid: int) -> float | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def bpf_prog_stats(pid: int) -> tuple[int, int]:
+    """(run_time_ns, run_cnt) summed over the BPF programs `pid` holds open."""
+    total_ns = total_cnt = 0
+    fd_dir = Path(f"/proc/{pid}/fd")
+    try:
+        fds = list(fd_dir.iterdir())
+    except OSError:
+        return (0, 0)
+    for fd in fds:
+        try:
+            if os.readlink(fd) != "anon_inode:bpf-prog":
+                continue
+            info = Path(f"/proc/{pid}/fdinfo/{fd.name}").read_text()
+        except OSError:
+            continue
+        kv = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+        total_ns += int(kv.get("run_time_ns", "0").strip() or 0)
+        total_cnt += int(kv.get("run_cnt", "0").strip() or 0)
+    return (total_ns, total_cnt)
+
+
+def watch_gleaner(cmd: list[str], warmup_s: float = 1.0) -> dict:
+    """Runs `cmd` (a gleaner run), sampling its CPU time and BPF stats until it exits."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t_start = time.monotonic()
+    first = last = None
+    bpf = (0, 0)
+    while p.poll() is None:
+        time.sleep(0.25)
+        now = time.monotonic()
+        cpu = proc_cpu_s(p.pid)
+        if cpu is None:
+            continue
+        stats = bpf_prog_stats(p.pid)
+        if stats[1]:
+            bpf = stats
+        if now - t_start >= warmup_s:
+            if first is None:
+                first = (now, cpu)
+            last = (now, cpu)
+    out, err = p.communicate()
+    if p.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}): {err[-1500:]}")
+    frac = None
+    if first and last and last[0] > first[0]:
+        frac = (last[1] - first[1]) / (last[0] - first[0])
+    return {"self_cpu_fraction": frac, "bpf_run_time_ns": bpf[0], "bpf_run_cnt": bpf[1], "workload_stdout": out.strip()[-500:], "gleaner_stderr_tail": err.strip()[-1500:]}
+
+
+def part_self_cpu(gleaner: str, seconds: int, samplers: list[str], state_dir: str) -> list[dict]:
+    rows = []
+    loads = {
+        "busy-1000-threads": [gleaner, "workload", "matmul", "--threads", "1000", "--size", "16", "--duration", str(seconds)],
+        "pingpong-switches": [gleaner, "workload", "pingpong", "--duration", str(seconds)],
+    }
+    for sampler in samplers:
+        for name, cmd in loads.items():
+            r = watch_gleaner(gleaner_cmd(gleaner, sampler, state_dir, cmd))
+            r.update({"load": name, "sampler": sampler, "command": " ".join(cmd)})
+            r["within_0_5pct"] = r["self_cpu_fraction"] is not None and r["self_cpu_fraction"] <= 0.005
+            rows.append(r)
+            f = r["self_cpu_fraction"]
+            print(f"self-cpu {name:<20} {sampler:<6} {f * 100 if f is not None else float('nan'):.3f} % of one CPU   workload: {r['workload_stdout'][-160:]}", flush=True)
+    return rows
+
+
+def part_bpf_cost(gleaner: str, seconds: int, state_dir: str) -> dict | None:
+    if not BPF_STATS.exists():
+        print("bpf-cost: skipped, no kernel.bpf_stats_enabled", flush=True)
+        return None
+    before = BPF_STATS.read_text().strip()
+    try:
+        BPF_STATS.write_text("1")
+        cmd = [gleaner, "workload", "pingpong", "--duration", str(seconds)]
+        r = watch_gleaner(gleaner_cmd(gleaner, "bpf", state_dir, cmd))
+    finally:
+        BPF_STATS.write_text(before)
+    cnt, ns = r["bpf_run_cnt"], r["bpf_run_time_ns"]
+    r.update({"command": " ".join(cmd), "ns_per_event": ns / cnt if cnt else None, "ns_per_100k_events": ns * 100_000 / cnt if cnt else None})
+    if cnt:
+        print(f"bpf-cost: {cnt} program runs, {ns / cnt:.0f} ns each, {ns * 100_000 / cnt / 1e6:.2f} ms per 100k events", flush=True)
+    return r
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gleaner", default="target/release/gleaner")
+    ap.add_argument("--pairs", type=int, default=8)
+    ap.add_argument("--seconds", type=int, default=20, help="duration of the self-cpu and bpf-cost runs")
+    ap.add_argument("--sampler", default="auto", choices=["auto", "bpf", "procfs"], help="sampler for the wall-time pairs")
+    ap.add_argument("--parts", default="wall,self-cpu,bpf-cost")
+    ap.add_argument("--only", default="", help="comma-separated wall workloads to run (default all)")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("overhead: needs root (BPF sampler, kernel.bpf_stats_enabled); run it with sudo", file=sys.stderr)
+        return 2
+    gleaner = str(Path(args.gleaner).resolve())
+    parts = set(args.parts.split(","))
+    state_dir = tempfile.mkdtemp(prefix="gleaner-overhead-")
+    result: dict = {"machine_start": machine_facts()}
+    if "wall" in parts:
+        result["wall"] = part_wall(gleaner, args.pairs, args.sampler, state_dir, set(filter(None, args.only.split(","))))
+    if "self-cpu" in parts:
+        result["self_cpu"] = part_self_cpu(gleaner, args.seconds, ["bpf", "procfs"], state_dir)
+    if "bpf-cost" in parts:
+        result["bpf_cost"] = part_bpf_cost(gleaner, max(5, args.seconds // 2), state_dir)
+    result["machine_end"] = machine_facts()
+    stamp = time.strftime("%Y-%m-%d")
+    out = args.out or Path("results") / f"overhead-{stamp}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    md = [f"# Gleaner measurement overhead ({result['machine_start']['date_utc']})", ""]
+    m = result["machine_start"]
+    md += [f"commit `{m['commit']}`, cpuidle driver `{m['cpuidle_driver']}`, kernel {m['kernel']}, {m['cpus']} CPUs, loadavg at start {m['loadavg']}, at end {result['machine_end']['loadavg']}", ""]
+    md += [f"Command: `sudo python3 bench/overhead.py {' '.join(sys.argv[1:])}`", ""]
+    if result.get("wall"):
+        md += ["| workload | sampler | pairs | median gleaner/bare | min | max | within 1 % |", "|---|---|---|---|---|---|---|"]
+        for r in result["wall"]:
+            md.append(f"| {r['workload']} | {r['sampler']} | {r['pairs']} | ×{r['median_ratio']:.3f} | ×{r['min_ratio']:.3f} | ×{r['max_ratio']:.3f} | {'yes' if r['within_1pct'] else 'no'} |")
+        md.append("")
+    if result.get("self_cpu"):
+        md += ["| load | sampler | gleaner CPU (% of one CPU) | ≤ 0.5 % |", "|---|---|---|---|"]
+        for r in result["self_cpu"]:
+            f = r["self_cpu_fraction"]
+            md.append(f"| {r['load']} | {r['sampler']} | {f * 100:.3f} | {'yes' if r['within_0_5pct'] else 'no'} |" if f is not None else f"| {r['load']} | {r['sampler']} | - | no |")
+        md.append("")
+    b = result.get("bpf_cost")
+    if b and b.get("ns_per_event"):
+        md += [f"BPF programs: {b['bpf_run_cnt']} runs, {b['ns_per_event']:.0f} ns per event, {b['ns_per_100k_events'] / 1e6:.2f} ms per 100,000 events (`{b['command']}` under `gleaner run --observe --sampler bpf`).", ""]
+    out.with_suffix(".md").write_text("\n".join(md))
+    print(f"written {out} and {out.with_suffix('.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

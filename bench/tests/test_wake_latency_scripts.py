@@ -1,0 +1,45 @@
+"""The pure parts of wake_latency_check.py and overhead.py: histogram quantiles, timeline sums,
+/proc parsing."""
+
+import json
+import os
+
+import overhead
+import wake_latency_check as wlc
+
+
+def test_quantile_matches_the_rust_log2_interpolation():
+    b = [0] * 32
+    b[12] = 90  # [4096, 8192) ns
+    b[16] = 10  # [65536, 131072) ns
+    p50 = wlc.quantile(b, 0.5)
+    assert 4096 <= p50 < 8192
+    # Same formula as LatencyHistogram::quantile_ns: floor * 2^(fraction of the bucket).
+    assert abs(p50 - 4096 * 2 ** (50 / 90)) < 1e-6
+    assert 65536 <= wlc.quantile(b, 0.99) < 131072
+    assert wlc.quantile([0] * 32, 0.5) is None
+
+
+def test_timeline_sum_adds_each_states_buckets_and_skips_periods_without_histograms(tmp_path):
+    def period(running, halted):
+        h = lambda i: {"buckets": [1 if k == i else 0 for k in range(32)], "count": 1, "sum_ns": 1 << i}
+        empty = {"buckets": [0] * 32, "count": 0, "sum_ns": 0}
+        return {"t_s": 0.1, "wake_latency": {"running": h(running), "polling": empty, "halted": h(halted)}}
+
+    lines = [period(10, 15), {"t_s": 0.2, "wake_latency": None}, period(10, 16)]
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps(l) for l in lines) + "\n")
+    sums = wlc.sum_timeline(path)
+    assert sums["running"][10] == 2
+    assert sums["halted"][15] == 1 and sums["halted"][16] == 1
+    assert sum(sums["polling"]) == 0
+
+
+def test_own_cpu_time_is_read_from_proc_stat():
+    cpu = overhead.proc_cpu_s(os.getpid())
+    assert cpu is not None and cpu > 0
+    assert overhead.proc_cpu_s(2**22 + 12345) is None
+
+
+def test_bpf_stats_of_a_process_without_bpf_programs_are_zero():
+    assert overhead.bpf_prog_stats(os.getpid()) == (0, 0)

@@ -1,0 +1,184 @@
+#!/usr/bin/env python3
+"""Check the BPF sampler's live wake-latency histogram against `gleaner probe` (issue 14, item 4).
+
+The probe measures wake-up latency in controlled settings (the paper's Table 2): waker and
+wakee on the same vCPU, wakee's vCPU held by a yield thread or by cpuidle polling, wakee's vCPU
+halted. This script runs `gleaner workload pingpong` under `gleaner run --sampler bpf` in the
+matching situations, sums the per-period histograms from the timeline, and compares each
+state's p50 with the probe's p50 at the shortest gap (a ping-pong partner blocks for about one
+round trip, like the probe's 20 µs gap):
+
+  running  <- pingpong confined to one vCPU                   vs probe same_vcpu
+  polling  <- pingpong on all vCPUs, --mode always-yield      vs probe busy_yield
+  polling  <- pingpong on all vCPUs, cpuidle poll state free  vs probe busy_poll (where a POLL state exists)
+  halted   <- pingpong on all vCPUs, cpuidle POLL disabled    vs probe halted
+
+The two clocks differ a little by design: the probe stamps before FUTEX_WAKE and after the
+wakee's return, the sampler times sched_waking to the wakee's switch-in. Needs root (BPF, and
+writing cpuidle `disable`, which is restored on every exit path). Prints a table and writes a
+JSON results file with the commit, cpuidle driver, kernel and load average.
+
+    sudo python3 bench/wake_latency_check.py --gleaner target/release/gleaner
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+NBUCKETS = 32
+TOLERANCE = 0.20
+
+
+def quantile(buckets: list[int], q: float) -> float | None:
+    """The q quantile of a log2 histogram, interpolated like gleaner_policy::LatencyHistogram."""
+    total = sum(buckets)
+    if total == 0:
+        return None
+    rank = max(q * total, 1.0)
+    seen = 0
+    for i, n in enumerate(buckets):
+        if n == 0:
+            continue
+        if seen + n >= rank:
+            lo = float(max(1 << i if i else 0, 1))
+            return lo * 2 ** ((rank - seen) / n)
+        seen += n
+    return None
+
+
+def sum_timeline(path: Path) -> dict[str, list[int]]:
+    """Per state, the bucket counts summed over every period of a timeline file."""
+    out = {s: [0] * NBUCKETS for s in ("running", "polling", "halted")}
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        w = rec.get("wake_latency")
+        if not w:
+            continue
+        for state, acc in out.items():
+            for i, n in enumerate(w[state]["buckets"]):
+                acc[i] += n
+    return out
+
+
+def machine_facts() -> dict:
+    def read(p: str) -> str:
+        try:
+            return Path(p).read_text().strip()
+        except OSError:
+            return "missing"
+
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    return {
+        "commit": commit,
+        "cpuidle_driver": read("/sys/devices/system/cpu/cpuidle/current_driver"),
+        "kernel": os.uname().release,
+        "loadavg": read("/proc/loadavg"),
+        "cpus": os.cpu_count(),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def poll_state_files() -> list[Path]:
+    """The `disable` file of every CPU's cpuidle state named POLL (none with driver `none`)."""
+    files = []
+    for cpu in sorted(Path("/sys/devices/system/cpu").glob("cpu[0-9]*")):
+        for st in sorted(cpu.glob("cpuidle/state*")):
+            if (st / "name").exists() and (st / "name").read_text().strip() == "POLL":
+                files.append(st / "disable")
+    return files
+
+
+def run_live(gleaner: str, extra: list[str], workload: list[str], state_dir: str) -> dict[str, list[int]]:
+    with tempfile.NamedTemporaryFile(prefix="gleaner-wlc-", suffix=".jsonl", delete=False) as tf:
+        timeline = Path(tf.name)
+    try:
+        cmd = [gleaner, "run", "--sampler", "bpf", "--state-dir", state_dir, "--timeline", str(timeline), *extra, "--", *workload]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stderr[-2000:]}")
+        return sum_timeline(timeline)
+    finally:
+        timeline.unlink(missing_ok=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gleaner", default="target/release/gleaner")
+    ap.add_argument("--rounds", type=int, default=200_000, help="pingpong round trips per situation")
+    ap.add_argument("--samples", type=int, default=300, help="probe wakes per setting")
+    ap.add_argument("--out", type=Path, default=None, help="results JSON [default: results/wake-latency-check-DATE.json]")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("wake_latency_check: needs root (the BPF sampler and cpuidle state switches); run it with sudo", file=sys.stderr)
+        return 2
+    gleaner = str(Path(args.gleaner).resolve())
+    facts = machine_facts()
+    state_dir = tempfile.mkdtemp(prefix="gleaner-wlc-state-")
+
+    probe = subprocess.run([gleaner, "probe", "--json", "--gaps", "20us", "--samples", str(args.samples)], capture_output=True, text=True)
+    if probe.returncode != 0:
+        print(probe.stderr, file=sys.stderr)
+        return 1
+    report = json.loads(probe.stdout)
+    probe_p50 = {p["setting"]: p["latency"]["p50_ns"] for p in report["points"]}
+
+    pingpong = [gleaner, "workload", "pingpong", "--rounds", str(args.rounds)]
+    live: dict[str, dict[str, list[int]]] = {}
+    live["same_vcpu"] = run_live(gleaner, ["--observe"], ["taskset", "-c", "0", *pingpong], state_dir)
+    live["busy_yield"] = run_live(gleaner, ["--mode", "always-yield", "--retention-backend", "yield"], pingpong, state_dir)
+    polls = poll_state_files()
+    if polls:
+        live["busy_poll"] = run_live(gleaner, ["--observe"], pingpong, state_dir)
+    saved = {f: f.read_text() for f in polls}
+    try:
+        for f in polls:
+            f.write_text("1")
+        live["halted"] = run_live(gleaner, ["--observe"], pingpong, state_dir)
+    finally:
+        for f, v in saved.items():
+            f.write_text(v.strip())
+
+    state_of = {"same_vcpu": "running", "busy_yield": "polling", "busy_poll": "polling", "halted": "halted"}
+    rows = []
+    for setting, hists in live.items():
+        state = state_of[setting]
+        h = hists[state]
+        live_p50 = quantile(h, 0.5)
+        p = probe_p50.get(setting)
+        ratio = (live_p50 / p) if (live_p50 and p) else None
+        rows.append(
+            {
+                "setting": setting,
+                "state": state,
+                "live_count": sum(h),
+                "live_counts_by_state": {s: sum(v) for s, v in hists.items()},
+                "live_p50_ns": live_p50,
+                "live_p99_ns": quantile(h, 0.99),
+                "probe_p50_ns": p,
+                "ratio": ratio,
+                "within_20pct": ratio is not None and abs(ratio - 1) <= TOLERANCE,
+            }
+        )
+    print(f"commit {facts['commit'][:10]}  driver {facts['cpuidle_driver']}  kernel {facts['kernel']}  load {facts['loadavg']}")
+    print(f"{'setting':<11} {'state':<8} {'live n':>8} {'live p50':>10} {'probe p50':>10} {'ratio':>6}  within 20 %")
+    for r in rows:
+        lp = f"{r['live_p50_ns'] / 1e3:.1f} µs" if r["live_p50_ns"] else "-"
+        pp = f"{r['probe_p50_ns'] / 1e3:.1f} µs" if r["probe_p50_ns"] else "-"
+        ra = f"{r['ratio']:.2f}" if r["ratio"] else "-"
+        print(f"{r['setting']:<11} {r['state']:<8} {r['live_count']:>8} {lp:>10} {pp:>10} {ra:>6}  {'yes' if r['within_20pct'] else 'NO'}")
+    out = args.out or Path("results") / f"wake-latency-check-{time.strftime('%Y-%m-%d')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"machine": facts, "rounds": args.rounds, "probe_samples": args.samples, "rows": rows, "skipped_probe": report.get("skipped", [])}, indent=2) + "\n")
+    print(f"written {out}")
+    return 0 if all(r["within_20pct"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

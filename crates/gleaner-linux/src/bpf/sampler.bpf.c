@@ -1,0 +1,326 @@
+// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+/*
+ * Gleaner's in-kernel sampler: counts, per vCPU, what the policy needs each period so that
+ * the daemon reads a few maps instead of walking /proc, and measures every wake-up of the
+ * workload's threads from the waker's sched_waking (before any IPI or vCPU exit) to the
+ * wakee's sched_switch in, split by what the vCPU the wakee ran on was doing at the waking
+ * moment. sched_wakeup would be too late: it fires after the target vCPU left HLT, so it
+ * hides the blocked-waiter wakeup this project is about.
+ *
+ * Everything is attached as BTF tracepoints (tp_btf: no tracefs, typed arguments) and reads
+ * kernel structures through CO-RE, so one object runs on any kernel with BTF.
+ *
+ * Layout contract with src/bpf/mod.rs: struct cpu_stats is 108 u64s in this order.
+ */
+#include "vmlinux_min.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+#define NR_BUCKETS 32
+#define CLASS_RUNNING 0
+#define CLASS_POLLING 1
+#define CLASS_HALTED 2
+#define NR_CLASSES 3
+#define MAX_CPUS 1024
+/* CPUs scanned for an idle peer when a queued workload thread finally runs. */
+#define MAX_SCAN_CPUS 64
+#define PWR_EVENT_EXIT ((u32)-1)
+
+#define KIND_OTHER 0
+#define KIND_WORKLOAD 1
+#define KIND_RETENTION 2
+
+/* Set by userspace before load: the cpuidle state index that polls (POLL), -1 if none. */
+const volatile s32 poll_state = -1;
+/* Number of CPU ids to scan for idle peers (min(nr_cpu_ids, MAX_SCAN_CPUS)). */
+const volatile u32 scan_cpus = 0;
+
+/* Written by userspace every period: the workload's active vCPUs (bit per CPU id < 64). */
+u64 active_mask = 0;
+
+/* Cumulative per-vCPU counters; each CPU writes only its own copy. */
+struct cpu_stats {
+	u64 idle_entries;
+	u64 idle_ns;
+	u64 work_ns;
+	u64 work_switches;
+	/* Queued time of workload threads while another active vCPU sat idle. */
+	u64 crowded_wait_ns;
+	/* Tracepoint invocations on this CPU, for the program's cost per event. */
+	u64 events;
+	u64 hist[NR_CLASSES][NR_BUCKETS];
+	u64 count[NR_CLASSES];
+	u64 sum_ns[NR_CLASSES];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, struct cpu_stats);
+} stats SEC(".maps");
+
+/* What each CPU is doing, read by other CPUs when they classify a wake-up. */
+struct cpu_state {
+	u64 idle_enter_ns;
+	u64 idle_exit_ns;
+	/* Time of the last context switch on this CPU (when `curr_kind` started running). */
+	u64 switch_ns;
+	s32 idle_state;
+	u32 curr_kind;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_CPUS);
+	__type(key, u32);
+	__type(value, struct cpu_state);
+} cpu_states SEC(".maps");
+
+/* The workload's thread groups (tgid -> 1), kept current by userspace and by fork. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 8192);
+	__type(key, u32);
+	__type(value, u8);
+} workload_tgids SEC(".maps");
+
+/* Gleaner's retention threads (tid -> 1): a vCPU running one is polling, not busy. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_CPUS);
+	__type(key, u32);
+	__type(value, u8);
+} retention_tids SEC(".maps");
+
+/* Per workload thread waiting to run: when it was woken and when it was queued. */
+struct pending {
+	u64 waking_ns;
+	u64 queued_ns;
+};
+
+/* LRU: a thread that exits or is never switched in again cannot leak an entry for good. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, u32);
+	__type(value, struct pending);
+} pendings SEC(".maps");
+
+static __always_inline struct cpu_stats *my_stats(void)
+{
+	u32 zero = 0;
+	return bpf_map_lookup_elem(&stats, &zero);
+}
+
+static __always_inline struct cpu_state *state_of(u32 cpu)
+{
+	return bpf_map_lookup_elem(&cpu_states, &cpu);
+}
+
+static __always_inline bool is_workload(struct task_struct *p)
+{
+	u32 tgid = BPF_CORE_READ(p, tgid);
+	return bpf_map_lookup_elem(&workload_tgids, &tgid) != NULL;
+}
+
+static __always_inline u32 log2_bucket(u64 v)
+{
+	u32 r = 0;
+	if (v >= (1ULL << 32)) { v >>= 32; r += 32; }
+	if (v >= (1ULL << 16)) { v >>= 16; r += 16; }
+	if (v >= (1ULL << 8)) { v >>= 8; r += 8; }
+	if (v >= (1ULL << 4)) { v >>= 4; r += 4; }
+	if (v >= (1ULL << 2)) { v >>= 2; r += 2; }
+	if (v >= (1ULL << 1)) { r += 1; }
+	return r >= NR_BUCKETS ? NR_BUCKETS - 1 : r;
+}
+
+/*
+ * What `st`'s CPU was doing at `t`: halted or polling if an idle period covered `t` (the last
+ * one: a wake-up ends the idle period it lands in), polling if Gleaner's retention thread was
+ * running since before `t` (`prev_kind` is what ran until this switch), else running.
+ */
+static __always_inline u32 classify(struct cpu_state *st, u64 t, u32 prev_kind)
+{
+	u64 enter = st->idle_enter_ns, exit = st->idle_exit_ns;
+	if (enter && enter <= t && (exit < enter || exit >= t))
+		return st->idle_state == poll_state ? CLASS_POLLING : CLASS_HALTED;
+	if (prev_kind == KIND_RETENTION && st->switch_ns <= t)
+		return CLASS_POLLING;
+	return CLASS_RUNNING;
+}
+
+/* How long, up to `wait`, some other active vCPU has been idle (kernel idle or retention). */
+static __always_inline u64 idle_peer_overlap(u32 self, u64 now, u64 wait)
+{
+	u64 best = 0, mask = active_mask;
+	for (u32 cpu = 0; cpu < MAX_SCAN_CPUS; cpu++) {
+		if (cpu >= scan_cpus)
+			break;
+		if (cpu == self || !(mask & (1ULL << cpu)))
+			continue;
+		struct cpu_state *st = state_of(cpu);
+		if (!st)
+			continue;
+		u64 since = 0;
+		if (st->idle_enter_ns > st->idle_exit_ns)
+			since = st->idle_enter_ns;
+		else if (st->curr_kind == KIND_RETENTION)
+			since = st->switch_ns;
+		if (since && since < now) {
+			u64 d = now - since;
+			if (d > best)
+				best = d;
+		}
+	}
+	return best < wait ? best : wait;
+}
+
+SEC("tp_btf/sched_waking")
+int BPF_PROG(on_waking, struct task_struct *p)
+{
+	struct cpu_stats *s = my_stats();
+	if (s)
+		s->events++;
+	if (!is_workload(p))
+		return 0;
+	u32 pid = BPF_CORE_READ(p, pid);
+	struct pending v = { .waking_ns = bpf_ktime_get_ns(), .queued_ns = 0 };
+	bpf_map_update_elem(&pendings, &pid, &v, BPF_ANY);
+	return 0;
+}
+
+/* Enqueued (the target vCPU is awake by now): from here on the thread waits for a CPU. */
+static __always_inline int queued(struct task_struct *p)
+{
+	struct cpu_stats *s = my_stats();
+	if (s)
+		s->events++;
+	if (!is_workload(p))
+		return 0;
+	u32 pid = BPF_CORE_READ(p, pid);
+	struct pending *v = bpf_map_lookup_elem(&pendings, &pid);
+	if (v) {
+		v->queued_ns = bpf_ktime_get_ns();
+	} else {
+		struct pending n = { .waking_ns = 0, .queued_ns = bpf_ktime_get_ns() };
+		bpf_map_update_elem(&pendings, &pid, &n, BPF_ANY);
+	}
+	return 0;
+}
+
+SEC("tp_btf/sched_wakeup")
+int BPF_PROG(on_wakeup, struct task_struct *p)
+{
+	return queued(p);
+}
+
+SEC("tp_btf/sched_wakeup_new")
+int BPF_PROG(on_wakeup_new, struct task_struct *p)
+{
+	return queued(p);
+}
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_struct *next)
+{
+	u64 now = bpf_ktime_get_ns();
+	u32 cpu = bpf_get_smp_processor_id();
+	struct cpu_stats *s = my_stats();
+	struct cpu_state *st = state_of(cpu);
+	if (!s || !st)
+		return 0;
+	s->events++;
+
+	/* What `prev` is was decided when it switched in: no map lookup needed for it. */
+	u32 prev_kind = st->curr_kind;
+	u32 prev_pid = BPF_CORE_READ(prev, pid);
+	if (prev_kind == KIND_WORKLOAD) {
+		if (st->switch_ns && now > st->switch_ns)
+			s->work_ns += now - st->switch_ns;
+		s->work_switches++;
+		if (preempt) {
+			struct pending v = { .waking_ns = 0, .queued_ns = now };
+			bpf_map_update_elem(&pendings, &prev_pid, &v, BPF_ANY);
+		} else {
+			/* A wake-up that found it still running has no switch-in to wait for. */
+			bpf_map_delete_elem(&pendings, &prev_pid);
+		}
+	}
+
+	u32 next_pid = BPF_CORE_READ(next, pid);
+	u32 next_kind = KIND_OTHER;
+	if (is_workload(next)) {
+		next_kind = KIND_WORKLOAD;
+		struct pending *v = bpf_map_lookup_elem(&pendings, &next_pid);
+		if (v) {
+			u64 w = v->waking_ns, q = v->queued_ns;
+			if (w && now >= w) {
+				u64 lat = now - w;
+				u32 c = classify(st, w, prev_kind);
+				u32 b = log2_bucket(lat);
+				if (c < NR_CLASSES && b < NR_BUCKETS) {
+					s->hist[c][b]++;
+					s->count[c]++;
+					s->sum_ns[c] += lat;
+				}
+			}
+			if (q && now > q)
+				s->crowded_wait_ns += idle_peer_overlap(cpu, now, now - q);
+			bpf_map_delete_elem(&pendings, &next_pid);
+		}
+	} else if (bpf_map_lookup_elem(&retention_tids, &next_pid)) {
+		next_kind = KIND_RETENTION;
+	}
+	st->curr_kind = next_kind;
+	st->switch_ns = now;
+	return 0;
+}
+
+SEC("tp_btf/cpu_idle")
+int BPF_PROG(on_cpu_idle, u32 state, u32 cpu_id)
+{
+	u64 now = bpf_ktime_get_ns();
+	u32 cpu = bpf_get_smp_processor_id();
+	struct cpu_stats *s = my_stats();
+	struct cpu_state *st = state_of(cpu);
+	if (!s || !st)
+		return 0;
+	s->events++;
+	if (state == PWR_EVENT_EXIT) {
+		if (st->idle_enter_ns > st->idle_exit_ns)
+			s->idle_ns += now - st->idle_enter_ns;
+		st->idle_exit_ns = now;
+	} else {
+		s->idle_entries++;
+		st->idle_state = (s32)state;
+		st->idle_enter_ns = now;
+	}
+	return 0;
+}
+
+/* A workload process's children belong to the workload from their first instruction. */
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
+{
+	if (!is_workload(parent))
+		return 0;
+	u32 tgid = BPF_CORE_READ(child, tgid);
+	u8 one = 1;
+	bpf_map_update_elem(&workload_tgids, &tgid, &one, BPF_ANY);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(on_exit, struct task_struct *p)
+{
+	u32 pid = BPF_CORE_READ(p, pid);
+	bpf_map_delete_elem(&pendings, &pid);
+	if (pid == (u32)BPF_CORE_READ(p, tgid))
+		bpf_map_delete_elem(&workload_tgids, &pid);
+	return 0;
+}
