@@ -301,8 +301,9 @@ fn arb_sample(n: usize) -> impl Strategy<Value = PeriodSample> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
 
-    /// Whatever the samples, the active set is never empty, never leaves the allowed set, and
-    /// never changes in two consecutive periods.
+    /// Whatever the samples, the active set is never empty, never leaves the allowed set,
+    /// never changes in two consecutive periods, and never loses more than half its vCPUs at
+    /// once.
     #[test]
     fn active_set_is_safe_and_calm(samples in proptest::collection::vec(arb_sample(4), 1..60), full in any::<bool>()) {
         let mode = if full { Mode::Full } else { Mode::Consolidation };
@@ -316,7 +317,8 @@ proptest! {
             prop_assert!(d.active.is_subset(&allowed));
             let changed = d.active != prev;
             prop_assert!(!(changed && changed_last), "active set changed in two consecutive periods");
-            prop_assert!(d.active.len() + 1 >= prev.len(), "more than one vCPU deactivated at once");
+            // Steps may take several vCPUs when the evidence is strong, never more than half.
+            prop_assert!(2 * d.active.len() >= prev.len(), "more than half the vCPUs deactivated at once");
             prop_assert_eq!(d.retention.len(), 4);
             for (cpu, a) in &d.retention {
                 if !d.active.contains(*cpu) {
