@@ -464,10 +464,11 @@ impl Gleaner {
             return;
         }
         // A larger step where the evidence is strong: the most vCPUs k whose work the
-        // remaining n - k could absorb in their idle time (condition (1) for k vCPUs:
-        // k x l_comp <= rho x (n - k) x l_idle), at most `max_step`.
-        let step = (1..n.min(self.max_step + 1))
-            .take_while(|&k| k as f64 * c.l_comp_ns <= rho * (n - k) as f64 * c.l_idle_ns)
+        // remaining n - k could absorb in half their idle time (condition (1) for k vCPUs with
+        // a margin, as a failed large step costs the workload for the periods it is judged:
+        // k x l_comp <= rho x (n - k) x l_idle / 2), at most `max_step` and half the active set.
+        let step = (2..=self.max_step.min(n / 2))
+            .take_while(|&k| k as f64 * c.l_comp_ns <= 0.5 * rho * (n - k) as f64 * c.l_idle_ns)
             .last()
             .unwrap_or(1);
         let mut victims = Vec::new();
