@@ -13,7 +13,7 @@ use crate::characteristics::characterize;
 use crate::config::{ConfigError, Mode, PolicyConfig};
 use crate::cpuset::Cpuset;
 use crate::retention::RetentionTimeout;
-use crate::sample::{Characteristics, PeriodSample, VcpuSample};
+use crate::sample::{progress_signal, Characteristics, PeriodSample, VcpuSample};
 
 /// What to do with one vCPU's idle time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -66,7 +66,8 @@ pub struct Decision {
 
 #[derive(Debug, Clone)]
 struct Deactivation {
-    cpu: usize,
+    /// The vCPUs this step deactivated (several when the evidence allowed a larger step).
+    cpus: Vec<usize>,
     before: Characteristics,
     n_before: usize,
 }
@@ -114,32 +115,67 @@ pub struct Gleaner {
     noise: f64,
     /// Utilization seen since the change being judged settled.
     verdict: Verdict,
+    /// The judged value (progress, else utilization) of the last quiet periods: the "before"
+    /// sample of a change's test, and the measure of this workload's noise.
+    quiet_values: std::collections::VecDeque<f64>,
+    /// This period's workload is idle (by its real utilization, whatever is judged).
+    workload_idle: bool,
+    /// Most vCPUs one deactivation step may take away: half the allowed set at first,
+    /// halved by every rollback of a multi-vCPU step.
+    max_step: usize,
 }
 
 /// Periods of evidence collected before a change is judged; one period is too noisy.
 const JUDGE_PERIODS: u32 = 3;
 
+/// Quiet periods remembered as the "before" sample of the next change's test.
+const QUIET_WINDOW: usize = 8;
+
 /// Evidence about a change, collected over [`JUDGE_PERIODS`] periods after it settled.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 struct Verdict {
-    util_sum: f64,
+    values: Vec<f64>,
     max_vcpu_util: f64,
-    periods: u32,
+}
+
+/// What the periods after a change showed.
+#[derive(Debug, Clone)]
+struct Evidence {
+    mean: f64,
+    values: Vec<f64>,
+    /// Standard deviation of one period's value.
+    sd: f64,
+    periods: usize,
+    busiest: f64,
 }
 
 impl Verdict {
-    /// Adds a period; returns (mean utilization, busiest vCPU) once enough were seen.
-    fn observe(&mut self, c: &Characteristics) -> Option<(f64, f64)> {
-        self.util_sum += c.total_util;
+    /// Adds a period (its judged value: progress, else utilization); returns the evidence
+    /// once enough periods were seen.
+    fn observe(&mut self, c: &Characteristics) -> Option<Evidence> {
+        self.values.push(c.total_util);
         self.max_vcpu_util = self.max_vcpu_util.max(c.max_vcpu_util);
-        self.periods += 1;
-        if self.periods < JUDGE_PERIODS {
+        if self.values.len() < JUDGE_PERIODS as usize {
             return None;
         }
-        let out = (self.util_sum / self.periods as f64, self.max_vcpu_util);
+        let (mean, sd) = mean_sd(&self.values);
+        let out = Evidence { mean, values: self.values.clone(), sd, periods: self.values.len(), busiest: self.max_vcpu_util };
         *self = Verdict::default();
         Some(out)
     }
+}
+
+fn mean_sd(xs: &[f64]) -> (f64, f64) {
+    if xs.is_empty() {
+        return (0.0, 0.0);
+    }
+    let n = xs.len() as f64;
+    let mean = xs.iter().sum::<f64>() / n;
+    if xs.len() < 2 {
+        return (mean, 0.0);
+    }
+    let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
+    (mean, var.sqrt())
 }
 
 impl Gleaner {
@@ -149,6 +185,7 @@ impl Gleaner {
             return Err(ConfigError::EmptyAllowedSet);
         }
         let vcpus = allowed.iter().map(|c| (c, VcpuState::default())).collect();
+        let max_step = (allowed.len() / 2).max(1);
         Ok(Self {
             rho: cfg.rho,
             eta: cfg.eta,
@@ -169,6 +206,9 @@ impl Gleaner {
             last_quiet_util: None,
             noise: 0.0,
             verdict: Verdict::default(),
+            quiet_values: std::collections::VecDeque::new(),
+            workload_idle: false,
+            max_step,
         })
     }
 
@@ -261,7 +301,15 @@ impl Gleaner {
     /// Consumes one period's sample and decides the next period.
     pub fn step(&mut self, sample: &PeriodSample) -> Decision {
         self.period += 1;
-        let c = characterize(sample, &self.active);
+        let measured = characterize(sample, &self.active);
+        self.workload_idle = measured.total_util < self.cfg.idle_util;
+        // Changes are judged by progress: the application's own count where it gives one.
+        // Without one, utilization stands in (the policy lab measured it tracking throughput
+        // across settings far better than any estimate from wake counts; see README).
+        let mut c = measured;
+        if sample.progress.is_some() {
+            c.total_util = progress_signal(sample);
+        }
         let mut events = Vec::new();
         // The first periods of a run are the workload starting up (threads being created,
         // caches filling): nothing is changed on their evidence.
@@ -270,7 +318,7 @@ impl Gleaner {
         match self.cfg.mode {
             Mode::AlwaysYield => {
                 let retention = self.allowed.iter().map(|cpu| (cpu, RetentionAction::Retain { timeout_ns: FOREVER_NS })).collect();
-                return self.decision(c, retention, events, FOREVER_NS);
+                return self.decision(measured, retention, events, FOREVER_NS);
             }
             Mode::Full | Mode::Consolidation => {
                 if !settling {
@@ -285,7 +333,11 @@ impl Gleaner {
             _ => self.allowed.iter().map(|cpu| (cpu, RetentionAction::Off)).collect(),
         };
         let quiet = events.is_empty() && !settling && self.judging.is_none() && self.trial.is_none();
-        if quiet && !self.is_idle(&c) {
+        if quiet && !self.is_idle() {
+            self.quiet_values.push_back(c.total_util);
+            if self.quiet_values.len() > QUIET_WINDOW {
+                self.quiet_values.pop_front();
+            }
             self.util_smoothed = Some(self.util_now(&c));
             if let Some(prev) = self.last_quiet_util {
                 let change = (c.total_util - prev).abs() / prev.max(self.cfg.idle_util);
@@ -295,8 +347,9 @@ impl Gleaner {
         } else if !events.is_empty() {
             self.util_smoothed = None;
             self.last_quiet_util = None;
+            self.quiet_values.clear();
         }
-        self.decision(c, retention, events, timeout.ns)
+        self.decision(measured, retention, events, timeout.ns)
     }
 
     fn decision(&self, c: Characteristics, retention: Vec<(usize, RetentionAction)>, events: Vec<PolicyEvent>, timeout_ns: u64) -> Decision {
@@ -315,8 +368,8 @@ impl Gleaner {
         PolicyEvent { period: self.period, kind, reason }
     }
 
-    fn is_idle(&self, c: &Characteristics) -> bool {
-        c.total_util < self.cfg.idle_util
+    fn is_idle(&self) -> bool {
+        self.workload_idle
     }
 
     /// Utilization before the change about to be made: smoothed over the quiet periods that
@@ -330,25 +383,40 @@ impl Gleaner {
         self.util_smoothed.map_or(c.total_util, |s| 0.5 * s + 0.5 * c.total_util)
     }
 
-    /// A utilization drop larger than this is a slowdown. Never below the configured
-    /// threshold, and never within twice the workload's own period-to-period noise: a rollback
-    /// that chases noise also lowers rho or eta for good.
-    fn slowdown_threshold(&self) -> f64 {
-        self.cfg.slowdown_threshold.max(2.0 * self.noise)
+    /// Is a change that moved the judged value from `before` to `after` a slowdown?
+    ///
+    /// A two-sample test instead of a fixed threshold: the drop must exceed twice its standard
+    /// error, from the spread of the quiet periods before the change and of the periods after
+    /// it (a rollback that chases noise also lowers rho or eta for good). The configured
+    /// `slowdown_threshold` applies only until a few quiet periods have shown the noise; a
+    /// drop under 1 % is never acted on.
+    fn significant_drop(&self, before: f64, after: &Evidence) -> Option<f64> {
+        let drop = relative_drop(before, after.mean);
+        if self.quiet_values.len() < 3 || before <= 0.0 {
+            return (drop > self.cfg.slowdown_threshold.max(2.0 * self.noise)).then_some(drop);
+        }
+        let quiet: Vec<f64> = self.quiet_values.iter().copied().collect();
+        let (_, sd_before) = mean_sd(&quiet);
+        let se = (sd_before.powi(2) / quiet.len() as f64 + after.sd.powi(2) / after.periods.max(1) as f64).sqrt();
+        let threshold = (2.0 * se / before).max(0.01);
+        (drop > threshold).then_some(drop)
     }
 
     fn consolidation_step(&mut self, sample: &PeriodSample, c: &Characteristics, events: &mut Vec<PolicyEvent>) {
-        if self.is_idle(c) {
+        if self.is_idle() {
             return;
         }
         if let Some(d) = self.judging.clone() {
-            let Some((after, busiest)) = self.verdict.observe(c) else { return };
+            let Some(evidence) = self.verdict.observe(c) else { return };
             self.judging = None;
-            let drop = relative_drop(d.before.total_util, after);
-            if drop > self.slowdown_threshold() {
+            let (after, busiest) = (evidence.mean, evidence.busiest);
+            if let Some(drop) = self.significant_drop(d.before.total_util, &evidence) {
                 self.rollback(d, after, busiest, drop, events);
                 return;
             }
+            // The periods that accepted the change are the "before" of the next one.
+            self.quiet_values = evidence.values.iter().copied().collect();
+            self.util_smoothed = Some(after);
             let mut accepted = *c;
             accepted.total_util = after;
             accepted.max_vcpu_util = busiest;
@@ -378,9 +446,33 @@ impl Gleaner {
     }
 
     fn rollback(&mut self, d: Deactivation, after: f64, busiest: f64, drop: f64, events: &mut Vec<PolicyEvent>) {
-        self.active.insert(d.cpu);
-        self.deactivated.retain(|x| x.cpu != d.cpu);
+        for &cpu in &d.cpus {
+            self.active.insert(cpu);
+        }
+        self.deactivated.retain(|x| x.cpus != d.cpus);
         let b = &d.before;
+        self.settle = self.cfg.settle_periods;
+        self.reference = None;
+        if d.cpus.len() > 1 {
+            // A large step failed: try smaller ones before concluding the load condition is
+            // too loose.
+            self.max_step = (d.cpus.len() / 2).max(1);
+            for &cpu in &d.cpus {
+                events.push(self.event(
+                    EventKind::Rollback { cpu },
+                    format!(
+                        "utilization fell {:.0} % ({:.2} -> {:.2}) after deactivating vCPUs {:?}; steps now at most {}",
+                        drop * 100.0,
+                        b.total_util,
+                        after,
+                        d.cpus,
+                        self.max_step
+                    ),
+                ));
+            }
+            return;
+        }
+        let cpu = d.cpus[0];
         // §5: a vCPU driven to 100 % means it was overloaded by too-coarse work (Figure 4(b)),
         // so tighten the granularity condition; otherwise the others lacked the idle time to
         // absorb the load, so tighten the load condition. Both are set just below the values
@@ -395,16 +487,14 @@ impl Gleaner {
             self.rho = clamp_factor(0.9 * self.rho.min(ratio));
             format!("rho -> {:.3}", self.rho)
         };
-        self.settle = self.cfg.settle_periods;
-        self.reference = None;
         events.push(self.event(
-            EventKind::Rollback { cpu: d.cpu },
+            EventKind::Rollback { cpu },
             format!(
                 "utilization fell {:.0} % ({:.2} -> {:.2}) after deactivating vCPU {}; {adjusted}",
                 drop * 100.0,
                 b.total_util,
                 after,
-                d.cpu
+                cpu
             ),
         ));
     }
@@ -447,15 +537,34 @@ impl Gleaner {
         if !(cond1 && cond2) {
             return;
         }
-        let Some(victim) = least_busy(&sample.vcpus, &self.active) else { return };
+        // A larger step where the evidence is strong: the most vCPUs k whose work the
+        // remaining n - k could absorb in half their idle time (condition (1) for k vCPUs with
+        // a margin, as a failed large step costs the workload for the periods it is judged:
+        // k x l_comp <= rho x (n - k) x l_idle / 2), at most `max_step` and half the active set.
+        let step = (2..=self.max_step.min(n / 2))
+            .take_while(|&k| k as f64 * c.l_comp_ns <= 0.5 * rho * (n - k) as f64 * c.l_idle_ns)
+            .last()
+            .unwrap_or(1);
+        let mut victims = Vec::new();
+        for _ in 0..step {
+            let Some(victim) = least_busy(&sample.vcpus, &self.active) else { break };
+            self.active.remove(victim);
+            victims.push(victim);
+        }
+        let Some(&victim) = victims.first() else { return };
         let mut before = *c;
         before.total_util = self.util_before(c);
-        self.active.remove(victim);
-        let d = Deactivation { cpu: victim, before, n_before: n };
+        let d = Deactivation { cpus: victims.clone(), before, n_before: n };
         self.deactivated.push(d.clone());
         self.judging = Some(d);
         self.verdict = Verdict::default();
         self.settle = self.cfg.settle_periods;
+        for &cpu in &victims[1..] {
+            events.push(self.event(
+                EventKind::Deactivate { cpu },
+                format!("with vCPU {victim}: {} vCPUs' work fits in the idle time of the other {}", victims.len(), n - victims.len()),
+            ));
+        }
         events.push(self.event(
             EventKind::Deactivate { cpu: victim },
             format!(
@@ -480,7 +589,7 @@ impl Gleaner {
         events: &mut Vec<PolicyEvent>,
     ) -> Vec<(usize, RetentionAction)> {
         let secs = sample.period_ns.max(1) as f64 / 1e9;
-        let idle = self.is_idle(c);
+        let idle = self.is_idle();
         let crowded = c.runnable_wait_fraction > self.cfg.max_runnable_wait;
         // Under steal every held microsecond is taken from another VM: demand more benefit.
         let min_rate = self.cfg.min_idle_periods_per_sec * (1.0 + 10.0 * c.steal_fraction);
@@ -489,9 +598,9 @@ impl Gleaner {
         let mut judged_off = Vec::new();
         if let Some(t) = self.trial.clone() {
             let verdict = if !settling && !idle { self.verdict.observe(c) } else { None };
-            if let Some((after, _)) = verdict {
-                let drop = relative_drop(t.util_before, after);
-                if drop > self.slowdown_threshold() {
+            if let Some(evidence) = verdict {
+                let after = evidence.mean;
+                if let Some(drop) = self.significant_drop(t.util_before, &evidence) {
                     judged_off = t.cpus.clone();
                     self.retention_backoff = (self.retention_backoff * 2).min(self.cfg.max_backoff_periods);
                     self.retention_blocked_until = self.period + self.retention_backoff as u64;

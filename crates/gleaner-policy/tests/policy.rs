@@ -127,6 +127,40 @@ fn rollback_on_a_saturated_vcpu_lowers_eta() {
     assert_eq!(d.rho, 1.0);
 }
 
+/// The case the policy lab and issue 16 found: a consolidation removes wake-up overhead that
+/// the guest counted as run time, so utilization *falls* (here 8 %) while the application
+/// completes more (here 10 %). The utilization judge rolled such consolidations back; told
+/// the application's progress, the policy keeps them.
+#[test]
+fn a_consolidation_that_lowers_utilization_but_raises_progress_is_kept() {
+    let all = Cpuset::first_n(4);
+    let run = |with_progress: bool| {
+        let mut g = Gleaner::new(consolidation_only(), all.clone()).unwrap();
+        let progress = |p: u64| if with_progress { Some(p) } else { None };
+        let mut first = sample(&all, 4, 2 * T, T, T, 10);
+        first.progress = progress(1_000);
+        let d = g.step(&first);
+        assert_eq!(d.active.len(), 3, "{:?}", d.events);
+        drive(&mut g, 4, |a| {
+            let mut s = spread(a, 4, 2 * T, T, T, 10);
+            for v in &mut s.vcpus {
+                v.work_ns = v.work_ns * 92 / 100;
+                v.idle_ns = s.period_ns - v.work_ns;
+            }
+            s.progress = progress(1_100);
+            s
+        })
+    };
+    let told = run(true);
+    assert!(told.iter().all(|d| d.active.len() == 3), "rolled back: {:?}", events(&told));
+    let blind = run(false);
+    assert!(
+        events(&blind).iter().any(|e| matches!(e, EventKind::Rollback { .. })),
+        "without progress the 8 % utilization drop is judged a slowdown: {:?}",
+        events(&blind)
+    );
+}
+
 #[test]
 fn noise_alone_does_not_roll_back() {
     // Utilization swings +-10 % from period to period on its own; after consolidation it keeps
@@ -303,8 +337,9 @@ fn arb_sample(n: usize) -> impl Strategy<Value = PeriodSample> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
 
-    /// Whatever the samples, the active set is never empty, never leaves the allowed set, and
-    /// never changes in two consecutive periods.
+    /// Whatever the samples, the active set is never empty, never leaves the allowed set,
+    /// never changes in two consecutive periods, and never loses more than half its vCPUs at
+    /// once.
     #[test]
     fn active_set_is_safe_and_calm(samples in proptest::collection::vec(arb_sample(4), 1..60), full in any::<bool>()) {
         let mode = if full { Mode::Full } else { Mode::Consolidation };
@@ -318,7 +353,8 @@ proptest! {
             prop_assert!(d.active.is_subset(&allowed));
             let changed = d.active != prev;
             prop_assert!(!(changed && changed_last), "active set changed in two consecutive periods");
-            prop_assert!(d.active.len() + 1 >= prev.len(), "more than one vCPU deactivated at once");
+            // Steps may take several vCPUs when the evidence is strong, never more than half.
+            prop_assert!(2 * d.active.len() >= prev.len(), "more than half the vCPUs deactivated at once");
             prop_assert_eq!(d.retention.len(), 4);
             for (cpu, a) in &d.retention {
                 if !d.active.contains(*cpu) {

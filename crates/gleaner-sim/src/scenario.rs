@@ -308,6 +308,11 @@ pub struct VmConfig {
     /// cpuset: the policy lab's static settings); default all.
     #[serde(default)]
     pub active_vcpus: Option<usize>,
+    /// The application reports its progress to Gleaner (as a database's transaction counter
+    /// would): `PeriodSample::progress` is the compute it completed. Off by default, as for
+    /// most applications; the policy then judges by utilization.
+    #[serde(default)]
+    pub app_progress: bool,
     /// Overrides `guest.retention_timeout` for this VM.
     #[serde(default)]
     pub retention_timeout: Option<Dur>,

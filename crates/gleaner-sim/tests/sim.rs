@@ -70,6 +70,7 @@ fn policy_samples_split_wake_latency_by_wakee_state_and_count_progress() {
         name = "sleepy"
         vcpus = 2
         guest = "retention"
+        app_progress = true
         [[vm.threads]]
         count = 2
         program = [{ compute = "20us" }, { sleep = "5us" }]

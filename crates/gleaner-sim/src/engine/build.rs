@@ -251,6 +251,7 @@ impl Sim {
             last_wait: 0,
             work_done_ns: 0,
             last_work_done_ns: 0,
+            app_progress: cfg.app_progress,
             period_wake: WakeLatencies::default(),
             active_history: Vec::new(),
             retaining_history: Vec::new(),

@@ -87,6 +87,8 @@ struct Vm {
     /// policy period: the application progress the sample reports is the difference.
     work_done_ns: Ns,
     last_work_done_ns: Ns,
+    /// Whether the policy is told `progress` (`vm.app_progress`).
+    app_progress: bool,
     /// Wake latencies of the current policy period, by the wakee vCPU's state.
     period_wake: WakeLatencies,
     active_history: Vec<usize>,

@@ -67,7 +67,7 @@ impl Sim {
             wake_latency: Some(vm.period_wake.clone()),
             // In microseconds of the workload's compute completed: every simulated workload's
             // useful work, whatever its kind (items, transactions, barrier rounds).
-            progress: Some((vm.work_done_ns - vm.last_work_done_ns) / 1_000),
+            progress: vm.app_progress.then_some((vm.work_done_ns - vm.last_work_done_ns) / 1_000),
         };
         let vm = &mut self.vms[vm_id];
         vm.period_wake = WakeLatencies::default();

@@ -11,7 +11,11 @@
 //! there over that solo throughput. The benchmark VM's speedup and the system's weighted
 //! speedup (the sum over VMs) are therefore comparable across vCPU counts, unlike
 //! `sim.weighted_speedup`, which compares each run with a solo run of the same configuration.
-//! Regret = 1 − Gleaner's system speedup / the best static setting's.
+//! Regret = 1 − Gleaner's system speedup / the best static setting's, where the best static
+//! setting is the one with the highest system speedup *among those that keep the benchmark
+//! VM within 3 % of `none`* (shrinking a CPU-bound VM to one vCPU raises the co-runners'
+//! speedups more than it lowers its own, a sacrifice no tenant's policy should make for
+//! them). The regret against the unconstrained best static setting is reported too.
 
 pub mod output;
 pub mod population;
@@ -119,6 +123,12 @@ pub struct ScenarioResult {
     pub none_bench: f64,
     /// 1 − gleaner / best static (system speedup).
     pub regret: f64,
+    /// The same for Gleaner told the application's progress.
+    pub regret_with_progress: f64,
+    /// The static setting with the highest system speedup whatever it costs the benchmark VM,
+    /// and Gleaner's regret against it.
+    pub best_static_any: String,
+    pub regret_any: f64,
     /// Gleaner's benchmark-VM speedup relative to `none`'s, minus 1 (negative: a loss).
     pub bench_vs_none: f64,
     pub system_vs_none: f64,
@@ -133,6 +143,12 @@ pub struct SetSummary {
     pub p90_regret: f64,
     pub worst_regret: f64,
     pub worst_regret_scenario: String,
+    /// Against the best static setting whatever it costs the benchmark VM.
+    pub median_regret_any: f64,
+    pub p90_regret_any: f64,
+    /// Gleaner told the application's progress (`gleaner+progress`).
+    pub median_regret_with_progress: f64,
+    pub p90_regret_with_progress: f64,
     /// Scenarios where Gleaner's benchmark VM is more than 3 % below `none`'s.
     pub bench_loss_over_3pct: usize,
     /// Scenarios where Gleaner's system speedup is below `none`'s.
@@ -188,7 +204,7 @@ fn run_jobs(scenarios: &[LabScenario], jobs: &[Job], threads: usize) -> anyhow::
                     let scenario = match job {
                         Job::Config { scenario, choice } => scenarios[*scenario].build(*choice, None)?,
                         Job::Solo { scenario, vm } => scenarios[*scenario]
-                            .build(GuestChoice { guest: GuestPolicy::None, active_vcpus: None }, Some(*vm))?,
+                            .build(GuestChoice { guest: GuestPolicy::None, active_vcpus: None, app_progress: false }, Some(*vm))?,
                     };
                     let (report, samples) = Sim::new(&scenario).run_keeping_samples();
                     Ok(Outcome { report, samples })
@@ -341,12 +357,13 @@ pub fn run_lab(args: &LabArgs, machine: Machine) -> anyhow::Result<LabReport> {
             })
             .collect();
         let find = |label: &str| configs.iter().find(|c| c.config == label);
-        let (Some(none), Some(gleaner)) = (find("none"), find("gleaner")) else {
+        let (Some(none), Some(gleaner), Some(with_progress)) = (find("none"), find("gleaner"), find("gleaner+progress")) else {
             anyhow::bail!("lab configurations none and gleaner missing");
         };
-        let best = configs
-            .iter()
-            .filter(|c| c.config.starts_with("static-") || c.config == "none")
+        let statics = || configs.iter().filter(|c| c.config.starts_with("static-") || c.config == "none");
+        let best_any = statics().max_by(|a, b| a.system_speedup.total_cmp(&b.system_speedup)).unwrap_or(none);
+        let best = statics()
+            .filter(|c| c.bench_speedup >= 0.97 * none.bench_speedup)
             .max_by(|a, b| a.system_speedup.total_cmp(&b.system_speedup))
             .unwrap_or(none);
         results.push(ScenarioResult {
@@ -358,6 +375,9 @@ pub fn run_lab(args: &LabArgs, machine: Machine) -> anyhow::Result<LabReport> {
             none_system: none.system_speedup,
             none_bench: none.bench_speedup,
             regret: 1.0 - gleaner.system_speedup / best.system_speedup.max(1e-12),
+            regret_with_progress: 1.0 - with_progress.system_speedup / best.system_speedup.max(1e-12),
+            best_static_any: best_any.config.clone(),
+            regret_any: 1.0 - gleaner.system_speedup / best_any.system_speedup.max(1e-12),
             bench_vs_none: gleaner.bench_speedup / none.bench_speedup.max(1e-12) - 1.0,
             system_vs_none: gleaner.system_speedup / none.system_speedup.max(1e-12) - 1.0,
             events: config_outcomes.iter().map(|o| o.report.events).sum(),
@@ -399,6 +419,10 @@ fn summarize(set: LabSet, results: &[ScenarioResult]) -> SetSummary {
         median_regret: quantile(&regrets, 0.5),
         p90_regret: quantile(&regrets, 0.9),
         worst_regret: worst.map_or(0.0, |r| r.regret),
+        median_regret_any: quantile(&rs.iter().map(|r| r.regret_any).collect::<Vec<_>>(), 0.5),
+        p90_regret_any: quantile(&rs.iter().map(|r| r.regret_any).collect::<Vec<_>>(), 0.9),
+        median_regret_with_progress: quantile(&rs.iter().map(|r| r.regret_with_progress).collect::<Vec<_>>(), 0.5),
+        p90_regret_with_progress: quantile(&rs.iter().map(|r| r.regret_with_progress).collect::<Vec<_>>(), 0.9),
         worst_regret_scenario: worst.map_or(String::new(), |r| r.scenario.name.clone()),
         bench_loss_over_3pct: rs.iter().filter(|r| r.bench_vs_none < -0.03).count(),
         system_below_none: rs.iter().filter(|r| r.system_vs_none < -1e-9).count(),
@@ -455,7 +479,7 @@ mod tests {
                     s.build(choice, None).unwrap();
                 }
                 for vm in 0..s.vm_count() {
-                    s.build(GuestChoice { guest: GuestPolicy::None, active_vcpus: None }, Some(vm)).unwrap();
+                    s.build(GuestChoice { guest: GuestPolicy::None, active_vcpus: None, app_progress: false }, Some(vm)).unwrap();
                 }
             }
         }

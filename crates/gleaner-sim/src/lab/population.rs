@@ -212,6 +212,8 @@ pub struct GuestChoice {
     pub guest: GuestPolicy,
     /// A fixed cpuset of this many vCPUs (the static oracle's settings).
     pub active_vcpus: Option<usize>,
+    /// The application reports progress to the policy (`vm.app_progress`).
+    pub app_progress: bool,
 }
 
 impl GuestChoice {
@@ -219,6 +221,7 @@ impl GuestChoice {
         match (self.active_vcpus, self.guest) {
             (Some(k), GuestPolicy::Hold) => format!("static-{k}+retain"),
             (Some(k), _) => format!("static-{k}"),
+            (None, g) if self.app_progress => format!("{}+progress", g.name()),
             (None, g) => g.name().to_string(),
         }
     }
@@ -344,6 +347,7 @@ fn vm(name: &str, vcpus: usize, threads: Vec<ThreadGroup>) -> VmConfig {
         host_cpus: None,
         pin_vcpus: false,
         active_vcpus: None,
+        app_progress: false,
         retention_timeout: None,
         gleaner: None,
         workload: None,
@@ -396,6 +400,7 @@ impl LabScenario {
         bench.barriers = barriers;
         bench.guest = choice.guest;
         bench.active_vcpus = choice.active_vcpus;
+        bench.app_progress = choice.app_progress;
         let mut vms = vec![bench];
         vms.extend(co_runners(self.contention, self.vcpus));
         if let Some(i) = only {
@@ -426,15 +431,16 @@ impl LabScenario {
     pub fn choices(&self) -> Vec<GuestChoice> {
         let mut out: Vec<GuestChoice> = [GuestPolicy::None, GuestPolicy::Haltpoll, GuestPolicy::Retention, GuestPolicy::Gleaner]
             .into_iter()
-            .map(|guest| GuestChoice { guest, active_vcpus: None })
+            .map(|guest| GuestChoice { guest, active_vcpus: None, app_progress: false })
             .collect();
+        out.push(GuestChoice { guest: GuestPolicy::Gleaner, active_vcpus: None, app_progress: true });
         for k in self.static_counts() {
             for guest in [GuestPolicy::None, GuestPolicy::Hold] {
                 // All vCPUs without retention is `none`, run above.
                 if k == self.vcpus && guest == GuestPolicy::None {
                     continue;
                 }
-                out.push(GuestChoice { guest, active_vcpus: Some(k) });
+                out.push(GuestChoice { guest, active_vcpus: Some(k), app_progress: false });
             }
         }
         out
