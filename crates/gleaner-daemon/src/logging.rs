@@ -95,7 +95,7 @@ pub fn report_error(message: &str) {
     if s.json || s.priority_prefix {
         tracing::error!("{message}");
     } else {
-        eprintln!("gleaner: error: {message}");
+        crate::errln!("gleaner: error: {message}");
     }
 }
 
@@ -104,9 +104,9 @@ pub fn print_unstructured(line: &str) {
     let s = style();
     let prefix = if s.priority_prefix { "<3>" } else { "" };
     if s.json {
-        eprintln!("{prefix}{}", wrap_unstructured(line));
+        crate::errln!("{prefix}{}", wrap_unstructured(line));
     } else {
-        eprintln!("{prefix}{line}");
+        crate::errln!("{prefix}{line}");
     }
 }
 

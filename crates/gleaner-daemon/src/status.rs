@@ -184,7 +184,7 @@ fn state_dir_of(args: &StatusArgs) -> Result<PathBuf> {
                 Some(Ok(cfg)) => Ok(cfg.state_dir),
                 // A broken service config must not hide the instances from `status`.
                 Some(Err(e)) => {
-                    eprintln!("gleaner: {} is invalid ({}); looking in {}", default.display(), e, Journal::default_dir().display());
+                    crate::errln!("gleaner: {} is invalid ({}); looking in {}", default.display(), e, Journal::default_dir().display());
                     Ok(Journal::default_dir())
                 }
                 None => Ok(Journal::default_dir()),
@@ -197,7 +197,7 @@ pub fn run(args: StatusArgs) -> Result<()> {
     let dir = state_dir_of(&args)?;
     let all = read_statuses(&dir).with_context(|| format!("cannot read status files in {}", dir.display()))?;
     let daemon = read_daemon_status(&dir)?;
-    print!("{}", report(&dir, daemon.as_ref(), &all, args.json)?);
+    crate::outln!("{}", report(&dir, daemon.as_ref(), &all, args.json)?.trim_end());
     Ok(())
 }
 
@@ -259,7 +259,13 @@ pub fn render(s: &InstanceStatus) -> String {
         s.uptime_s,
         s.periods
     );
-    out += &format!("  active vCPUs {} of {}   rho {:.3}  eta {:.3}  retention timeout {:.1} µs\n", s.active, s.allowed, s.rho, s.eta, s.retention_timeout_us);
+    // A hold that never times out (always-yield) is stored as u64::MAX ns.
+    let hold = if s.retention_timeout_us >= gleaner_policy::FOREVER_NS as f64 / 1e3 {
+        "none (held until work arrives)".to_string()
+    } else {
+        format!("{:.1} µs", s.retention_timeout_us)
+    };
+    out += &format!("  active vCPUs {} of {}   rho {:.3}  eta {:.3}  retention timeout {hold}\n", s.active, s.allowed, s.rho, s.eta);
     out += &format!(
         "  l_comp {}  g_comp {}  l_idle {}  utilization {:.2}  runnable wait {:.0} %  steal {:.1} %\n",
         us(c.l_comp_ns),
@@ -366,5 +372,19 @@ mod tests {
         std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o600)).unwrap();
         let args = StatusArgs { json: false, state_dir: None, config: Some(cfg) };
         assert_eq!(state_dir_of(&args).unwrap(), Path::new("/srv/gleaner-state"));
+    }
+
+    #[test]
+    fn always_yield_shows_its_mode_name_and_no_timeout() {
+        let s = InstanceStatus {
+            mode: gleaner_policy::Mode::AlwaysYield.to_string(),
+            retention_timeout_us: gleaner_policy::FOREVER_NS as f64 / 1e3,
+            ..InstanceStatus::default()
+        };
+        let text = render(&s);
+        assert!(text.contains("mode always-yield"), "{text}");
+        assert!(text.contains("retention timeout none (held until work arrives)"), "{text}");
+        let s = InstanceStatus { retention_timeout_us: 18.0, ..s };
+        assert!(render(&s).contains("retention timeout 18.0 µs"));
     }
 }

@@ -2,6 +2,8 @@
 //! (Debian package `prometheus`; or set PROMTOOL=/path/to/promtool). Without promtool the
 //! test records a visible skip (target/tmp/skipped-tests.log, which test.sh prints).
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed assumption is a failed test
+
 use std::io::Write;
 use std::process::{Command, Stdio};
 

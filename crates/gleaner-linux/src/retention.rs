@@ -569,12 +569,28 @@ pub fn thread_affinity(tid: i32) -> io::Result<Cpuset> {
 }
 
 fn set_current_thread_sched_idle() -> io::Result<()> {
+    set_thread_sched_policy(0, libc::SCHED_IDLE)
+}
+
+/// Puts thread `tid` (0: the calling thread) under scheduling `policy` at priority 0.
+///
+/// Why the raw system call: musl's `sched_setscheduler` is a stub that always fails with
+/// ENOSYS (POSIX makes the policy per process, Linux per thread, and musl refuses to pretend),
+/// and Gleaner ships as a static musl binary (the test bed's guest image), so the libc wrapper
+/// would disable retention there. The system call is the same on glibc.
+pub fn set_thread_sched_policy(tid: libc::pid_t, policy: libc::c_int) -> io::Result<()> {
     // Zeroed rather than a struct literal: musl's sched_param has extra fields.
-    // SAFETY: sched_param is plain old data; all-zero is a valid value.
-    let mut param: libc::sched_param = unsafe { std::mem::zeroed() };
-    param.sched_priority = 0;
-    // SAFETY: `param` is a valid sched_param; pid 0 is the calling thread.
-    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+    // SAFETY: sched_param is plain old data; all-zero is priority 0.
+    let param: libc::sched_param = unsafe { std::mem::zeroed() };
+    // SAFETY: `param` is a valid sched_param that outlives the call; the kernel only reads it.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_sched_setscheduler,
+            tid,
+            policy,
+            &param as *const libc::sched_param,
+        )
+    };
     if rc == 0 {
         Ok(())
     } else {
@@ -586,6 +602,14 @@ fn set_current_thread_sched_idle() -> io::Result<()> {
 mod tests {
     use super::*;
     use std::time::Instant;
+
+    /// Scheduling policy of thread `tid`, through the system call (musl's
+    /// `sched_getscheduler` is an ENOSYS stub like its `sched_setscheduler`).
+    fn thread_sched_policy(tid: i32) -> i32 {
+        let rc = unsafe { libc::syscall(libc::SYS_sched_getscheduler, tid) };
+        assert!(rc >= 0, "sched_getscheduler({tid}): {}", io::Error::last_os_error());
+        rc as i32
+    }
 
     /// CPU time consumed so far by a thread of this process (the kernel's per-thread
     /// CPU-time clock id encoding: ~tid << 3 | CPUCLOCK_SCHED | CPUCLOCK_PERTHREAD).
@@ -700,6 +724,28 @@ mod tests {
     }
 
     #[test]
+    fn thread_sched_policy_is_set_on_the_caller_and_on_another_thread() {
+        // Fails with ENOSYS when built for musl through the libc wrapper (see
+        // set_thread_sched_policy); tests/musl_test.sh runs this for the musl target.
+        let (tid_tx, tid_rx) = mpsc::channel();
+        let (done_tx, done_rx) = mpsc::channel::<()>();
+        let worker = std::thread::spawn(move || {
+            let own = set_thread_sched_policy(0, libc::SCHED_IDLE);
+            let tid = unsafe { libc::syscall(libc::SYS_gettid) } as i32;
+            tid_tx.send((tid, own)).unwrap();
+            done_rx.recv().unwrap();
+        });
+        let (tid, own) = tid_rx.recv().unwrap();
+        own.unwrap();
+        assert_eq!(thread_sched_policy(tid), libc::SCHED_IDLE);
+        // Back to SCHED_OTHER from outside, as the guard does for a dying instance's threads.
+        set_thread_sched_policy(tid, libc::SCHED_OTHER).unwrap();
+        assert_eq!(thread_sched_policy(tid), libc::SCHED_OTHER);
+        done_tx.send(()).unwrap();
+        worker.join().unwrap();
+    }
+
+    #[test]
     fn pool_on_all_cpus_is_pinned_and_sched_idle_and_stops() {
         let cpus = my_cpus();
         let pool = RetentionPool::start(&cpus, YielderParams::default()).unwrap();
@@ -709,7 +755,7 @@ mod tests {
         for t in &threads {
             assert!(t.tid > 0);
             assert_eq!(
-                unsafe { libc::sched_getscheduler(t.tid) },
+                thread_sched_policy(t.tid),
                 libc::SCHED_IDLE,
                 "{t:?}"
             );

@@ -50,6 +50,10 @@ enum Cmd {
         /// Existing cgroup directory (v1 cpuset or v2 with cpuset enabled)
         #[arg(long, value_name = "PATH")]
         cgroup: Option<PathBuf>,
+        /// Allow PID 1, a kernel thread or an ancestor of gleaner: confines that process's
+        /// whole tree (for PID 1, every process on the machine)
+        #[arg(long, requires = "pid")]
+        system_process: bool,
     },
     /// Run as a system service managing the cgroups in a config file, with metrics
     Daemon(service::ServiceArgs),
@@ -89,8 +93,8 @@ fn main() -> ExitCode {
     gleaner_daemon::logging::init(matches!(cli.log_format, LogFormat::Json), cli.log.as_deref());
     let result = match cli.command {
         Cmd::Run { flags, command } => daemon::manage(&flags, daemon::Target::Command(command)),
-        Cmd::Attach { flags, pid, cgroup } => match (pid, cgroup) {
-            (Some(pid), _) => daemon::manage(&flags, daemon::Target::Pid(pid)),
+        Cmd::Attach { flags, pid, cgroup, system_process } => match (pid, cgroup) {
+            (Some(pid), _) => daemon::manage(&flags, daemon::Target::Pid { pid, system_ok: system_process }),
             (None, Some(dir)) => daemon::manage(&flags, daemon::Target::Cgroup(dir)),
             (None, None) => Err(anyhow::anyhow!("give a PID or --cgroup PATH")),
         },
@@ -104,7 +108,7 @@ fn main() -> ExitCode {
         Cmd::Guard { journal } => daemon::guard_main(&journal),
         Cmd::Man { out } => man::write_pages(Cli::command(), &out).map(|files| {
             for f in files {
-                println!("{}", f.display());
+                gleaner_daemon::outln!("{}", f.display());
             }
             0
         }),
