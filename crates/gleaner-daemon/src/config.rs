@@ -3,6 +3,7 @@
 //! Exists so that `gleaner run`, `gleaner attach` and the service read one format with one set
 //! of documented defaults, and a bad value is refused before any CPU is touched.
 
+use gleaner_sys::one_line;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -199,10 +200,6 @@ pub fn parse(text: &str) -> Result<DaemonConfig> {
     })?;
     cfg.validate()?;
     Ok(cfg)
-}
-
-fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 pub fn is_root() -> bool {

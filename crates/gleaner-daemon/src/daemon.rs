@@ -595,7 +595,7 @@ fn hasten_exit(pid: libc::pid_t) {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return };
     for tid in tasks.flatten().filter_map(|t| t.file_name().to_str()?.parse::<libc::pid_t>().ok()) {
         // Best effort: a thread that already exited has nothing left to hasten.
-        let _ = gleaner_linux::retention::set_thread_sched_policy(tid, libc::SCHED_OTHER);
+        let _ = gleaner_sys::sched::set_thread_sched_policy(tid, libc::SCHED_OTHER);
     }
 }
 

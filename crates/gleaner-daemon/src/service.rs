@@ -12,6 +12,7 @@
 //! calibrations do not disturb each other), restarts them with back-off, reloads the
 //! configuration on SIGHUP and serves the instances' status files as Prometheus metrics.
 
+use gleaner_sys::one_line;
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
@@ -321,10 +322,6 @@ fn has_tasks(dir: &Path) -> bool {
         return true;
     }
     std::fs::read_dir(dir).map(|rd| rd.flatten().any(|e| e.file_type().is_ok_and(|t| t.is_dir()) && has_tasks(&e.path()))).unwrap_or(false)
-}
-
-fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);

@@ -473,10 +473,7 @@ fn push_events(history: &mut Vec<PolicyEvent>, new: &[PolicyEvent]) {
 
 /// CPU time of this process (controller and retention threads), in seconds.
 pub fn own_cpu_seconds() -> f64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: writes into a local timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+    gleaner_sys::clock::own_process_cpu_ns() as f64 / 1e9
 }
 
 /// The controller thread's nice value when the process may raise it (CAP_SYS_NICE).
@@ -491,9 +488,8 @@ pub const CONTROLLER_NICE: i32 = -10;
 /// [`CONTROLLER_NICE`]; returns the nice value in effect. Called after the workload and the
 /// guard were started, so neither inherits it.
 fn raise_own_priority() -> i32 {
-    // SAFETY: plain syscalls on the calling thread.
-    let tid = unsafe { libc::gettid() } as libc::id_t;
-    // SAFETY: as above.
+    let tid = gleaner_sys::sched::gettid() as libc::id_t;
+    // SAFETY: a plain syscall on the calling thread.
     if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, CONTROLLER_NICE) } == 0 {
         return CONTROLLER_NICE;
     }

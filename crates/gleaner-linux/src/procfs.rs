@@ -220,6 +220,11 @@ impl ProcFs {
         read_pressure(&self.path("pressure/cpu"))
     }
 
+    /// The running kernel's release, e.g. `6.1.0-18-amd64`.
+    pub fn kernel_release(&self) -> Result<String> {
+        Ok(read_file(&self.path("sys/kernel/osrelease"))?.trim().to_string())
+    }
+
     pub fn loadavg(&self) -> Result<LoadAvg> {
         let path = self.path("loadavg");
         parse_loadavg(&path, &read_file(&path)?)

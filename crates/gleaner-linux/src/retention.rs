@@ -20,6 +20,9 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use gleaner_policy::Cpuset;
+use gleaner_sys::affinity::pin_current_thread;
+use gleaner_sys::clock::monotonic_ns as now_ns;
+use gleaner_sys::sched::{gettid, set_thread_sched_policy, thread_context_switches};
 use serde::{Deserialize, Serialize};
 
 /// What a retention thread does with its vCPU.
@@ -380,8 +383,7 @@ fn retention_thread(
     ready: mpsc::Sender<Result<(), RetentionError>>,
 ) {
     let cpu = slot.cpu;
-    // SAFETY: gettid has no preconditions.
-    slot.tid.store(unsafe { libc::gettid() }, Ordering::Release);
+    slot.tid.store(gettid(), Ordering::Release);
     if let Err(source) = pin_current_thread(cpu) {
         let _ = ready.send(Err(RetentionError::Pin { cpu, source }));
         return;
@@ -396,7 +398,7 @@ fn retention_thread(
     // preempts it as soon as a workload thread wakes. sched_yield() alone is not enough:
     // under CFS/EEVDF a yielding SCHED_OTHER thread still competes for its fair share, so it
     // would delay the workload it is meant to help.
-    if let Err(source) = set_current_thread_sched_idle() {
+    if let Err(source) = set_thread_sched_policy(0, libc::SCHED_IDLE) {
         let _ = ready.send(Err(RetentionError::SchedIdle { cpu, source }));
         return;
     }
@@ -408,7 +410,7 @@ fn retention_thread(
 fn yield_loop(slot: &Slot, params: YielderParams, threshold_ns: u64) {
     let mut hold = HoldTracker::new(threshold_ns, &params);
     let mut last = now_ns();
-    let mut switches = context_switches();
+    let mut switches = thread_context_switches();
     loop {
         let state = slot.state.load(Ordering::Acquire);
         match state {
@@ -424,7 +426,7 @@ fn yield_loop(slot: &Slot, params: YielderParams, threshold_ns: u64) {
                 drop(guard);
                 hold.restart();
                 last = now_ns();
-                switches = context_switches();
+                switches = thread_context_switches();
             }
             timeout_ns => {
                 // SAFETY: sched_yield has no preconditions.
@@ -435,7 +437,7 @@ fn yield_loop(slot: &Slot, params: YielderParams, threshold_ns: u64) {
                 let iteration_ns = t.saturating_sub(last);
                 last = t;
                 let switched_out = || {
-                    let now = context_switches();
+                    let now = thread_context_switches();
                     // Without a count, fall back to timing alone.
                     let moved = now.is_none() || now != switches;
                     switches = now;
@@ -454,7 +456,7 @@ fn yield_loop(slot: &Slot, params: YielderParams, threshold_ns: u64) {
                         let slept = release(slot, state, sleep_ns);
                         slot.released_ns.fetch_add(slept, Ordering::Relaxed);
                         last = now_ns();
-                        switches = context_switches(); // sleeping switched us out
+                        switches = thread_context_switches(); // sleeping switched us out
                     }
                 }
             }
@@ -476,20 +478,6 @@ fn release(slot: &Slot, state: u64, sleep_ns: u64) -> u64 {
     now_ns().saturating_sub(start)
 }
 
-/// Voluntary + involuntary context switches of the calling thread so far. A `sched_yield()`
-/// that finds nothing else to run does not count as a switch; one that lets another thread
-/// run does.
-/// `None` only if getrusage fails, which it cannot for RUSAGE_THREAD.
-fn context_switches() -> Option<u64> {
-    // SAFETY: an all-zero rusage is a valid value for getrusage to overwrite.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `usage` is a valid, writable rusage; RUSAGE_THREAD is the calling thread.
-    if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) } != 0 {
-        return None;
-    }
-    Some((usage.ru_nvcsw as u64).wrapping_add(usage.ru_nivcsw as u64))
-}
-
 /// Durations of `n` back-to-back `sched_yield()` + clock iterations on the calling thread.
 fn yield_iteration_costs(n: usize) -> Vec<u64> {
     let mut samples = Vec::with_capacity(n);
@@ -504,112 +492,12 @@ fn yield_iteration_costs(n: usize) -> Vec<u64> {
     samples
 }
 
-/// CLOCK_MONOTONIC in nanoseconds; served by the vDSO, so it costs no system call.
-pub fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
-}
-
-/// Pins the calling thread to one CPU.
-pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
-    set_current_thread_affinity(&[cpu].into_iter().collect())
-}
-
-/// Sets the calling thread's CPU mask. The mask is sized to the largest CPU id, so ids beyond
-/// `cpu_set_t`'s 1024 bits work too.
-pub fn set_current_thread_affinity(cpus: &Cpuset) -> io::Result<()> {
-    let bits = 8 * std::mem::size_of::<libc::c_ulong>();
-    let words = (cpus.last().unwrap_or(0) / bits + 1).max(1024 / bits);
-    let mut mask = vec![0 as libc::c_ulong; words];
-    for cpu in cpus.iter() {
-        mask[cpu / bits] |= 1 << (cpu % bits);
-    }
-    // SAFETY: the pointer and byte length describe `mask`, which outlives the call; pid 0 is
-    // the calling thread.
-    let rc = unsafe {
-        libc::sched_setaffinity(
-            0,
-            mask.len() * std::mem::size_of::<libc::c_ulong>(),
-            mask.as_ptr() as *const libc::cpu_set_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
-/// CPUs a thread (`tid`, 0 for the caller) may run on.
-pub fn thread_affinity(tid: i32) -> io::Result<Cpuset> {
-    // 8192 CPUs, gleaner_policy's MAX_CPU + 1.
-    let mut mask = vec![0 as libc::c_ulong; 8192 / (8 * std::mem::size_of::<libc::c_ulong>())];
-    // SAFETY: the pointer and byte length describe `mask`, which outlives the call.
-    let rc = unsafe {
-        libc::sched_getaffinity(
-            tid,
-            mask.len() * std::mem::size_of::<libc::c_ulong>(),
-            mask.as_mut_ptr() as *mut libc::cpu_set_t,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let bits = 8 * std::mem::size_of::<libc::c_ulong>();
-    Ok((0..mask.len() * bits)
-        .filter(|&cpu| mask[cpu / bits] & (1 << (cpu % bits)) != 0)
-        .collect())
-}
-
-fn set_current_thread_sched_idle() -> io::Result<()> {
-    set_thread_sched_policy(0, libc::SCHED_IDLE)
-}
-
-/// Puts thread `tid` (0: the calling thread) under scheduling `policy` at priority 0.
-///
-/// Why the raw system call: musl's `sched_setscheduler` is a stub that always fails with
-/// ENOSYS (POSIX makes the policy per process, Linux per thread, and musl refuses to pretend),
-/// and Gleaner ships as a static musl binary (the test bed's guest image), so the libc wrapper
-/// would disable retention there. The system call is the same on glibc.
-pub fn set_thread_sched_policy(tid: libc::pid_t, policy: libc::c_int) -> io::Result<()> {
-    // Zeroed rather than a struct literal: musl's sched_param has extra fields.
-    // SAFETY: sched_param is plain old data; all-zero is priority 0.
-    let param: libc::sched_param = unsafe { std::mem::zeroed() };
-    // SAFETY: `param` is a valid sched_param that outlives the call; the kernel only reads it.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_sched_setscheduler,
-            tid,
-            policy,
-            &param as *const libc::sched_param,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gleaner_sys::affinity::thread_affinity;
+    use gleaner_sys::sched::thread_sched_policy;
     use std::time::Instant;
-
-    /// Scheduling policy of thread `tid`, through the system call (musl's
-    /// `sched_getscheduler` is an ENOSYS stub like its `sched_setscheduler`).
-    fn thread_sched_policy(tid: i32) -> i32 {
-        let rc = unsafe { libc::syscall(libc::SYS_sched_getscheduler, tid) };
-        assert!(rc >= 0, "sched_getscheduler({tid}): {}", io::Error::last_os_error());
-        rc as i32
-    }
 
     /// CPU time consumed so far by a thread of this process (the kernel's per-thread
     /// CPU-time clock id encoding: ~tid << 3 | CPUCLOCK_SCHED | CPUCLOCK_PERTHREAD).
@@ -737,10 +625,10 @@ mod tests {
         });
         let (tid, own) = tid_rx.recv().unwrap();
         own.unwrap();
-        assert_eq!(thread_sched_policy(tid), libc::SCHED_IDLE);
+        assert_eq!(thread_sched_policy(tid).unwrap(), libc::SCHED_IDLE);
         // Back to SCHED_OTHER from outside, as the guard does for a dying instance's threads.
         set_thread_sched_policy(tid, libc::SCHED_OTHER).unwrap();
-        assert_eq!(thread_sched_policy(tid), libc::SCHED_OTHER);
+        assert_eq!(thread_sched_policy(tid).unwrap(), libc::SCHED_OTHER);
         done_tx.send(()).unwrap();
         worker.join().unwrap();
     }
@@ -755,7 +643,7 @@ mod tests {
         for t in &threads {
             assert!(t.tid > 0);
             assert_eq!(
-                thread_sched_policy(t.tid),
+                thread_sched_policy(t.tid).unwrap(),
                 libc::SCHED_IDLE,
                 "{t:?}"
             );

@@ -261,18 +261,7 @@ fn spread(total: u64, spare: &[u64], period_ns: u64, vcpus: &mut [VcpuSample]) {
 
 /// CPU time of a whole process in ns, from its POSIX CPU clock (any process may be read).
 fn process_cpu_ns(pid: u32) -> Option<u64> {
-    let mut clock: libc::clockid_t = 0;
-    // SAFETY: plain syscalls writing into locals we own.
-    unsafe {
-        if libc::clock_getcpuclockid(pid as libc::pid_t, &mut clock) != 0 {
-            return None;
-        }
-        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-        if libc::clock_gettime(clock, &mut ts) != 0 {
-            return None;
-        }
-        Some(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
-    }
+    gleaner_sys::clock::process_cpu_ns(pid)
 }
 
 #[cfg(test)]

@@ -33,10 +33,10 @@ use gleaner_policy::{Cpuset, RetentionTimeout};
 use serde::{Deserialize, Serialize};
 
 use crate::pmqos::{PmQosError, PollRetention};
-use crate::retention::{
-    now_ns, pin_current_thread, set_current_thread_affinity, thread_affinity, RetentionError,
-    RetentionMode, RetentionPool, YielderParams,
-};
+use crate::retention::{RetentionError, RetentionMode, RetentionPool, YielderParams};
+use gleaner_sys::affinity::{pin_current_thread, set_current_thread_affinity, thread_affinity};
+use gleaner_sys::clock::{monotonic_ns as now_ns, sleep_ns};
+use gleaner_sys::futex;
 
 /// Default gaps between wakes: 20 µs to 5 ms.
 pub const DEFAULT_GAPS_NS: [u64; 8] = [
@@ -740,9 +740,9 @@ fn waker_side(
             source,
         });
     }
-    // The default 50 µs timer slack would blur the shorter gaps. Per-thread, gone with the thread.
-    // SAFETY: PR_SET_TIMERSLACK takes one integer argument.
-    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0) };
+    // The default 50 µs timer slack would blur the shorter gaps; best effort, a failure only
+    // blurs them.
+    let _ = gleaner_sys::sched::set_current_thread_timer_slack_ns(1);
     for i in 0..rounds {
         loop {
             let armed = hs.armed.load(Ordering::Acquire);
@@ -763,59 +763,16 @@ fn waker_side(
     Ok(())
 }
 
-/// FUTEX_WAIT while `*word == expected`, at most `timeout_ns`. Spurious and early returns are
-/// fine: callers re-check the word.
+/// FUTEX_WAIT while `*word == expected`, at most `timeout_ns`. Early returns are fine
+/// (callers re-check the word), and so is a failure: the wait is then a short spin, and the
+/// wait limit still bounds a hang.
 fn futex_wait(word: &AtomicU32, expected: u32, timeout_ns: u64) {
-    let timeout = libc::timespec {
-        tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
-        tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long,
-    };
-    // SAFETY: `word` is a live, aligned u32 for the duration of the call; `timeout` is a valid
-    // relative timespec; the remaining arguments are ignored by FUTEX_WAIT.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
-            expected,
-            &timeout as *const libc::timespec,
-            std::ptr::null::<u32>(),
-            0u32,
-        );
-    }
+    let _ = futex::wait(word, expected, Some(Duration::from_nanos(timeout_ns)));
 }
 
+/// Wakes every waiter; FUTEX_WAKE on a live word cannot fail.
 fn futex_wake(word: &AtomicU32) {
-    // SAFETY: `word` is a live, aligned u32; FUTEX_WAKE only reads the count argument.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
-            i32::MAX,
-        );
-    }
-}
-
-/// clock_nanosleep on CLOCK_MONOTONIC, resumed after signals.
-fn sleep_ns(ns: u64) {
-    let mut request = libc::timespec {
-        tv_sec: (ns / 1_000_000_000) as libc::time_t,
-        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
-    };
-    loop {
-        let mut remaining = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: both pointers refer to valid timespecs that outlive the call.
-        let rc =
-            unsafe { libc::clock_nanosleep(libc::CLOCK_MONOTONIC, 0, &request, &mut remaining) };
-        if rc != libc::EINTR {
-            return;
-        }
-        request = remaining;
-    }
+    let _ = futex::wake(word, u32::MAX);
 }
 
 /// CPU times from one /proc/stat line, in USER_HZ ticks.

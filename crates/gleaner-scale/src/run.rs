@@ -23,7 +23,7 @@ use std::process::ExitStatus;
 use std::time::Instant;
 
 use nix::fcntl::OFlag;
-use nix::sched::CpuSet;
+use gleaner_sys::affinity::CpuMask;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::{ForkResult, Pid};
 use perf_event::events::{Cache, CacheId, CacheOp, CacheResult, Hardware, Software};
@@ -266,6 +266,68 @@ pub struct Measurement {
     pub steal_s: Option<f64>,
     #[serde(skip)]
     pub exit_status: ExitStatus,
+    /// The figure read from the program's output in throughput mode (`--metric`).
+    pub metric: Option<f64>,
+    /// The tail of the program's stdout (see [`OutputCollector`]); emptied once read.
+    #[serde(skip)]
+    pub stdout: Vec<u8>,
+}
+
+/// Keeps at most this much of a run's stdout (its tail, where summaries are).
+const STDOUT_KEEP_BYTES: usize = 4 << 20;
+/// How long to wait for stdout to close after the child exited: a background
+/// process it left behind may hold the pipe open indefinitely.
+const STDOUT_DRAIN_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Reads the child's stdout on a thread while the parent waits for the child,
+/// so a chatty program never blocks on a full pipe. Keeps the last
+/// [`STDOUT_KEEP_BYTES`] and, with `--show-output`, copies everything to stderr.
+struct OutputCollector {
+    buffer: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    closed: std::sync::mpsc::Receiver<()>,
+}
+
+impl OutputCollector {
+    fn start(pipe: OwnedFd, echo_to_stderr: bool) -> Self {
+        use std::io::{Read, Write};
+        let buffer = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (closed_tx, closed) = std::sync::mpsc::channel();
+        let shared = std::sync::Arc::clone(&buffer);
+        std::thread::spawn(move || {
+            let mut pipe = std::fs::File::from(pipe);
+            let mut chunk = [0u8; 16 * 1024];
+            loop {
+                let read = match pipe.read(&mut chunk) {
+                    Ok(0) => break,
+                    Ok(read) => read,
+                    Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(_) => break,
+                };
+                if echo_to_stderr {
+                    // A closed stderr must not stop the collection.
+                    let _ = std::io::stderr().write_all(&chunk[..read]);
+                }
+                let Ok(mut kept) = shared.lock() else { break };
+                kept.extend_from_slice(&chunk[..read]);
+                if kept.len() > 2 * STDOUT_KEEP_BYTES {
+                    let cut = kept.len() - STDOUT_KEEP_BYTES;
+                    kept.drain(..cut);
+                }
+            }
+            let _ = closed_tx.send(());
+        });
+        Self { buffer, closed }
+    }
+
+    /// What was read by the time stdout closed (or [`STDOUT_DRAIN_WAIT`] after
+    /// the child exited, if something else still holds it open).
+    fn finish(self) -> Vec<u8> {
+        let _ = self.closed.recv_timeout(STDOUT_DRAIN_WAIT);
+        match self.buffer.lock() {
+            Ok(mut kept) => std::mem::take(&mut *kept),
+            Err(poisoned) => std::mem::take(&mut *poisoned.into_inner()),
+        }
+    }
 }
 
 /// Runs commands and gathers the counters chosen up front.
@@ -288,27 +350,16 @@ impl Runner {
         cpus: &[usize],
         idle: &mut IdleCounter,
     ) -> Result<Measurement, ScaleError> {
-        let mut cpu_set = CpuSet::new();
-        for &cpu in cpus {
-            cpu_set.set(cpu).map_err(|source| ScaleError::Os { what: "building the CPU set", source })?;
-        }
+        // Built here: applying it after the fork must not allocate.
+        let cpu_mask = CpuMask::new(&cpus.iter().copied().collect());
         let (go_read, go_write) = nix::unistd::pipe2(OFlag::O_CLOEXEC)
             .map_err(|source| ScaleError::Os { what: "creating the start pipe", source })?;
         let (error_read, error_write) = nix::unistd::pipe2(OFlag::O_CLOEXEC)
             .map_err(|source| ScaleError::Os { what: "creating the exec-error pipe", source })?;
-        let stdout_target: OwnedFd = if self.show_output {
-            use std::os::fd::AsFd;
-            std::io::stderr()
-                .as_fd()
-                .try_clone_to_owned()
-                .map_err(|source| ScaleError::Io { what: "duplicating stderr for the child's output", source })?
-        } else {
-            std::fs::File::options()
-                .write(true)
-                .open("/dev/null")
-                .map_err(|source| ScaleError::Io { what: "opening /dev/null for the child's output", source })?
-                .into()
-        };
+        // Always captured: throughput mode reads the metric from it, and wall-time
+        // mode looks in it for a known benchmark to name in its fixed-time warning.
+        let (stdout_read, stdout_target) = nix::unistd::pipe2(OFlag::O_CLOEXEC)
+            .map_err(|source| ScaleError::Os { what: "creating the child's stdout pipe", source })?;
         let mut argv_pointers: Vec<*const libc::c_char> = command.argv.iter().map(|arg| arg.as_ptr()).collect();
         argv_pointers.push(std::ptr::null());
 
@@ -317,7 +368,7 @@ impl Runner {
         let fork = unsafe { nix::unistd::fork() }.map_err(|source| ScaleError::Os { what: "fork", source })?;
         let child = match fork {
             ForkResult::Child => child_after_fork(ChildSetup {
-                cpu_set: &cpu_set,
+                cpu_mask: &cpu_mask,
                 go_read: &go_read,
                 error_write: &error_write,
                 stdout_target: &stdout_target,
@@ -328,6 +379,7 @@ impl Runner {
         };
         drop((go_read, error_write, stdout_target));
         let mut guard = ChildGuard { pid: child, reaped: false };
+        let stdout = OutputCollector::start(stdout_read, self.show_output);
 
         let software = self.open_counters(child, &self.plan.software, |event| event.builder(), false);
         let hardware =
@@ -344,6 +396,7 @@ impl Runner {
         }
         let (status, usage) = guard.reap()?;
         let wall_s = started.elapsed().as_secs_f64();
+        let stdout = stdout.finish();
 
         let idle_entries = idle_before.zip(idle.total(cpus)).map(|(before, after)| after.saturating_sub(before));
         let steal_after = read_steal_ns(&self.roots, cpus).ok();
@@ -360,6 +413,8 @@ impl Runner {
                 .zip(steal_after)
                 .map(|(before, after)| after.saturating_sub(before) as f64 / 1e9),
             exit_status: status,
+            metric: None,
+            stdout,
         })
     }
 
@@ -408,7 +463,7 @@ fn read_counters<E: Ord>(counters: Vec<(E, Counter)>) -> BTreeMap<E, u64> {
 
 /// What the child needs between fork and exec, all prepared by the parent.
 struct ChildSetup<'a> {
-    cpu_set: &'a CpuSet,
+    cpu_mask: &'a CpuMask,
     go_read: &'a OwnedFd,
     error_write: &'a OwnedFd,
     stdout_target: &'a OwnedFd,
@@ -430,8 +485,8 @@ fn child_after_fork(setup: ChildSetup<'_>) -> ! {
         // run in a forked copy of the parent.
         unsafe { libc::_exit(127) }
     };
-    if let Err(errno) = nix::sched::sched_setaffinity(Pid::from_raw(0), setup.cpu_set) {
-        report(STAGE_AFFINITY, errno as i32);
+    if let Err(e) = setup.cpu_mask.apply(0) {
+        report(STAGE_AFFINITY, e.raw_os_error().unwrap_or(0));
     }
     let mut go = [0u8; 1];
     // EOF (the parent gave up before releasing us) or an error: exit quietly.

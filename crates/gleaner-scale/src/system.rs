@@ -94,8 +94,7 @@ pub fn read_steal_ns(roots: &SystemRoots, cpus: &[usize]) -> Result<u64, ScaleEr
 
 /// The CPUs this process may run on, in ascending order.
 pub fn allowed_cpus() -> Result<Vec<usize>, ScaleError> {
-    let set = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).map_err(ScaleError::Affinity)?;
-    Ok((0..nix::sched::CpuSet::count()).filter(|&cpu| set.is_set(cpu).unwrap_or(false)).collect())
+    Ok(gleaner_sys::affinity::thread_affinity(0).map_err(ScaleError::Affinity)?.iter().collect())
 }
 
 #[cfg(test)]

@@ -7,7 +7,6 @@
 //! carries p50/p90/p99 round-trip latency. The futex is used directly (not a
 //! std primitive) so no spinning hides the blocking.
 
-use std::io;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread;
 use std::time::Instant;
@@ -33,48 +32,20 @@ const STOP: u32 = 2;
 /// Blocks while `word == expected`. Spurious returns (value already changed,
 /// signal) are not errors: callers re-check the word in a loop.
 fn futex_wait(word: &AtomicU32, expected: u32) -> Result<(), WorkloadError> {
-    // SAFETY: `word` is a valid, aligned u32 for the duration of the call; a
-    // null timeout means wait without a deadline.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
-            expected,
-            std::ptr::null::<libc::timespec>(),
-        )
-    };
-    if rc == 0 {
-        return Ok(());
-    }
-    let error = io::Error::last_os_error();
-    match error.raw_os_error() {
-        Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(()),
-        _ => Err(WorkloadError::Futex {
-            operation: "FUTEX_WAIT",
-            source: error,
-        }),
-    }
+    gleaner_sys::futex::wait(word, expected, None).map_err(|source| WorkloadError::Futex {
+        operation: "FUTEX_WAIT",
+        source,
+    })
 }
 
 /// Wakes one waiter on `word` (if any).
 fn futex_wake(word: &AtomicU32) -> Result<(), WorkloadError> {
-    // SAFETY: `word` is a valid, aligned u32; FUTEX_WAKE only uses its address.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
-            1,
-        )
-    };
-    if rc < 0 {
-        return Err(WorkloadError::Futex {
+    gleaner_sys::futex::wake(word, 1)
+        .map(drop)
+        .map_err(|source| WorkloadError::Futex {
             operation: "FUTEX_WAKE",
-            source: io::Error::last_os_error(),
-        });
-    }
-    Ok(())
+            source,
+        })
 }
 
 /// Sets the word to STOP and wakes the partner when a side leaves, on every

@@ -3,6 +3,7 @@
 
 mod man;
 
+use gleaner_sys::one_line;
 use gleaner_daemon::{config, daemon, probe, service, status};
 
 use std::ffi::OsString;
@@ -83,6 +84,18 @@ enum Cmd {
     },
 }
 
+/// Where `gleaner sim lab` runs, for its results files: read through gleaner-linux's readers.
+fn lab_machine() -> gleaner_sim::lab::Machine {
+    let procfs = gleaner_linux::procfs::ProcFs::new("/proc");
+    let sysfs = gleaner_linux::sysfs::SysFs::new("/sys");
+    gleaner_sim::lab::Machine {
+        kernel: procfs.kernel_release().ok(),
+        cpuidle_driver: sysfs.cpuidle_driver().ok().map(|d| d.unwrap_or_else(|| "none".into())),
+        loadavg_at_start: procfs.loadavg().ok().map(|l| [l.one, l.five, l.fifteen]),
+        ..gleaner_sim::lab::Machine::here()
+    }
+}
+
 fn main() -> ExitCode {
     // A bug must not print a backtrace at a user; the restore paths still run on unwind.
     std::panic::set_hook(Box::new(|info| {
@@ -104,7 +117,7 @@ fn main() -> ExitCode {
         Cmd::Probe(args) => probe::run(args).map(|_| 0),
         Cmd::Workload(args) => gleaner_workloads::run(args).map(|_| 0),
         Cmd::Scale(args) => gleaner_scale::run(args).map(|_| 0),
-        Cmd::Sim(args) => gleaner_sim::run(args).map(|_| 0),
+        Cmd::Sim(args) => gleaner_sim::run_with_machine(args, lab_machine).map(|_| 0),
         Cmd::Guard { journal } => daemon::guard_main(&journal),
         Cmd::Man { out } => man::write_pages(Cli::command(), &out).map(|files| {
             for f in files {
@@ -122,6 +135,3 @@ fn main() -> ExitCode {
     }
 }
 
-fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
-}

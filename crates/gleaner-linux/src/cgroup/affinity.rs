@@ -10,8 +10,6 @@ use std::collections::HashMap;
 
 use gleaner_policy::Cpuset;
 use nix::errno::Errno;
-use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
-use nix::unistd::Pid;
 
 use super::{check_active, Placement, PlacementEnv, PlacementKind};
 use crate::error::{Error, Result};
@@ -31,44 +29,28 @@ pub struct SchedAffinity;
 
 impl AffinityOps for SchedAffinity {
     fn get(&self, tid: u32) -> Result<Option<Cpuset>> {
-        match sched_getaffinity(pid_of(tid)) {
-            Ok(set) => Ok(Some(
-                (0..CpuSet::count())
-                    .filter(|&c| set.is_set(c).unwrap_or(false))
-                    .collect(),
-            )),
-            Err(Errno::ESRCH) => Ok(None),
-            Err(errno) => Err(Error::Affinity {
-                tid,
-                op: "sched_getaffinity",
-                errno,
-            }),
+        match gleaner_sys::affinity::thread_affinity(raw_tid(tid)) {
+            Ok(set) => Ok(Some(set)),
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(None),
+            Err(e) => Err(affinity_error(tid, "sched_getaffinity", &e)),
         }
     }
 
     fn set(&self, tid: u32, cpus: &Cpuset) -> Result<bool> {
-        let mut set = CpuSet::new();
-        for cpu in cpus.iter() {
-            set.set(cpu).map_err(|errno| Error::Affinity {
-                tid,
-                op: "CPU_SET",
-                errno,
-            })?;
-        }
-        match sched_setaffinity(pid_of(tid), &set) {
+        match gleaner_sys::affinity::set_thread_affinity(raw_tid(tid), cpus) {
             Ok(()) => Ok(true),
-            Err(Errno::ESRCH) => Ok(false),
-            Err(errno) => Err(Error::Affinity {
-                tid,
-                op: "sched_setaffinity",
-                errno,
-            }),
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(false),
+            Err(e) => Err(affinity_error(tid, "sched_setaffinity", &e)),
         }
     }
 }
 
-fn pid_of(tid: u32) -> Pid {
-    Pid::from_raw(i32::try_from(tid).unwrap_or(i32::MAX))
+fn raw_tid(tid: u32) -> libc::pid_t {
+    libc::pid_t::try_from(tid).unwrap_or(libc::pid_t::MAX)
+}
+
+fn affinity_error(tid: u32, op: &'static str, e: &std::io::Error) -> Error {
+    Error::Affinity { tid, op, errno: Errno::from_raw(e.raw_os_error().unwrap_or(0)) }
 }
 
 /// Confines a process tree by per-thread affinity.
