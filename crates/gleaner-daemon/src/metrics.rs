@@ -172,6 +172,42 @@ fn per_vcpu(out: &mut String, s: &Snapshot, name: &str, kind: &str, help: &str, 
     }
 }
 
+/// Bucket bounds exported for a [`LatencyHistogram`]: 2^10 ns (1 µs) to 2^24 ns (16.8 ms),
+/// then +Inf. Its 32 log2 buckets would be 32 series per state; cumulative counts stay exact
+/// when bounds are left out, and wake latencies outside this range are all "fast" or all
+/// "a vCPU had to be scheduled".
+pub const HISTOGRAM_LE_POW2: std::ops::RangeInclusive<usize> = 10..=24;
+
+/// One Prometheus histogram family (`NAME_bucket{le}`, `NAME_sum`, `NAME_count`, seconds) from
+/// cumulative log2 histograms, one series per label set. Bucket `i` of a [`LatencyHistogram`]
+/// counts latencies in [2^i, 2^(i+1)) ns, so the cumulative count up to bucket `k-1` is the
+/// number of latencies below 2^k ns: that is the `le` = 2^k ns sample.
+pub fn histogram_family(out: &mut String, name: &str, help: &str, series: &[(Vec<(&str, &str)>, &gleaner_policy::LatencyHistogram)]) {
+    if series.is_empty() {
+        return;
+    }
+    let mut f = Family::new(out, name, "histogram", help);
+    for (labels, h) in series {
+        let with = |le: &str| {
+            let mut l: Vec<(&str, &str)> = labels.clone();
+            l.push(("le", le));
+            l.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<Vec<(String, String)>>()
+        };
+        for k in HISTOGRAM_LE_POW2 {
+            let below: u64 = h.buckets.iter().take(k).sum();
+            let le = format_value((1u64 << k) as f64 / 1e9);
+            let l = with(&le);
+            let refs: Vec<(&str, &str)> = l.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+            f.sample(&format!("{name}_bucket"), &refs, below as f64);
+        }
+        let l = with("+Inf");
+        let refs: Vec<(&str, &str)> = l.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+        f.sample(&format!("{name}_bucket"), &refs, h.count as f64);
+        f.sample(&format!("{name}_sum"), labels, h.sum_ns as f64 / 1e9);
+        f.sample(&format!("{name}_count"), labels, h.count as f64);
+    }
+}
+
 /// The `process_*` families, named and typed as Prometheus client libraries name them.
 fn render_process(out: &mut String, p: &ProcessMetrics) {
     let mut one = |name: &str, kind: &str, help: &str, value: Option<f64>| {

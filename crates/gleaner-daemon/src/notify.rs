@@ -35,7 +35,7 @@ pub struct Watchdog {
 impl Watchdog {
     /// Reads `WATCHDOG_USEC` (and `WATCHDOG_PID`, which must be us if set).
     pub fn from_env() -> Self {
-        let for_us = std::env::var("WATCHDOG_PID").ok().map_or(true, |p| p.trim() == std::process::id().to_string());
+        let for_us = std::env::var("WATCHDOG_PID").ok().is_none_or(|p| p.trim() == std::process::id().to_string());
         let usec = std::env::var("WATCHDOG_USEC").ok().and_then(|u| u.trim().parse::<u64>().ok()).filter(|u| *u > 0 && for_us);
         Watchdog { interval: usec.map(|u| Duration::from_micros(u) / 2), last: Instant::now() }
     }

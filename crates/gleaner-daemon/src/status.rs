@@ -203,7 +203,7 @@ pub fn run(args: StatusArgs) -> Result<()> {
     }
     let all = read_statuses(&dir).with_context(|| format!("cannot read status files in {}", dir.display()))?;
     let daemon = read_daemon_status(&dir)?;
-    crate::outln!("{}", (report(&dir, daemon.as_ref(), &all, args.json)?).trim_end_matches('\n'));
+    crate::outln!("{}", report(&dir, daemon.as_ref(), &all, args.json)?.trim_end());
     Ok(())
 }
 
@@ -364,20 +364,6 @@ pub fn render(s: &InstanceStatus) -> String {
 mod tests {
     use super::*;
 
-    #[test]
-    fn always_yield_shows_its_mode_name_and_no_timeout() {
-        let s = InstanceStatus {
-            mode: gleaner_policy::Mode::AlwaysYield.to_string(),
-            retention_timeout_us: gleaner_policy::FOREVER_NS as f64 / 1e3,
-            ..InstanceStatus::default()
-        };
-        let text = render(&s);
-        assert!(text.contains("mode always-yield"), "{text}");
-        assert!(text.contains("retention timeout none (held until work arrives)"), "{text}");
-        let s = InstanceStatus { retention_timeout_us: 18.0, ..s };
-        assert!(render(&s).contains("retention timeout 18.0 µs"));
-    }
-
     fn daemon_with(targets: Vec<TargetStatus>) -> DaemonStatus {
         DaemonStatus { pid: std::process::id(), config: "/etc/gleaner/gleaner.toml".into(), targets }
     }
@@ -441,5 +427,19 @@ mod tests {
         std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o600)).unwrap();
         let args = StatusArgs { json: false, state_dir: None, config: Some(cfg), watch: false };
         assert_eq!(state_dir_of(&args).unwrap(), Path::new("/srv/gleaner-state"));
+    }
+
+    #[test]
+    fn always_yield_shows_its_mode_name_and_no_timeout() {
+        let s = InstanceStatus {
+            mode: gleaner_policy::Mode::AlwaysYield.to_string(),
+            retention_timeout_us: gleaner_policy::FOREVER_NS as f64 / 1e3,
+            ..InstanceStatus::default()
+        };
+        let text = render(&s);
+        assert!(text.contains("mode always-yield"), "{text}");
+        assert!(text.contains("retention timeout none (held until work arrives)"), "{text}");
+        let s = InstanceStatus { retention_timeout_us: 18.0, ..s };
+        assert!(render(&s).contains("retention timeout 18.0 µs"));
     }
 }

@@ -2,6 +2,8 @@
 //! (Debian package `prometheus`; or set PROMTOOL=/path/to/promtool). Without promtool the
 //! test records a visible skip (target/tmp/skipped-tests.log, which test.sh prints).
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed assumption is a failed test
+
 use std::io::Write;
 use std::process::{Command, Stdio};
 
@@ -54,13 +56,44 @@ fn full_snapshot() -> Snapshot {
     }
 }
 
+/// The wake-latency histogram family, as it will carry the instances' cumulative histograms.
+fn histogram_text() -> String {
+    let mut h = gleaner_policy::LatencyHistogram::default();
+    for ns in [800, 1_500, 3_000, 40_000, 40_000, 90_000_000] {
+        h.record(ns);
+    }
+    let mut out = String::new();
+    let series = vec![(vec![("target", "db"), ("state", "halted")], &h), (vec![("target", "db"), ("state", "running")], &h)];
+    gleaner_daemon::metrics::histogram_family(&mut out, "gleaner_wake_latency_seconds", "Wake-up latency by the wakee vCPU's state.", &series);
+    out
+}
+
+#[test]
+fn histograms_are_cumulative_in_seconds_with_inf_sum_and_count() {
+    let text = histogram_text();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines.contains(&"# TYPE gleaner_wake_latency_seconds histogram"), "{text}");
+    // 800 ns < 1.024 µs; 1.5 µs and 3 µs < 4.096 µs; 40 µs < 65.5 µs; 90 ms only in +Inf.
+    for want in [
+        "gleaner_wake_latency_seconds_bucket{target=\"db\",state=\"halted\",le=\"0.000001024\"} 1",
+        "gleaner_wake_latency_seconds_bucket{target=\"db\",state=\"halted\",le=\"0.000004096\"} 3",
+        "gleaner_wake_latency_seconds_bucket{target=\"db\",state=\"halted\",le=\"0.000065536\"} 5",
+        "gleaner_wake_latency_seconds_bucket{target=\"db\",state=\"halted\",le=\"0.016777216\"} 5",
+        "gleaner_wake_latency_seconds_bucket{target=\"db\",state=\"halted\",le=\"+Inf\"} 6",
+        "gleaner_wake_latency_seconds_count{target=\"db\",state=\"halted\"} 6",
+        "gleaner_wake_latency_seconds_sum{target=\"db\",state=\"halted\"} 0.0900853",
+    ] {
+        assert!(lines.contains(&want), "missing {want}:\n{text}");
+    }
+}
+
 #[test]
 fn promtool_check_metrics_passes() {
     let Some(tool) = promtool() else {
         skipped("promtool_check_metrics_passes", "promtool not found: apt-get install prometheus, or set PROMTOOL");
         return;
     };
-    let text = render(&full_snapshot());
+    let text = render(&full_snapshot()) + &histogram_text();
     let mut child = Command::new(&tool).args(["check", "metrics"]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
     let out = child.wait_with_output().unwrap();

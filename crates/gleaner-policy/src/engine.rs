@@ -242,7 +242,7 @@ impl Gleaner {
     /// value and the condition it misses. Empty when both would act.
     pub fn why_unchanged(&self, c: &Characteristics) -> Vec<String> {
         let mut why = Vec::new();
-        if self.is_idle(c) {
+        if c.total_util < self.cfg.idle_util {
             why.push(format!("the workload was idle (utilization {:.2} < {:.2}): nothing to gain", c.total_util, self.cfg.idle_util));
             return why;
         }
