@@ -19,13 +19,12 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use gleaner_linux::cgroup::{enter_cgroup_pre_exec, v1::V1Mounts, AffinityPlacement, CgroupV1, CgroupV2};
 use gleaner_linux::controller::{Controller, ControllerOptions, Retainer, StopReason};
-use gleaner_linux::journal::{self, Journal, UndoAction};
+use gleaner_linux::journal::{self, Journal};
 use gleaner_linux::pmqos::PollRetention;
 use gleaner_linux::retention::{RetentionPool, YielderParams};
 use gleaner_linux::sampler::Sampler;
 use gleaner_linux::status::status_path;
-use gleaner_linux::sysfs::PmQosLatency;
-use gleaner_linux::{detect, Placement, PlacementEnv, PlacementKind, ProcFs, SharedJournal};
+use gleaner_linux::{detect, Placement, PlacementEnv, PlacementKind, ProcFs, SharedJournal, SysFs};
 use gleaner_policy::{Gleaner, Mode, RetentionTimeout};
 
 use crate::config::{BackendChoice, DaemonConfig, DaemonFlags, RetentionBackendChoice};
@@ -308,19 +307,8 @@ fn choose_retention(choice: RetentionBackendChoice, cpus: &gleaner_policy::Cpuse
     if choice == RetentionBackendChoice::Yield {
         return Ok(Err("asked for".into()));
     }
-    let j = journal.clone();
-    let hook: gleaner_linux::pmqos::OriginalHook = Box::new(move |path: &Path, original: &str| {
-        let cpu = path
-            .components()
-            .filter_map(|c| c.as_os_str().to_str()?.strip_prefix("cpu")?.parse::<usize>().ok())
-            .next()
-            .unwrap_or(usize::MAX);
-        let original: PmQosLatency = original.parse().map_err(|e: String| e)?;
-        let mut j = j.lock().map_err(|_| "journal lock poisoned")?;
-        j.record(UndoAction::PmQos { cpu, file: path.to_path_buf(), original })?;
-        Ok(())
-    });
-    match PollRetention::new(Path::new("/sys"), cpus, hook) {
+    let hook: gleaner_linux::pmqos::OriginalHook = Box::new(journal::pm_qos_recorder(journal.clone()));
+    match PollRetention::new(&SysFs::new("/sys"), cpus, hook) {
         Ok(p) => Ok(Ok(p)),
         Err(e) if choice == RetentionBackendChoice::Poll => bail!("--retention-backend poll cannot be used here: {e}; use --retention-backend auto"),
         Err(e) => Ok(Err(e.to_string())),
@@ -342,7 +330,8 @@ fn wake_costs(cfg: &DaemonConfig, state_dir: &Path) -> WakeCosts {
     if !matches!(cfg.policy.mode, Mode::Full | Mode::Retention) {
         return WakeCosts { timeout: RetentionTimeout::default(), host_poll_ns: 0 };
     }
-    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default().trim().to_string();
+    // Without a boot id (a /proc without it) the cache never matches, so it is measured anew.
+    let boot = ProcFs::new("/proc").boot_id().unwrap_or_default();
     let cache = state_dir.join("calibration.json");
     if let Some(v) = std::fs::read_to_string(&cache)
         .ok()
@@ -425,8 +414,8 @@ pub fn guard_main(journal_path: &Path) -> Result<i32> {
         // SAFETY: ignoring a signal installs no handler code.
         let _ = unsafe { signal(sig, SigHandler::SigIgn) };
     }
-    // SAFETY: getppid has no preconditions; our parent is the instance we guard.
-    let owner = unsafe { libc::getppid() };
+    // Our parent is the instance we guard.
+    let owner = std::os::unix::process::parent_id();
     // The guard sleeps until it must restore, and then it must not queue behind the load it
     // is restoring from (the kill test measured > 1 s on a busy 2-vCPU VM). Raising its own
     // priority needs CAP_SYS_NICE; without it the guard runs at the normal priority.
@@ -449,8 +438,8 @@ pub fn guard_main(journal_path: &Path) -> Result<i32> {
         // run (measured by tests/kill_test.sh). Its threads run no more user code once the
         // kill is pending, so undo now; the journal is kept, and undone again after the pipe
         // closes, for a system call that was already in flight when the kill came.
-        if !restored_early && owner_is_dying(owner) {
-            hasten_exit(owner);
+        if !restored_early && owner_is_dying(&proc, owner) {
+            hasten_exit(&proc, owner);
             if let Ok(j) = Journal::load(journal_path) {
                 for e in j.entries().iter().rev() {
                     let _ = journal::undo_action(&e.action, &proc, &gleaner_linux::cgroup::SchedAffinity);
@@ -482,28 +471,18 @@ pub fn guard_main(journal_path: &Path) -> Result<i32> {
 
 /// Moves the dying instance's SCHED_IDLE retention threads back to SCHED_OTHER, so that they
 /// get a CPU to finish exiting on instead of lingering behind a busy workload.
-fn hasten_exit(pid: libc::pid_t) {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return };
-    for tid in tasks.flatten().filter_map(|t| t.file_name().to_str()?.parse::<libc::pid_t>().ok()) {
-        // Zeroed rather than a struct literal: musl's sched_param has extra fields.
-        // SAFETY: sched_param is plain old data (all-zero is priority 0); the call only
-        // changes that thread's policy.
-        let param: libc::sched_param = unsafe { std::mem::zeroed() };
-        unsafe { libc::sched_setscheduler(tid, libc::SCHED_OTHER, &param) };
+fn hasten_exit(proc: &ProcFs, pid: u32) {
+    let Ok(tids) = proc.threads(pid) else { return };
+    for tid in tids {
+        // Best effort: a thread that already exited has nothing left to hasten.
+        let _ = gleaner_sys::sched::set_thread_sched_policy(tid as libc::pid_t, libc::SCHED_OTHER);
     }
 }
 
-/// Whether `pid` has a SIGKILL pending (it is being killed) or has exited already.
-fn owner_is_dying(pid: libc::pid_t) -> bool {
-    const SIGKILL_BIT: u64 = 1 << (libc::SIGKILL - 1);
-    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return true };
-    text.lines().any(|line| {
-        if let Some(state) = line.strip_prefix("State:") {
-            return matches!(state.trim_start().chars().next(), Some('Z' | 'X'));
-        }
-        let pending = line.strip_prefix("SigPnd:").or_else(|| line.strip_prefix("ShdPnd:"));
-        pending.and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok()).is_some_and(|mask| mask & SIGKILL_BIT != 0)
-    })
+/// Whether `pid` has a SIGKILL pending (it is being killed) or has exited already; a status
+/// that cannot be read means it is gone.
+fn owner_is_dying(proc: &ProcFs, pid: u32) -> bool {
+    proc.process_status(pid).map_or(true, |st| st.is_dying())
 }
 
 /// `gleaner recover`: undo what instances that died with their guard left behind.

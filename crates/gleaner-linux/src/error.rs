@@ -15,6 +15,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// What to do when a write to a cgroup or sysfs file is refused.
 pub const FIX_PERMISSION: &str = "run as root or use --backend affinity";
+/// What to do when a PM QoS file may not be written.
+pub const FIX_PM_QOS: &str = "run as root or use --retention-backend yield";
 /// What to do when the cpuset controller is missing in a cgroup v2 tree.
 pub const FIX_CPUSET_V2: &str = "enable +cpuset in the parent's cgroup.subtree_control";
 
@@ -71,6 +73,15 @@ pub enum Error {
         path: PathBuf,
         source: serde_json::Error,
     },
+
+    #[error("poll-based retention is unavailable: {reason}")]
+    PollUnavailable { reason: String },
+
+    #[error("CPU {cpu} is not managed here (managed: {managed})")]
+    NotManaged { cpu: usize, managed: String },
+
+    #[error("could not record the original value of {path} before changing it: {source}")]
+    Unrecorded { path: PathBuf, source: Box<Error> },
 
     #[error("{}", RestoreList(.errors))]
     Restore { errors: Vec<Error> },
@@ -138,7 +149,7 @@ impl fmt::Display for RestoreList<'_> {
 }
 
 /// At most 80 characters of the offending content, so an error stays one line.
-fn snippet(content: &str) -> String {
+pub(crate) fn snippet(content: &str) -> String {
     let line = content.trim();
     let cut: String = line.chars().take(80).collect();
     if cut.len() < line.len() {

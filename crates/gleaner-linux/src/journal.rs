@@ -188,29 +188,10 @@ impl Journal {
     }
 }
 
-/// A hook for [`crate::pmqos`]'s `OriginalHook`: journals a CPU's original
-/// `pm_qos_resume_latency_us` (file `.../cpuN/power/pm_qos_resume_latency_us`) before the
-/// first write to it.
-pub fn pm_qos_recorder(
-    journal: SharedJournal,
-) -> impl FnMut(&Path, &str) -> std::result::Result<(), Box<dyn std::error::Error + Send + Sync>>
-       + Send
-       + 'static {
-    move |file: &Path, original: &str| {
-        let cpu = file
-            .parent()
-            .and_then(Path::parent)
-            .and_then(|d| d.file_name()?.to_str()?.strip_prefix("cpu")?.parse().ok())
-            .ok_or_else(|| {
-                Error::parse(
-                    file,
-                    "cpuN directory in PM QoS path",
-                    &file.display().to_string(),
-                )
-            })?;
-        let original = original
-            .parse()
-            .map_err(|_| Error::parse(file, "PM QoS resume latency", original))?;
+/// A hook for [`crate::pmqos::PollRetention`] (its `OriginalHook`): journals a CPU's
+/// original `pm_qos_resume_latency_us` before the first write to it.
+pub fn pm_qos_recorder(journal: SharedJournal) -> impl FnMut(usize, &Path, PmQosLatency) -> Result<()> + Send + 'static {
+    move |cpu, file: &Path, original| {
         lock(&journal).record(UndoAction::PmQos {
             cpu,
             file: file.to_path_buf(),
@@ -590,9 +571,11 @@ mod tests {
             .into_shared();
         let mut hook = pm_qos_recorder(j.clone());
         let file = Path::new("/sys/devices/system/cpu/cpu3/power/pm_qos_resume_latency_us");
-        hook(file, "0\n").unwrap();
-        assert!(hook(file, "fast").is_err());
-        assert!(hook(Path::new("/x/pm_qos_resume_latency_us"), "0").is_err());
+        hook(3, file, PmQosLatency::NoConstraint).unwrap();
+        // A journal that can no longer be written refuses, so the change is not made.
+        let path = j.lock().unwrap().path().to_path_buf();
+        fs::remove_dir_all(dir.path()).unwrap();
+        assert!(hook(4, file, PmQosLatency::Us(20)).is_err());
         let j = j.lock().unwrap();
         assert_eq!(j.entries().len(), 1);
         assert_eq!(
@@ -604,6 +587,7 @@ mod tests {
             }
         );
         assert_eq!(summarize(&j).get("PM QoS values"), Some(&1));
+        assert!(!path.exists());
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::str::FromStr;
 use gleaner_policy::Cpuset;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{read_cpuset, read_file, read_num, write_file, Error, Result};
+use crate::error::{read_cpuset, read_file, read_num, write_file, Error, Result, FIX_PM_QOS};
 
 /// A sysfs mount, e.g. `SysFs::new("/sys")`.
 #[derive(Debug, Clone)]
@@ -111,8 +111,13 @@ impl SysFs {
         self.optional_word(&self.cpu_dir().join("cpuidle/current_driver"))
     }
 
+    /// The cpuidle governor: `current_governor_ro` where the kernel forbids switching it,
+    /// else `current_governor`; `None` when there is none.
     pub fn cpuidle_governor(&self) -> Result<Option<String>> {
-        self.optional_word(&self.cpu_dir().join("cpuidle/current_governor"))
+        match self.optional_word(&self.cpu_dir().join("cpuidle/current_governor_ro"))? {
+            Some(g) => Ok(Some(g)),
+            None => self.optional_word(&self.cpu_dir().join("cpuidle/current_governor")),
+        }
     }
 
     fn optional_word(&self, path: &Path) -> Result<Option<String>> {
@@ -127,23 +132,8 @@ impl SysFs {
     /// Idle states of `cpu`, by index; empty when the CPU has no cpuidle directory
     /// (no cpuidle driver, as in many guests).
     pub fn cpuidle_states(&self, cpu: usize) -> Result<Vec<CpuidleState>> {
-        let dir = self.cpu_dir().join(format!("cpu{cpu}/cpuidle"));
-        let entries = match std::fs::read_dir(&dir) {
-            Ok(rd) => rd,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
-            Err(e) => return Err(Error::io(&dir, e)),
-        };
         let mut states = vec![];
-        for entry in entries.filter_map(|e| e.ok()) {
-            let name = entry.file_name();
-            let Some(index) = name
-                .to_str()
-                .and_then(|n| n.strip_prefix("state"))
-                .and_then(|i| i.parse().ok())
-            else {
-                continue;
-            };
-            let d = entry.path();
+        for (index, d) in self.cpuidle_state_dirs(cpu)? {
             states.push(CpuidleState {
                 index,
                 name: read_file(&d.join("name"))?.trim().to_string(),
@@ -153,8 +143,57 @@ impl SysFs {
                 disabled: read_num::<u8>(&d.join("disable"), "disable")? != 0,
             });
         }
-        states.sort_by_key(|s| s.index);
         Ok(states)
+    }
+
+    /// Idle entries of `cpu` summed over its states (each state's `usage`); `None` when the
+    /// CPU has no cpuidle states.
+    pub fn cpuidle_usage(&self, cpu: usize) -> Result<Option<u64>> {
+        let mut total = None;
+        for (_, d) in self.cpuidle_state_dirs(cpu)? {
+            let usage: u64 = read_num(&d.join("usage"), "usage")?;
+            total = Some(total.unwrap_or(0u64).saturating_add(usage));
+        }
+        Ok(total)
+    }
+
+    /// The name of `cpu`'s idle state `index` (`POLL`, `HALT`, `C1`, ...).
+    pub fn cpuidle_state_name(&self, cpu: usize, index: usize) -> Result<String> {
+        let path = self.cpu_dir().join(format!("cpu{cpu}/cpuidle/state{index}/name"));
+        Ok(read_file(&path)?.trim().to_string())
+    }
+
+    /// `(index, directory)` of each `cpuN/cpuidle/stateK`, by index; empty without cpuidle.
+    fn cpuidle_state_dirs(&self, cpu: usize) -> Result<Vec<(usize, PathBuf)>> {
+        let dir = self.cpu_dir().join(format!("cpu{cpu}/cpuidle"));
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
+            Err(e) => return Err(Error::io(&dir, e)),
+        };
+        let mut dirs: Vec<(usize, PathBuf)> = entries
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let index = e.file_name().to_str()?.strip_prefix("state")?.parse().ok()?;
+                Some((index, e.path()))
+            })
+            .collect();
+        dirs.sort_by_key(|(i, _)| *i);
+        Ok(dirs)
+    }
+
+    /// The id of tracepoint `group:event` (for perf), from tracefs where it is mounted
+    /// (`kernel/tracing`, or the older `kernel/debug/tracing`); `None` when neither has it.
+    pub fn tracepoint_id(&self, group: &str, event: &str) -> Result<Option<u64>> {
+        for tracefs in ["kernel/tracing", "kernel/debug/tracing"] {
+            let path = self.root.join(tracefs).join(format!("events/{group}/{event}/id"));
+            match read_num(&path, "tracepoint id") {
+                Ok(id) => return Ok(Some(id)),
+                Err(e) if e.is_not_found() || matches!(e, Error::PermissionDenied { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(None)
     }
 
     fn haltpoll_dir(&self) -> PathBuf {
@@ -216,7 +255,10 @@ impl SysFs {
     }
 
     pub fn set_pm_qos_resume_latency(&self, cpu: usize, value: PmQosLatency) -> Result<()> {
-        write_file(&self.pm_qos_path(cpu), &value.to_string())
+        write_file(&self.pm_qos_path(cpu), &value.to_string()).map_err(|e| match e {
+            Error::PermissionDenied { path, .. } => Error::PermissionDenied { path, fix: FIX_PM_QOS },
+            e => e,
+        })
     }
 }
 

@@ -228,8 +228,8 @@ pub(crate) fn move_process(procs_file: &Path, pid: u32) -> Result<bool> {
     }
 }
 
-/// The pids listed in a `cgroup.procs` file.
-pub(crate) fn read_procs(dir: &Path) -> Result<Vec<u32>> {
+/// The pids listed in the `cgroup.procs` file of cgroup directory `dir`.
+pub fn read_procs(dir: &Path) -> Result<Vec<u32>> {
     let path = dir.join("cgroup.procs");
     let text = read_file(&path)?;
     text.split_whitespace()
