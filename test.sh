@@ -17,8 +17,7 @@ suite() {
 skip_log=target/tmp/skipped-tests.log
 mkdir -p target/tmp && : >"$skip_log"
 suite "cargo test" cargo test --workspace --no-fail-fast
-suite "bench harness (pytest)" python3 -m pytest -q bench/tests
-suite "test bed (unittest)" python3 -m unittest -q testbed/test_testbed.py
+suite "Python tests (pytest: bench harness, test bed, kill-test self-tests)" python3 -m pytest -q bench/tests testbed/test_testbed.py tests/test_kill_test.py
 if [ "$(id -u)" -eq 0 ] && [ -e /sys/fs/cgroup/cpuset/cpuset.cpus ]; then
     suite "build for the kill test" cargo build -q -p gleaner
     suite "kill test" env GLEANER_BIN="$PWD/target/debug/gleaner" tests/kill_test.sh 10

@@ -7,8 +7,10 @@ if [[ $EUID -ne 0 ]]; then
     echo "testbed/setup.sh: must run as root (apt-get install); try: sudo testbed/setup.sh" >&2
     exit 1
 fi
-apt-get update -q >&2
-DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+# Waits for another apt run (a fresh VM often has one) rather than failing on its lock.
+APT_WAIT=(-o DPkg::Lock::Timeout=600)
+apt-get "${APT_WAIT[@]}" update -q >&2
+DEBIAN_FRONTEND=noninteractive apt-get "${APT_WAIT[@]}" install -y -q --no-install-recommends \
     qemu-system-x86 busybox-static cpio binutils python3-matplotlib >&2
 if command -v rustup >/dev/null; then
     rustup target add x86_64-unknown-linux-musl >&2 || echo "testbed/setup.sh: no musl target; the image build will link glibc statically" >&2

@@ -12,7 +12,9 @@ under `gleaner run` (cgroup v1 cpuset on this machine) or under `gleaner attach 
 at most 1 s:
   * gleaner and all its threads (including `gleaner-ret*` yielding threads) are gone,
     and so is its guard process;
-  * the workload is alive;
+  * the workload is alive (for `run`: if gleaner had started it; the workload's wrapper
+    writes its pid to a file first thing, so a workload that started and died is a failure,
+    not a kill "before the workload started");
   * every workload thread's allowed CPUs (Cpus_allowed_list) equal what they were before;
   * the workload is back in the cpuset/cpuacct cgroups it started in;
   * no `gleaner-<pid>` cgroup is left in the cpuset or cpuacct hierarchies;
@@ -20,7 +22,8 @@ at most 1 s:
 If something is left after 1 s, `gleaner recover` is run and the iteration is counted as a
 failure (with the recovery result noted).
 
-Usage: tests/kill_test.py [ITERATIONS] [--seed N] [--kind run|attach|both]
+Usage: tests/kill_test.py [ITERATIONS] [--seed N] [--kind run|attach|both] [-v] [--log FILE]
+--log FILE writes the run's record (machine, build, load, one line per iteration, summary).
 Needs root and a cgroup v1 cpuset hierarchy (as on this project's test VM); otherwise it
 prints why and exits 0 without testing (exit 77 with --strict).
 """
@@ -36,20 +39,11 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from gleaner_exe import gleaner_bin
+
 CPUSET = Path("/sys/fs/cgroup/cpuset")
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 DEADLINE_S = 1.0
-
-
-def gleaner_bin():
-    exe = os.environ.get("GLEANER_BIN")
-    if exe:
-        return exe
-    for p in (REPO / "target/debug/gleaner", REPO / "target/release/gleaner"):
-        if p.exists():
-            return str(p)
-    sys.exit("kill_test: no gleaner binary: run `cargo build -p gleaner` or set GLEANER_BIN")
 
 
 def read(path, default=None):
@@ -145,6 +139,9 @@ class Iteration:
         self.flags = ["--state-dir", str(state_dir), "--period-ms", "20", "--retention-timeout-us", "50",
                       "--mode", self.mode]
         self.before = {}  # tid -> allowed list, attach only
+        # `run` only: the workload's wrapper writes its pid here before exec'ing it, so the
+        # check can tell a workload that died from one gleaner never started.
+        self.pid_file = state_dir / f"workload-{self.tag}.pid"
         self.phase = "?"
 
     def start(self):
@@ -152,7 +149,8 @@ class Iteration:
         if self.kind == "run":
             self.own_allowed = allowed_list(os.getpid(), os.getpid())
             self.own_cgroups = v1_cgroups(os.getpid())
-            self.gleaner = subprocess.Popen([self.exe, "run", *self.flags, "--", *self.workload_args],
+            wrapped = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(self.pid_file), *self.workload_args]
+            self.gleaner = subprocess.Popen([self.exe, "run", *self.flags, "--", *wrapped],
                                             env=self.env, stdout=devnull, stderr=devnull)
             self.workload_pid = None
         else:
@@ -168,6 +166,13 @@ class Iteration:
             self.own_cgroups = v1_cgroups(self.workload_pid)
             self.gleaner = subprocess.Popen([self.exe, "attach", *self.flags, str(self.workload_pid)],
                                             env=self.env, stdout=devnull, stderr=devnull)
+
+    def started_workload(self):
+        """The pid of the workload gleaner started (`run`), or None if it never started it."""
+        try:
+            return int(self.pid_file.read_text())
+        except (OSError, ValueError):
+            return None
 
     def cgroup_dirs(self):
         name = f"gleaner-{self.gleaner.pid}"
@@ -227,6 +232,11 @@ class Iteration:
                     bad.append(f"yielding thread {t} ({comm}) remains")
         if self.kind == "run":
             workload = [p for p in procs if not is_guard(p) and alive(p)]
+            started = self.started_workload()
+            if started is not None and not alive(started):
+                bad.append(f"workload died (pid {started})")
+            elif started is not None and started not in workload:
+                workload.append(started)  # started after the kill-time list of children
         else:
             workload = [self.workload_pid] if alive(self.workload_pid) else []
             if not workload:
@@ -279,6 +289,47 @@ def environment_problem():
     return None
 
 
+class Report:
+    """Prints to stdout and, with --log, records every line (and every iteration) in a file."""
+
+    def __init__(self, log_path, verbose):
+        self.verbose = verbose
+        self.log = open(log_path, "w", buffering=1) if log_path else None
+
+    def say(self, line, quiet=False):
+        """`quiet` lines go to stdout only with -v; the log gets every line."""
+        if self.verbose or not quiet:
+            print(line, flush=True)
+        if self.log:
+            self.log.write(line + "\n")
+
+    def close(self):
+        if self.log:
+            self.log.close()
+
+
+def machine_lines(exe):
+    """What a reader of a saved log needs to judge it: build, kernel, CPUs, idle driver."""
+    def first_line(cmd):
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout.strip()
+            return out.splitlines()[0] if out else "?"
+        except (OSError, subprocess.TimeoutExpired):
+            return "?"
+
+    repo = Path(__file__).resolve().parent.parent
+    commit = first_line(["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"])
+    dirty = first_line(["git", "-C", str(repo), "status", "--porcelain", "--", "crates", "Cargo.lock"])
+    driver = (read("/sys/devices/system/cpu/cpuidle/current_driver", "?") or "?").strip()
+    return [
+        f"date: {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}",
+        f"gleaner: {exe} ({first_line([exe, '--version'])}; tree at commit {commit}"
+        f"{', crates modified' if dirty != '?' else ''})",
+        f"kernel: {os.uname().release}; CPUs {os.cpu_count()}; cpuidle driver {driver}",
+        f"load average at start: {(read('/proc/loadavg', '?') or '?').split(' ')[:3]}",
+    ]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("iterations", nargs="?", type=int, default=100)
@@ -286,16 +337,20 @@ def main():
     ap.add_argument("--kind", choices=["run", "attach", "both"], default="both")
     ap.add_argument("-v", "--verbose", action="store_true", help="one line per iteration")
     ap.add_argument("--strict", action="store_true", help="exit 77 instead of 0 when the test cannot run here")
+    ap.add_argument("--log", type=Path, help="write the full record (every iteration) to this file")
     args = ap.parse_args()
     why = environment_problem()
     if why:
         print(f"kill_test: skipped: {why}")
         return 77 if args.strict else 0
-    exe = gleaner_bin()
+    exe = gleaner_bin("kill_test")
     seed = args.seed if args.seed is not None else random.randrange(1 << 32)
     rng = random.Random(seed)
     kinds = ["run", "attach"] if args.kind == "both" else [args.kind]
-    print(f"kill_test: {args.iterations} iterations, seed {seed}, gleaner {exe}", flush=True)
+    report = Report(args.log, args.verbose)
+    report.say(f"kill_test: {args.iterations} iterations, seed {seed}, gleaner {exe}")
+    for line in machine_lines(exe):
+        report.say(line, quiet=True)
     state_dir = Path(tempfile.mkdtemp(prefix="gleaner-kill-test-"))
     passed, failures, phases, times = 0, [], {}, []
     try:
@@ -310,14 +365,14 @@ def main():
                 rec = subprocess.run([exe, "recover", "--state-dir", str(state_dir)], capture_output=True, text=True)
                 after, _ = it.problems()
                 failures.append((i, it.kind, it.mode, round(it.delay, 3), it.phase, bad, after, rec.stdout.strip()))
-                print(f"  [{i}] FAIL {it.kind} mode={it.mode} delay={it.delay:.3f}s phase={it.phase}: {bad}; "
-                      f"after `gleaner recover`: {after or 'clean'}", flush=True)
+                report.say(f"  [{i}] FAIL {it.kind} mode={it.mode} delay={it.delay:.3f}s phase={it.phase}: {bad}; "
+                           f"after `gleaner recover`: {after or 'clean'}")
             else:
                 passed += 1
                 times.append(elapsed)
-                if args.verbose:
-                    print(f"  [{i}] ok {it.kind} mode={it.mode} delay={it.delay:.3f}s phase={it.phase} "
-                          f"restored in {elapsed * 1000:.0f} ms", flush=True)
+                report.say(f"  [{i}] ok {it.kind} mode={it.mode} delay={it.delay:.3f}s phase={it.phase} "
+                           f"restored in {elapsed * 1000:.0f} ms", quiet=True)
+                # A dead workload is a failure above, so none alive here means never started.
                 if not workload and it.kind == "run":
                     phases["run/killed-before-workload-started"] = phases.get("run/killed-before-workload-started", 0) + 1
             it.cleanup()
@@ -327,11 +382,13 @@ def main():
             subprocess.run([exe, "recover", "--state-dir", str(state_dir)])
         shutil.rmtree(state_dir, ignore_errors=True)
     times.sort()
+    report.say(f"load average at end: {(read('/proc/loadavg', '?') or '?').split(' ')[:3]}", quiet=True)
     if times:
-        print(f"restore time after SIGKILL (ms): median {times[len(times) // 2] * 1000:.0f}, "
-              f"p95 {times[int(len(times) * 0.95)] * 1000:.0f}, max {times[-1] * 1000:.0f}")
-    print(f"kill_test: {passed}/{args.iterations} passed (seed {seed})")
-    print("kill moments: " + ", ".join(f"{k} {v}" for k, v in sorted(phases.items())))
+        report.say(f"restore time after SIGKILL (ms): median {times[len(times) // 2] * 1000:.0f}, "
+                   f"p95 {times[int(len(times) * 0.95)] * 1000:.0f}, max {times[-1] * 1000:.0f}")
+    report.say(f"kill_test: {passed}/{args.iterations} passed (seed {seed})")
+    report.say("kill moments: " + ", ".join(f"{k} {v}" for k, v in sorted(phases.items())))
+    report.close()
     return 0 if not failures else 1
 
 

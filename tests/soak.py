@@ -27,17 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-
-
-def gleaner_bin():
-    exe = os.environ.get("GLEANER_BIN")
-    if exe:
-        return exe
-    for p in (REPO / "target/debug/gleaner", REPO / "target/release/gleaner"):
-        if p.exists():
-            return str(p)
-    sys.exit("soak: no gleaner binary: run `cargo build -p gleaner` or set GLEANER_BIN")
+from gleaner_exe import gleaner_bin
 
 
 def proc_status(pid):
@@ -61,7 +51,7 @@ def main():
     ap.add_argument("--phase-s", type=int, default=20, help="length of each workload phase")
     ap.add_argument("--out", default=None, help="write the figures as JSON here")
     args = ap.parse_args()
-    exe = gleaner_bin()
+    exe = gleaner_bin("soak")
     work = Path(tempfile.mkdtemp(prefix="gleaner-soak-"))
     state, timeline = work / "state", work / "timeline.jsonl"
     total_s = int(args.minutes * 60)

@@ -25,34 +25,80 @@ def _ran_configs(results: dict) -> list[str]:
     return [config["name"] for config in results["configs"] if config["status"] == "ran"]
 
 
+# A bar's median with its min and max, or None for no bar.
+Bar = tuple[float, float, float] | None
+
+
+def range_bars(
+    groups: list[str],
+    series: list[tuple[str, list[Bar]]],
+    path: Path,
+    *,
+    ylabel: str,
+    title: str | None = None,
+    figsize: tuple[float, float] = (6, 4.5),
+    rotate_labels: bool = False,
+) -> Path | None:
+    """Grouped bars of medians with min–max whiskers and a line at 1.0 (no change).
+
+    One group per name in `groups`; each series gives one bar (or None) per group. Shared
+    by the suites' speedup plot and the test bed's (testbed/tbd/summary.py).
+    """
+    if not groups or not series:
+        return None
+    figure, axes = plt.subplots(figsize=figsize)
+    width = 0.8 / len(series)
+    for index, (label, bars) in enumerate(series):
+        xs, heights, lows, highs = [], [], [], []
+        for position, bar in enumerate(bars):
+            if bar is None:
+                continue
+            median, low, high = bar
+            xs.append(position + (index - (len(series) - 1) / 2) * width)
+            heights.append(median)
+            lows.append(median - low)
+            highs.append(high - median)
+        axes.bar(xs, heights, width, yerr=[lows, highs], capsize=3, label=label)
+    axes.axhline(1.0, color="black", linewidth=0.8)
+    if rotate_labels:
+        axes.set_xticks(range(len(groups)), groups, rotation=30, ha="right")
+    else:
+        axes.set_xticks(range(len(groups)), groups)
+    axes.set_ylabel(ylabel)
+    if title:
+        axes.set_title(title)
+    axes.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
 def speedup_bars(results: dict, path: Path) -> Path | None:
     """Grouped bars: one group per workload, one bar per non-baseline configuration."""
     configs = [name for name in _ran_configs(results) if name != "baseline"]
     workloads = [w for w in results["workloads"] if not w.get("error")]
     if not configs or not workloads:
         return None
-    figure, axes = plt.subplots(figsize=(max(6, 1.2 * len(workloads) * max(1, len(configs)) / 3), 4.5))
-    width = 0.8 / len(configs)
-    for index, config in enumerate(configs):
-        xs, heights, lows, highs = [], [], [], []
-        for position, workload in enumerate(workloads):
+    series = []
+    for config in configs:
+        bars: list[Bar] = []
+        for workload in workloads:
             entry = workload["summary"][config]
             if entry["speedup"] is None:
-                continue
-            xs.append(position + (index - (len(configs) - 1) / 2) * width)
-            heights.append(entry["speedup"])
-            lows.append(entry["speedup"] - entry["speedup_min"])
-            highs.append(entry["speedup_max"] - entry["speedup"])
-        axes.bar(xs, heights, width, yerr=[lows, highs], capsize=2, label=config)
-    axes.axhline(1.0, color="black", linewidth=0.8)
-    axes.set_xticks(range(len(workloads)), [w["name"] for w in workloads], rotation=30, ha="right")
-    axes.set_ylabel("speedup over baseline (median; bars: min–max)")
-    axes.set_title(f"suite {results['suite']}: speedup vs baseline")
-    axes.legend(fontsize="small")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
+                bars.append(None)
+            else:
+                bars.append((entry["speedup"], entry["speedup_min"], entry["speedup_max"]))
+        series.append((config, bars))
+    return range_bars(
+        [w["name"] for w in workloads],
+        series,
+        path,
+        ylabel="speedup over baseline (median; bars: min–max)",
+        title=f"suite {results['suite']}: speedup vs baseline",
+        figsize=(max(6, 1.2 * len(workloads) * max(1, len(configs)) / 3), 4.5),
+        rotate_labels=True,
+    )
 
 
 # Keys that name a list item in a series label (e.g. a probe point's setting and gap).

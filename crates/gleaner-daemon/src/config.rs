@@ -191,7 +191,13 @@ pub fn load_file(path: &Path) -> Result<DaemonConfig> {
 }
 
 pub fn parse(text: &str) -> Result<DaemonConfig> {
-    let cfg: DaemonConfig = toml::from_str(text).map_err(|e| anyhow::anyhow!("malformed TOML: {}", one_line(&e.to_string())))?;
+    let cfg: DaemonConfig = toml::from_str(text).map_err(|e| {
+        let at = e.span().map(|span| format!(" at line {}", text[..span.start.min(text.len())].matches('\n').count() + 1)).unwrap_or_default();
+        // A misspelt key is the commonest mistake; "malformed TOML" would send the user
+        // looking for a syntax error.
+        let what = if e.message().starts_with("unknown field") { "unknown key" } else { "malformed TOML" };
+        anyhow::anyhow!("{what}{at}: {}", one_line(e.message()))
+    })?;
     cfg.validate()?;
     Ok(cfg)
 }
@@ -222,7 +228,8 @@ mod tests {
             ("period_ms = \"x\"", "malformed TOML"),
             ("[policy]\nrho = 1.5", "outside (0, 1]"),
             ("[policy]\neta = 0", "outside (0, 1]"),
-            ("nonsense = 1", "malformed TOML"),
+            ("nonsense = 1", "unknown key at line 1: unknown field `nonsense`"),
+            ("period_ms = 100\n[policy]\nrhoo = 1", "unknown key at line 3"),
             ("period_ms = 1", "out of range"),
             ("[policy\n", "malformed TOML"),
         ] {

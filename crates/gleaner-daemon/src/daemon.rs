@@ -49,8 +49,52 @@ fn install_stop_handlers() -> Result<()> {
 /// What is managed: a command we start, a process tree, or a cgroup.
 pub enum Target {
     Command(Vec<OsString>),
-    Pid(u32),
+    /// A running process tree; `system_ok` lets it be PID 1, a kernel thread or one of
+    /// Gleaner's own ancestors (see [`refuse_system_process`]).
+    Pid { pid: u32, system_ok: bool },
     Cgroup(PathBuf),
+}
+
+/// Refuses a process whose tree is the whole system or holds Gleaner itself: confining PID 1
+/// confines every process, a kernel thread's affinity is the kernel's business, and an
+/// ancestor's tree contains the Gleaner instance and its guard.
+pub fn refuse_system_process(proc: &ProcFs, pid: u32, own_pid: u32) -> Result<()> {
+    const FLAG: &str = "pass --system-process if you mean to confine that whole process tree";
+    if pid == 1 {
+        bail!("PID 1 is init: managing it would confine every process on the machine; {FLAG}");
+    }
+    let stat = proc.task_stat(pid, pid).with_context(|| format!("cannot read process {pid}"))?;
+    // Kernel threads are kthreadd (PID 2) and its children.
+    if pid == 2 || stat.ppid == 2 {
+        bail!("PID {pid} ({}) is a kernel thread, not a program Gleaner can manage; {FLAG}", stat.comm);
+    }
+    let mut p = own_pid;
+    for _ in 0..4096 {
+        if p == pid {
+            bail!("PID {pid} ({}) is an ancestor of this gleaner: its tree contains Gleaner itself; {FLAG}", stat.comm);
+        }
+        match proc.task_stat(p, p) {
+            Ok(st) if st.ppid > 1 => p = st.ppid,
+            _ => break,
+        }
+    }
+    Ok(())
+}
+
+/// Checks that we may change `pid`'s CPU affinity before anything is journaled: a change
+/// journaled and then refused would leave a journal that `gleaner recover` can never clear.
+/// Setting a thread's mask to what it already is checks the same permission and changes
+/// nothing.
+fn check_may_set_affinity(pid: u32) -> Result<()> {
+    use gleaner_linux::cgroup::{AffinityOps, SchedAffinity};
+    let current = SchedAffinity.get(pid)?.ok_or_else(|| anyhow!("no process with PID {pid}: give the PID of a running process (see `ps`)"))?;
+    match SchedAffinity.set(pid, &current) {
+        Ok(_) => Ok(()),
+        Err(gleaner_linux::Error::Affinity { errno: nix::errno::Errno::EPERM, .. }) => bail!(
+            "not permitted to change the CPU affinity of PID {pid} (it belongs to another user): run gleaner as that user, or as root"
+        ),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Runs Gleaner on `target` until it ends or we are told to stop; returns the exit code.
@@ -62,11 +106,27 @@ pub fn manage(flags: &DaemonFlags, target: Target) -> Result<i32> {
         }
     }
     let proc = ProcFs::new("/proc");
-    if let Target::Pid(pid) = target {
+    if let Target::Pid { pid, system_ok } = target {
         if proc.process_start_time(pid).is_err() {
             bail!("no process with PID {pid}: give the PID of a running process (see `ps`)");
         }
+        if !system_ok {
+            refuse_system_process(&proc, pid, std::process::id())?;
+        }
+        check_may_set_affinity(pid)?;
     }
+    // Opened before anything starts or changes: an unopenable file is an error the user can
+    // fix, not a reason to leave a started workload unmanaged.
+    let timeline = match &cfg.timeline {
+        Some(p) => Some(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .with_context(|| format!("cannot open the timeline file {}: give --timeline a path you can write", p.display()))?,
+        ),
+        None => None,
+    };
     let state_dir = cfg.state_dir.clone().unwrap_or_else(Journal::default_dir);
     // The guard starts first, so that a kill at any moment after this leaves no journal: it
     // deletes one that was created (empty or not) and ignores one that never was.
@@ -76,7 +136,7 @@ pub fn manage(flags: &DaemonFlags, target: Target) -> Result<i32> {
     let journal = journal.into_shared();
     install_stop_handlers()?;
 
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| manage_inner(&cfg, target, &proc, &journal, &state_dir)));
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| manage_inner(&cfg, target, timeline, &proc, &journal, &state_dir)));
     // Back ends restored on their way out (drop runs during unwinding too); what they could
     // not restore is still in the journal: try once more, then leave it to the guard.
     let leftovers = finish_journal(&journal, &proc);
@@ -90,7 +150,7 @@ pub fn manage(flags: &DaemonFlags, target: Target) -> Result<i32> {
     Ok(code)
 }
 
-fn manage_inner(cfg: &DaemonConfig, target: Target, proc: &ProcFs, journal: &SharedJournal, state_dir: &Path) -> Result<i32> {
+fn manage_inner(cfg: &DaemonConfig, target: Target, timeline: Option<std::fs::File>, proc: &ProcFs, journal: &SharedJournal, state_dir: &Path) -> Result<i32> {
     let env = PlacementEnv::real(Some(journal.clone()));
     let detection = detect(proc, Path::new("/")).context("cannot read /proc/self/mountinfo")?;
     let kind = choose_backend(cfg.backend, &detection, &target)?;
@@ -141,7 +201,7 @@ fn manage_inner(cfg: &DaemonConfig, target: Target, proc: &ProcFs, journal: &Sha
             child = Some(c);
             Box::new(AffinityPlacement::new(env, pid)?)
         }
-        (Target::Pid(pid), _) => Box::new(AffinityPlacement::new(env, *pid)?),
+        (Target::Pid { pid, .. }, _) => Box::new(AffinityPlacement::new(env, *pid)?),
         (Target::Cgroup(dir), PlacementKind::CgroupV2) => {
             let mount = detection.mounts.v2.clone().ok_or_else(|| anyhow!("no cgroup2 mount"))?;
             Box::new(CgroupV2::attach(env, &mount, dir)?)
@@ -182,13 +242,9 @@ fn manage_inner(cfg: &DaemonConfig, target: Target, proc: &ProcFs, journal: &Sha
         (None, Some(p)) => Retainer::Poll(p),
         _ => Retainer::None,
     };
-    let timeline = match &cfg.timeline {
-        Some(p) => Some(std::fs::OpenOptions::new().create(true).append(true).open(p).with_context(|| format!("cannot open timeline file {}", p.display()))?),
-        None => None,
-    };
     let command = match &target {
         Target::Command(c) => c.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" "),
-        Target::Pid(p) => format!("pid {p}"),
+        Target::Pid { pid, .. } => format!("pid {pid}"),
         Target::Cgroup(d) => format!("cgroup {}", d.display()),
     };
     let opts = ControllerOptions {
@@ -217,10 +273,13 @@ fn manage_inner(cfg: &DaemonConfig, target: Target, proc: &ProcFs, journal: &Sha
         }
         false
     };
-    let result = {
+    let (result, summary) = {
         let mut controller = Controller::new(policy, placement.as_mut(), retainer, sampler, opts);
-        controller.run(&stop)
+        let result = controller.run(&stop);
+        (result, controller.summary())
     };
+    // What Gleaner did and why, or why it did nothing: the user's first question.
+    crate::errln!("{}", summary.trim_end());
     // Give everything back before reporting anything, error or not.
     let restored = placement.restore();
     if let Some(p) = &mut poll {
@@ -257,7 +316,7 @@ fn manage_inner(cfg: &DaemonConfig, target: Target, proc: &ProcFs, journal: &Sha
         (None, StopReason::WorkloadGone) => 0,
         (None, StopReason::Requested) => {
             if child.is_some() {
-                eprintln!("gleaner: stopped by signal {sig}; the workload keeps running with all its CPUs");
+                crate::errln!("gleaner: stopped by signal {sig}; the workload keeps running with all its CPUs");
             }
             128 + sig
         }
@@ -285,7 +344,7 @@ fn choose_backend(choice: BackendChoice, det: &gleaner_linux::Detection, target:
         BackendChoice::Auto => match target {
             // Another process's threads are confined by affinity: moving someone else's
             // process into a new cgroup would change its accounting and limits.
-            Target::Pid(_) => return Ok(PlacementKind::Affinity),
+            Target::Pid { .. } => return Ok(PlacementKind::Affinity),
             Target::Cgroup(_) if det.kind == PlacementKind::Affinity => {
                 bail!("--cgroup needs a cpuset controller: {}", why(PlacementKind::CgroupV1).unwrap_or_default())
             }
@@ -464,7 +523,7 @@ pub fn guard_main(journal_path: &Path) -> Result<i32> {
     let _ = std::fs::remove_file(journal_path.with_extension("status"));
     let _ = j.remove();
     if n > 0 {
-        eprintln!("gleaner guard: instance {} ended without cleaning up; restored {n} change(s)", journal_path.display());
+        crate::errln!("gleaner guard: instance {} ended without cleaning up; restored {n} change(s)", journal_path.display());
     }
     Ok(0)
 }
@@ -505,23 +564,23 @@ pub fn recover(state_dir: Option<PathBuf>) -> Result<i32> {
                 match journal::undo(&mut j, &proc) {
                     Ok(()) => {
                         let _ = j.remove();
-                        println!("recovered {}: undid {n} change(s)", path.display());
+                        crate::outln!("recovered {}: undid {n} change(s)", path.display());
                         done += 1;
                     }
                     Err(e) => {
-                        eprintln!("gleaner: {}: {e}", path.display());
+                        crate::errln!("gleaner: {}: {e}", path.display());
                         failed += 1;
                     }
                 }
             }
             Err(e) => {
-                eprintln!("gleaner: {e}");
+                crate::errln!("gleaner: {e}");
                 failed += 1;
             }
         }
     }
     if done == 0 && failed == 0 {
-        println!("nothing to recover in {}", dir.display());
+        crate::outln!("nothing to recover in {}", dir.display());
     }
     Ok(if failed > 0 { 1 } else { 0 })
 }

@@ -11,3 +11,24 @@ pub mod metrics;
 pub mod probe;
 pub mod service;
 pub mod status;
+
+/// `println!` that ignores a closed pipe. Gleaner manages a workload while its output may be
+/// piped into something that exits early (`gleaner run … | head -1`): `println!` would panic on
+/// EPIPE, and a panic there leaves the workload unmanaged mid-run.
+#[macro_export]
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// `eprintln!` that ignores a closed pipe (see [`outln!`]); the panic hook uses it too, where
+/// a second panic would abort the process.
+#[macro_export]
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}

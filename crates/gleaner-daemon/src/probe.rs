@@ -40,7 +40,7 @@ pub fn run(args: ProbeArgs) -> anyhow::Result<()> {
         let cal =
             wakeprobe::quick_calibration().context("quick wake-latency calibration failed")?;
         if args.json {
-            println!("{}", serde_json::to_string_pretty(&cal)?);
+            crate::outln!("{}", serde_json::to_string_pretty(&cal)?);
         } else {
             print!("{}", render_quick(&cal));
         }
@@ -70,7 +70,7 @@ pub fn run(args: ProbeArgs) -> anyhow::Result<()> {
     bar.finish_and_clear();
     let report = report.context("wake-latency probe failed")?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print!("{}", render_report(&report));
     }

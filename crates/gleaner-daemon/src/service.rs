@@ -336,24 +336,24 @@ pub fn run(args: ServiceArgs, logging: ChildLogging) -> Result<i32> {
 }
 
 fn print_check(path: &Path, cfg: &ServiceConfig) {
-    println!("{}: valid", path.display());
-    println!("  state dir {}", cfg.state_dir.display());
+    crate::outln!("{}: valid", path.display());
+    crate::outln!("  state dir {}", cfg.state_dir.display());
     match cfg.metrics.listen {
-        Some(a) => println!("  metrics   http://{a}/metrics"),
-        None => println!("  metrics   no HTTP endpoint"),
+        Some(a) => crate::outln!("  metrics   http://{a}/metrics"),
+        None => crate::outln!("  metrics   no HTTP endpoint"),
     }
     if let Some(t) = &cfg.metrics.textfile {
-        println!("  textfile  {} every {} s", t.display(), cfg.metrics.textfile_interval.as_secs());
+        crate::outln!("  textfile  {} every {} s", t.display(), cfg.metrics.textfile_interval.as_secs());
     }
     if cfg.targets.is_empty() {
-        println!("  no [[target]]: nothing will be managed");
+        crate::outln!("  no [[target]]: nothing will be managed");
     }
     for t in &cfg.targets {
         let now = match resolve(&t.cgroup) {
             Ok(dir) => dir.display().to_string(),
             Err(why) => format!("not yet manageable: {why}"),
         };
-        println!("  target {}: mode {:?}, period {} ms, rho {}, eta {} -> {now}", t.name, t.daemon.policy.mode, t.daemon.period_ms, t.daemon.policy.rho, t.daemon.policy.eta);
+        crate::outln!("  target {}: mode {:?}, period {} ms, rho {}, eta {} -> {now}", t.name, t.daemon.policy.mode, t.daemon.period_ms, t.daemon.policy.rho, t.daemon.policy.eta);
     }
 }
 

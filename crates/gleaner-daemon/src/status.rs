@@ -21,11 +21,11 @@ pub fn run(args: StatusArgs) -> Result<()> {
     let dir = args.state_dir.unwrap_or_else(Journal::default_dir);
     let all = read_statuses(&dir).with_context(|| format!("cannot read status files in {}", dir.display()))?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&all)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&all)?);
         return Ok(());
     }
     if all.is_empty() {
-        println!("no running gleaner instance (looked in {})", dir.display());
+        crate::outln!("no running gleaner instance (looked in {})", dir.display());
     }
     for s in &all {
         print!("{}", render(s));
@@ -51,7 +51,13 @@ pub fn render(s: &InstanceStatus) -> String {
         s.uptime_s,
         s.periods
     );
-    out += &format!("  active vCPUs {} of {}   rho {:.3}  eta {:.3}  retention timeout {:.1} µs\n", s.active, s.allowed, s.rho, s.eta, s.retention_timeout_us);
+    // A hold that never times out (always-yield) is stored as u64::MAX ns.
+    let hold = if s.retention_timeout_us >= gleaner_policy::FOREVER_NS as f64 / 1e3 {
+        "none (held until work arrives)".to_string()
+    } else {
+        format!("{:.1} µs", s.retention_timeout_us)
+    };
+    out += &format!("  active vCPUs {} of {}   rho {:.3}  eta {:.3}  retention timeout {hold}\n", s.active, s.allowed, s.rho, s.eta);
     out += &format!(
         "  l_comp {}  g_comp {}  l_idle {}  utilization {:.2}  runnable wait {:.0} %  steal {:.1} %\n",
         us(c.l_comp_ns),
@@ -89,4 +95,23 @@ pub fn render(s: &InstanceStatus) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn always_yield_shows_its_mode_name_and_no_timeout() {
+        let s = InstanceStatus {
+            mode: gleaner_policy::Mode::AlwaysYield.to_string(),
+            retention_timeout_us: gleaner_policy::FOREVER_NS as f64 / 1e3,
+            ..InstanceStatus::default()
+        };
+        let text = render(&s);
+        assert!(text.contains("mode always-yield"), "{text}");
+        assert!(text.contains("retention timeout none (held until work arrives)"), "{text}");
+        let s = InstanceStatus { retention_timeout_us: 18.0, ..s };
+        assert!(render(&s).contains("retention timeout 18.0 µs"));
+    }
 }

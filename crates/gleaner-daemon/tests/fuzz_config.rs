@@ -7,6 +7,8 @@
 //! `fuzz/corpus/config_toml/` (whole and truncated), then mutates them with proptest.
 //! `PROPTEST_CASES=N` makes a longer run.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed assumption is a failed test
+
 use gleaner_daemon::config;
 
 use std::path::{Path, PathBuf};

@@ -9,7 +9,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use gleaner_policy::{Cpuset, Decision, EventKind, Gleaner, PolicyEvent, RetentionAction};
+use gleaner_policy::{Cpuset, Decision, EventKind, Gleaner, RunSummary, PolicyEvent, RetentionAction};
 
 use crate::cgroup::{Placement, PlacementKind};
 use crate::error::Result;
@@ -167,6 +167,11 @@ pub struct Controller<'a> {
     status: InstanceStatus,
     started: Instant,
     recorder: Recorder,
+    /// What the policy did (or, observing, would have done), and the kinds of change it
+    /// proposed in the previous period of an observe-only run (logged once per run of
+    /// periods, not every period).
+    summary: RunSummary,
+    last_observed: Vec<std::mem::Discriminant<EventKind>>,
 }
 
 impl<'a> Controller<'a> {
@@ -175,7 +180,7 @@ impl<'a> Controller<'a> {
         let status = InstanceStatus {
             pid: std::process::id(),
             command: opts.command.clone(),
-            mode: format!("{:?}", policy.config().mode).to_lowercase(),
+            mode: policy.config().mode.to_string(),
             observe: opts.observe,
             placement: opts.placement_name.clone(),
             retention_backend: opts.retention_backend.clone(),
@@ -185,7 +190,12 @@ impl<'a> Controller<'a> {
             ..Default::default()
         };
         let recorder = Recorder::start(opts.status_path.clone(), opts.timeline.as_ref().and_then(|f| f.try_clone().ok()));
-        Self { policy, placement, retainer, sampler, opts, applied_active: allowed, status, started: Instant::now(), recorder }
+        Self { policy, placement, retainer, sampler, opts, applied_active: allowed, status, started: Instant::now(), recorder, summary: RunSummary::default(), last_observed: Vec::new() }
+    }
+
+    /// What the policy did (or, observing, would have done) and why: printed at the end.
+    pub fn summary(&self) -> String {
+        self.summary.render(&self.policy, self.opts.observe)
     }
 
     /// Runs until the workload is gone or `stop()` says so.
@@ -235,8 +245,22 @@ impl<'a> Controller<'a> {
                 continue;
             }
             let decision = self.policy.step(&sample);
-            for e in &decision.events {
-                tracing::info!(period = e.period, event = ?e.kind, observe = self.opts.observe, "{}", e.reason);
+            if self.opts.observe {
+                // Nothing is applied: count what would have been done, log a kind of change
+                // only when it was not proposed the period before, and judge the next period
+                // from the configuration that really runs.
+                self.summary.add(&decision, self.policy.config().idle_util);
+                let kinds: Vec<_> = decision.events.iter().map(|e| std::mem::discriminant(&e.kind)).collect();
+                for e in decision.events.iter().filter(|e| !self.last_observed.contains(&std::mem::discriminant(&e.kind))) {
+                    tracing::info!(period = e.period, event = ?e.kind, observe = true, "would: {}", e.reason);
+                }
+                self.last_observed = kinds;
+                self.policy.forget_changes();
+            } else {
+                self.summary.add(&decision, self.policy.config().idle_util);
+                for e in &decision.events {
+                    tracing::info!(period = e.period, event = ?e.kind, observe = false, "{}", e.reason);
+                }
             }
             tracing::debug!(characteristics = ?decision.characteristics, active = %decision.active, "period");
             if !self.opts.observe {

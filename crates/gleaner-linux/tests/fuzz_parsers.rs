@@ -10,6 +10,8 @@
 //! those seeds (truncate, flip, splice, repeat to oversize) and throws random bytes. Runs on
 //! stable Rust inside `cargo test`; `PROPTEST_CASES=N` makes a longer run.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed assumption is a failed test
+
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -5,6 +5,8 @@
 //! created cgroup really disappears. The cgroup tests need root and a v1 cpuset hierarchy
 //! and print why they skip otherwise; the affinity test runs as any user.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed assumption is a failed test
+
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command};

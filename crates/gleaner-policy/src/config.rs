@@ -22,16 +22,31 @@ pub enum Mode {
     AlwaysYield,
 }
 
+impl Mode {
+    /// The name used in config files and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Full => "full",
+            Mode::Retention => "retention",
+            Mode::Consolidation => "consolidation",
+            Mode::AlwaysYield => "always-yield",
+        }
+    }
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 impl std::str::FromStr for Mode {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "full" => Ok(Mode::Full),
-            "retention" => Ok(Mode::Retention),
-            "consolidation" => Ok(Mode::Consolidation),
-            "always-yield" => Ok(Mode::AlwaysYield),
-            _ => Err(format!("unknown mode {s:?}: use full, retention, consolidation or always-yield")),
-        }
+        [Mode::Full, Mode::Retention, Mode::Consolidation, Mode::AlwaysYield]
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| format!("unknown mode {s:?}: use full, retention, consolidation or always-yield"))
     }
 }
 

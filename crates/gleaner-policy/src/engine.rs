@@ -180,6 +180,80 @@ impl Gleaner {
         &self.active
     }
 
+    /// For observe-only runs, which apply nothing: forgets the change this step proposed, so
+    /// that the next period is judged from the configuration that really runs (every vCPU
+    /// active, nothing held). A change that was never made is never judged by measurements
+    /// that cannot reflect it (holds that never happened all "time out"); while its conditions
+    /// hold, the change is simply proposed again.
+    pub fn forget_changes(&mut self) {
+        self.active = self.allowed.clone();
+        self.deactivated.clear();
+        self.judging = None;
+        self.trial = None;
+        for (_, st) in self.vcpus.iter_mut() {
+            st.retaining = false;
+        }
+        self.settle = 0;
+        self.verdict = Verdict::default();
+    }
+
+    /// Why the policy would neither hold a vCPU nor consolidate the workload with
+    /// characteristics `c` (all vCPUs active): one line per mechanism, naming the measured
+    /// value and the condition it misses. Empty when both would act.
+    pub fn why_unchanged(&self, c: &Characteristics) -> Vec<String> {
+        let mut why = Vec::new();
+        if self.is_idle(c) {
+            why.push(format!("the workload was idle (utilization {:.2} < {:.2}): nothing to gain", c.total_util, self.cfg.idle_util));
+            return why;
+        }
+        if c.runnable_wait_fraction > self.cfg.max_runnable_wait {
+            why.push(format!(
+                "workload threads queued for a CPU {:.0} % of the time while another vCPU had none: neither a held nor a removed vCPU would help",
+                c.runnable_wait_fraction * 100.0
+            ));
+        }
+        if matches!(self.cfg.mode, Mode::Full | Mode::Retention) {
+            let timeout = self.timeout.adapted(c.steal_fraction);
+            let min_rate = self.cfg.min_idle_periods_per_sec * (1.0 + 10.0 * c.steal_fraction);
+            let max_idle = self.cfg.retain_idle_factor * timeout.ns as f64;
+            if c.idle_periods_per_sec < min_rate {
+                why.push(format!(
+                    "retention: {:.0} idle periods/s per vCPU, fewer than the {:.0} that pay for a held vCPU",
+                    c.idle_periods_per_sec, min_rate
+                ));
+            } else if c.l_idle_ns > max_idle {
+                why.push(format!("retention: idle periods of {} on average outlast the hold ({}): most holds would time out", us(c.l_idle_ns), us(timeout.ns as f64)));
+            } else if c.l_idle_ns < self.cfg.min_retain_idle_ns as f64 {
+                why.push(format!(
+                    "retention: idle periods of {} are shorter than the {} in which the host still polls a halted vCPU: wake-ups are cheap already",
+                    us(c.l_idle_ns),
+                    us(self.cfg.min_retain_idle_ns as f64)
+                ));
+            }
+        }
+        if matches!(self.cfg.mode, Mode::Full | Mode::Consolidation) {
+            let n = self.allowed.len();
+            let room = self.rho * n.saturating_sub(1) as f64 * c.l_idle_ns;
+            let grain = (self.eta * c.l_idle_ns).min(self.cfg.min_time_slice_ns as f64);
+            if n <= 1 {
+                why.push("consolidation: the workload has one vCPU".into());
+            } else if c.l_comp_ns > room {
+                why.push(format!(
+                    "consolidation: l_comp {} > rho x (N-1) x l_idle = {}: the other vCPUs lack the idle time to take one vCPU's work",
+                    us(c.l_comp_ns),
+                    us(room)
+                ));
+            } else if c.g_comp_ns > grain {
+                why.push(format!(
+                    "consolidation: g_comp {} > min(eta x l_idle, slice) = {}: threads synchronize too rarely for packing them to pay",
+                    us(c.g_comp_ns),
+                    us(grain)
+                ));
+            }
+        }
+        why
+    }
+
     pub fn allowed(&self) -> &Cpuset {
         &self.allowed
     }

@@ -8,6 +8,7 @@ pub mod characteristics;
 pub mod config;
 pub mod cpuset;
 pub mod engine;
+pub mod observe;
 pub mod retention;
 pub mod sample;
 
@@ -15,5 +16,6 @@ pub use characteristics::characterize;
 pub use config::{ConfigError, Mode, PolicyConfig};
 pub use cpuset::{Cpuset, CpusetParseError};
 pub use engine::{Decision, EventKind, Gleaner, PolicyEvent, RetentionAction, FOREVER_NS};
+pub use observe::RunSummary;
 pub use retention::RetentionTimeout;
 pub use sample::{Characteristics, LatencyHistogram, PeriodSample, VcpuSample, WakeLatencies, LATENCY_BUCKETS};

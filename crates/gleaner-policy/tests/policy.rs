@@ -1,5 +1,7 @@
 //! Replays the paper's §5 examples and rules against the public policy API.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed assumption is a failed test
+
 use gleaner_policy::*;
 use proptest::prelude::*;
 
@@ -132,7 +134,7 @@ fn noise_alone_does_not_roll_back() {
     // roll back; judging three periods against twice the measured noise does not.
     let mut g = Gleaner::new(consolidation_only(), Cpuset::first_n(3)).unwrap();
     let wobble = |i: usize, s: &mut PeriodSample| {
-        let f = if i % 2 == 0 { 1.1 } else { 0.9 };
+        let f = if i.is_multiple_of(2) { 1.1 } else { 0.9 };
         for v in &mut s.vcpus {
             v.work_ns = (v.work_ns as f64 * f) as u64;
         }
@@ -327,4 +329,38 @@ proptest! {
             prev = d.active;
         }
     }
+}
+
+#[test]
+fn observe_only_proposes_the_same_change_each_period_and_never_judges_it() {
+    // Figure 4(a) measured with nothing applied: the consolidation is proposed every period
+    // (never rolled back by measurements that cannot reflect it), and the summary says so.
+    let mut g = Gleaner::new(consolidation_only(), Cpuset::first_n(3)).unwrap();
+    let mut summary = RunSummary::default();
+    for _ in 0..6 {
+        let d = g.step(&sample(&Cpuset::first_n(3), 3, 2 * T, T, T, 10));
+        assert_eq!(events(std::slice::from_ref(&d)), vec![EventKind::Deactivate { cpu: 2 }], "{:?}", d.events);
+        summary.add(&d, 0.02);
+        g.forget_changes();
+        assert_eq!(g.active().len(), 3);
+    }
+    let report = summary.render(&g, true);
+    assert!(report.contains("deactivate a vCPU (consolidate): 6 of 6"), "{report}");
+    assert!(!report.contains("roll"), "{report}");
+}
+
+#[test]
+fn observe_explains_why_nothing_would_change() {
+    // Figure 4(b): g_comp = 2t > eta x l_idle; idle periods far too few and long to hold.
+    let mut g = Gleaner::new(PolicyConfig { warmup_periods: 0, ..Default::default() }, Cpuset::first_n(3)).unwrap();
+    let mut summary = RunSummary::default();
+    for _ in 0..4 {
+        let d = g.step(&sample(&Cpuset::first_n(3), 3, 2 * T, T, 2 * T, 10));
+        summary.add(&d, 0.02);
+        g.forget_changes();
+    }
+    let report = summary.render(&g, true);
+    assert!(report.contains("would have changed nothing"), "{report}");
+    assert!(report.contains("retention:") && report.contains("idle periods/s per vCPU, fewer than"), "{report}");
+    assert!(report.contains("consolidation: g_comp") && report.contains("synchronize too rarely"), "{report}");
 }

@@ -1,6 +1,8 @@
 //! Stand-alone `gleaner scale` for trying the crate before the CLI wires it in:
 //! `cargo run -p gleaner-scale --example scale -- --cpus 1,2 -- sh -c '...'`.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed assumption is a failed test
+
 use clap::Parser;
 
 #[derive(Parser)]

@@ -1,6 +1,8 @@
 //! End-to-end: measures a tiny deterministic shell loop at 1 and 2 CPUs on this
 //! machine and checks the report has both rows with finite speedups.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed assumption is a failed test
+
 use gleaner_scale::report::render_table;
 use gleaner_scale::system::{allowed_cpus, SystemRoots};
 use gleaner_scale::{measure, ScaleArgs};

@@ -8,6 +8,8 @@
 //!
 //! Wall times depend on what else runs: check /proc/loadavg and record it with the numbers.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed assumption is a failed test
+
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 

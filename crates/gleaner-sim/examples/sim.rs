@@ -1,6 +1,8 @@
 //! Run the simulator without the `gleaner` binary: `cargo run -p gleaner-sim --release
 //! --example sim -- scenarios/table2-c.toml`. Same arguments as `gleaner sim`.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed assumption is a failed test
+
 use clap::Parser;
 
 #[derive(Parser)]

@@ -1,6 +1,8 @@
 //! End-to-end checks of the simulator on small scenarios whose outcome can be worked out by
 //! hand, on the shipped scenario files, and on the command-line entry point.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed assumption is a failed test
+
 use std::path::{Path, PathBuf};
 
 use gleaner_sim::report::VmReport;

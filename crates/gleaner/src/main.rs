@@ -51,6 +51,10 @@ enum Cmd {
         /// Existing cgroup directory (v1 cpuset or v2 with cpuset enabled)
         #[arg(long, value_name = "PATH")]
         cgroup: Option<PathBuf>,
+        /// Allow PID 1, a kernel thread or an ancestor of gleaner: confines that process's
+        /// whole tree (for PID 1, every process on the machine)
+        #[arg(long, requires = "pid")]
+        system_process: bool,
     },
     /// Run as a system service managing the cgroups in a config file, with metrics
     Daemon(service::ServiceArgs),
@@ -99,14 +103,14 @@ fn main() -> ExitCode {
     // A bug must not print a backtrace at a user; the restore paths still run on unwind.
     std::panic::set_hook(Box::new(|info| {
         let msg = info.payload().downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| info.payload().downcast_ref::<String>().cloned());
-        eprintln!("gleaner: internal error: {} (please report this)", msg.unwrap_or_else(|| "panic".into()));
+        gleaner_daemon::errln!("gleaner: internal error: {} (please report this)", msg.unwrap_or_else(|| "panic".into()));
     }));
     let cli = Cli::parse();
     init_logging(cli.log_format, cli.log.as_deref());
     let result = match cli.command {
         Cmd::Run { flags, command } => daemon::manage(&flags, daemon::Target::Command(command)),
-        Cmd::Attach { flags, pid, cgroup } => match (pid, cgroup) {
-            (Some(pid), _) => daemon::manage(&flags, daemon::Target::Pid(pid)),
+        Cmd::Attach { flags, pid, cgroup, system_process } => match (pid, cgroup) {
+            (Some(pid), _) => daemon::manage(&flags, daemon::Target::Pid { pid, system_ok: system_process }),
             (None, Some(dir)) => daemon::manage(&flags, daemon::Target::Cgroup(dir)),
             (None, None) => Err(anyhow::anyhow!("give a PID or --cgroup PATH")),
         },
@@ -120,7 +124,7 @@ fn main() -> ExitCode {
         Cmd::Guard { journal } => daemon::guard_main(&journal),
         Cmd::Man { out } => man::write_pages(Cli::command(), &out).map(|files| {
             for f in files {
-                println!("{}", f.display());
+                gleaner_daemon::outln!("{}", f.display());
             }
             0
         }),
@@ -128,7 +132,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(e) => {
-            eprintln!("gleaner: error: {}", one_line(&format!("{e:#}")));
+            gleaner_daemon::errln!("gleaner: error: {}", one_line(&format!("{e:#}")));
             ExitCode::from(2)
         }
     }

@@ -5,6 +5,8 @@
 //! its time waking its partner, a CPU-bound job with nothing to wait for) so that they hold on
 //! any 2-vCPU guest, noisy or not.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed assumption is a failed test
+
 mod common;
 
 use std::path::Path;

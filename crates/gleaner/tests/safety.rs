@@ -7,6 +7,8 @@
 //! Every test uses its own state dir and checks that its `gleaner-<pid>` cgroups, journal and
 //! status file are gone afterwards. The random-moment kill test is `tests/kill_test.sh`.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed assumption is a failed test
+
 mod common;
 
 use std::fs;

@@ -5,6 +5,8 @@
 //! it skips otherwise; it creates `gleaner-test-svc-<pid>`, runs a short workload in it and
 //! removes it on every exit path (guards below), checking the CPUs were given back.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed assumption is a failed test
+
 mod common;
 
 use std::collections::BTreeMap;

@@ -88,7 +88,14 @@ impl AffinityPlacement {
     fn live_threads(&self) -> Result<Vec<(u32, u32, u64)>> {
         let proc = &self.env.proc;
         let mut out = vec![];
-        for pid in proc.process_tree(self.root_pid)? {
+        let tree = match proc.process_tree(self.root_pid) {
+            Ok(tree) => tree,
+            // The root exited and was reaped: the tree is gone, which is how an attached
+            // process normally ends, not an error.
+            Err(e) if e.is_not_found() => return Ok(out),
+            Err(e) => return Err(e),
+        };
+        for pid in tree {
             let tids = match proc.threads(pid) {
                 Ok(t) => t,
                 Err(e) if e.is_not_found() => continue,
@@ -287,6 +294,19 @@ pub(crate) mod tests {
         assert!(journal.lock().unwrap().entries().is_empty());
         place.restore().unwrap(); // idempotent
         assert_eq!(ops.mask(101).unwrap().to_string(), "2-3");
+    }
+
+    #[test]
+    fn a_root_that_exited_and_was_reaped_is_an_empty_workload_not_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("proc");
+        add_process(&p, 100, 1, &[100], 10, "0::/\n");
+        let ops = Arc::new(FakeAffinity::new(&[(100, "0-1")]));
+        let place = AffinityPlacement::new(env(&p, ops.clone(), None), 100).unwrap();
+        assert_eq!(place.workload_tids().unwrap(), vec![(100, 100)]);
+        std::fs::remove_dir_all(p.join("100")).unwrap();
+        ops.remove(100);
+        assert_eq!(place.workload_tids().unwrap(), vec![]);
     }
 
     #[test]

@@ -1,0 +1,133 @@
+//! The command line as a new user meets it: refusals, exit codes and what is left behind when
+//! a run ends in an ordinary but unhappy way (a closed pipe, a process that ends by itself, a
+//! file that cannot be opened). Each test is a bug a user found.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed assumption is a failed test
+
+mod common;
+
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const GLEANER: &str = env!("CARGO_BIN_EXE_gleaner");
+
+fn gleaner() -> Command {
+    let mut c = Command::new(GLEANER);
+    c.env("GLEANER_LOG", "warn");
+    c
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn stderr_of(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn journals_in(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.ends_with(".json") && n != "calibration.json").collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn recover_ignores_the_calibration_cache_beside_the_journals() {
+    let state = tempfile::tempdir().unwrap();
+    std::fs::write(state.path().join("calibration.json"), r#"{"boot_id":"b","timeout_ns":18000,"host_poll_ns":0}"#).unwrap();
+    let out = gleaner().args(["recover", "--state-dir"]).arg(state.path()).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("nothing to recover"));
+    assert!(state.path().join("calibration.json").exists(), "recover removed the calibration cache");
+}
+
+#[test]
+fn attach_exits_zero_when_the_process_ends_normally() {
+    let state = tempfile::tempdir().unwrap();
+    let mut work = Command::new("sleep").arg("1").spawn().unwrap();
+    let pid = work.id().to_string();
+    let g = gleaner().args(["attach", "--period-ms", "20", "--mode", "consolidation", "--state-dir"]).arg(state.path()).arg(&pid).stderr(Stdio::piped()).spawn().unwrap();
+    // Reaped by its parent (us), as a shell reaps its job: /proc/PID disappears entirely.
+    work.wait().unwrap();
+    let out = g.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert!(journals_in(state.path()).is_empty());
+}
+
+#[test]
+fn a_closed_stderr_is_not_an_abort() {
+    // `gleaner … 2>&1 | head -1`: the reader is gone before gleaner reports its error.
+    let (read_end, write_end): (OwnedFd, OwnedFd) = nix::unistd::pipe().unwrap();
+    drop(read_end);
+    let status = gleaner()
+        .args(["run", "--timeline", "/nonexistent-dir/timeline.jsonl", "--", "true"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(write_end))
+        .status()
+        .unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), None, "killed by a signal: {status:?}");
+    assert_eq!(status.code(), Some(2));
+}
+
+#[test]
+fn an_unopenable_timeline_is_refused_before_the_workload_starts() {
+    let state = tempfile::tempdir().unwrap();
+    let marker = state.path().join("workload-ran");
+    let out = gleaner()
+        .args(["run", "--state-dir"])
+        .arg(state.path())
+        .args(["--timeline", "/nonexistent-dir/timeline.jsonl", "--", "touch"])
+        .arg(&marker)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr_of(&out);
+    assert!(err.contains("cannot open the timeline file") && err.contains("--timeline"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!marker.exists(), "the workload was started although gleaner refused to manage it");
+}
+
+#[test]
+fn attach_refuses_init_kernel_threads_and_its_own_ancestors() {
+    let state = tempfile::tempdir().unwrap();
+    let me = std::process::id().to_string();
+    for (pid, says) in [("1", "PID 1 is init"), ("2", "kernel thread"), (me.as_str(), "ancestor of this gleaner")] {
+        let out = gleaner().args(["attach", "--state-dir"]).arg(state.path()).arg(pid).output().unwrap();
+        let err = stderr_of(&out);
+        assert_eq!(out.status.code(), Some(2), "attach {pid}: {err}");
+        assert!(err.contains(says) && err.contains("--system-process"), "attach {pid}: {err}");
+    }
+    assert!(journals_in(state.path()).is_empty());
+}
+
+#[test]
+fn non_root_attach_to_another_users_process_is_refused_before_journaling() {
+    if !is_root() || !Path::new("/usr/bin/setpriv").exists() {
+        common::skipped("non_root_attach", "needs root (to start a process as another user) and /usr/bin/setpriv");
+        return;
+    }
+    let state = tempfile::tempdir().unwrap();
+    // SAFETY: chmod on a path we own; the unprivileged user must be able to write the journal.
+    std::fs::set_permissions(state.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let mut work = Command::new("sleep").arg("30").spawn().unwrap();
+    let started = Instant::now();
+    let out = Command::new("/usr/bin/setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--", GLEANER, "attach", "--state-dir"])
+        .arg(state.path())
+        .arg(work.id().to_string())
+        .env("GLEANER_LOG", "warn")
+        .output()
+        .unwrap();
+    let _ = work.kill();
+    let _ = work.wait();
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("not permitted") && !err.contains("gleaner recover"), "{err}");
+    assert!(journals_in(state.path()).is_empty(), "a journal was left: {:?}", journals_in(state.path()));
+    assert!(started.elapsed() < Duration::from_secs(10));
+}

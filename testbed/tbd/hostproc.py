@@ -1,0 +1,69 @@
+"""The host's view of each guest: CPU time and context switches of QEMU's vCPU threads.
+
+Why it exists: what retention and consolidation change on the host (vCPU threads that keep or
+give back their physical CPU) is visible only from outside the guest, in /proc/<qemu>/task.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class ThreadStats:
+    cpu_s: float
+    voluntary_switches: int
+    involuntary_switches: int
+
+
+def read_thread_stats(proc_root: Path, pid: int) -> dict[str, ThreadStats]:
+    """CPU time and context switches of each QEMU vCPU thread, keyed by its name ("CPU 0/TCG").
+
+    QEMU names its threads when started with `-name ...,debug-threads=on`. Threads that exit
+    between listing and reading are skipped.
+    """
+    stats = {}
+    task_dir = proc_root / str(pid) / "task"
+    try:
+        tids = sorted(os.listdir(task_dir))
+    except OSError:
+        return stats
+    for tid in tids:
+        try:
+            comm = (task_dir / tid / "comm").read_text().strip()
+            if not comm.startswith("CPU "):
+                continue
+            stat = (task_dir / tid / "stat").read_text()
+            status = (task_dir / tid / "status").read_text()
+        except OSError:
+            continue
+        # Fields after the parenthesised comm; utime and stime are fields 14 and 15.
+        fields = stat[stat.rindex(")") + 2 :].split()
+        cpu_s = (int(fields[11]) + int(fields[12])) / CLK_TCK
+        switches = {}
+        for line in status.splitlines():
+            key, _, value = line.partition(":")
+            if key in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"):
+                switches[key] = int(value)
+        stats[comm] = ThreadStats(
+            cpu_s,
+            switches.get("voluntary_ctxt_switches", 0),
+            switches.get("nonvoluntary_ctxt_switches", 0),
+        )
+    return stats
+
+
+def stats_delta(before: dict[str, ThreadStats], after: dict[str, ThreadStats]) -> dict[str, dict]:
+    out = {}
+    for name, end in sorted(after.items()):
+        start = before.get(name, ThreadStats(0.0, 0, 0))
+        out[name] = {
+            "cpu_s": round(end.cpu_s - start.cpu_s, 3),
+            "voluntary_switches": end.voluntary_switches - start.voluntary_switches,
+            "involuntary_switches": end.involuntary_switches - start.involuntary_switches,
+        }
+    return out
