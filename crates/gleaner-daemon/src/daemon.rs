@@ -20,6 +20,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use gleaner_linux::cgroup::{enter_cgroup_pre_exec, v1::V1Mounts, AffinityPlacement, CgroupV1, CgroupV2};
 use gleaner_linux::controller::{Controller, ControllerOptions, Retainer, StopReason};
 use gleaner_linux::journal::{self, Journal};
+use gleaner_linux::restore;
 use gleaner_linux::pmqos::PollRetention;
 use gleaner_linux::retention::{RetentionPool, YielderParams};
 use gleaner_linux::sampler::Sampler;
@@ -431,7 +432,7 @@ fn wake_costs(cfg: &DaemonConfig, state_dir: &Path) -> WakeCosts {
 fn finish_journal(journal: &SharedJournal, proc: &ProcFs) -> Result<()> {
     let mut j = journal.lock().map_err(|_| anyhow!("journal lock poisoned"))?;
     if !j.entries().is_empty() {
-        journal::undo(&mut j, proc).context("could not undo every change; run `gleaner recover`")?;
+        restore::undo(&mut j, proc).context("could not undo every change; run `gleaner recover`")?;
     }
     std::fs::remove_file(j.path()).or_else(|e| if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) }).context("cannot remove the journal")?;
     Ok(())
@@ -501,7 +502,7 @@ pub fn guard_main(journal_path: &Path) -> Result<i32> {
             hasten_exit(&proc, owner);
             if let Ok(j) = Journal::load(journal_path) {
                 for e in j.entries().iter().rev() {
-                    let _ = journal::undo_action(&e.action, &proc, &gleaner_linux::cgroup::SchedAffinity);
+                    let _ = restore::undo_action(&e.action, &proc, &gleaner_linux::cgroup::SchedAffinity);
                 }
             }
             restored_early = true;
@@ -509,14 +510,14 @@ pub fn guard_main(journal_path: &Path) -> Result<i32> {
     }
     // Not while `gleaner recover` is restoring this journal too (see RestoreLock). Without
     // the lock the guard still restores; it just may race a concurrent recover.
-    let _restoring = journal_path.parent().map(journal::RestoreLock::acquire);
+    let _restoring = journal_path.parent().map(restore::RestoreLock::acquire);
     let _ = std::fs::remove_file(journal_path.with_extension("json.tmp")); // killed mid-write
     if !journal_path.exists() {
         return Ok(0); // clean exit, or killed before the journal existed: nothing to undo
     }
     let mut j = Journal::load(journal_path)?;
     let n = j.entries().len();
-    journal::undo(&mut j, &proc).context("guard could not undo every change; run `gleaner recover`")?;
+    restore::undo(&mut j, &proc).context("guard could not undo every change; run `gleaner recover`")?;
     // The dead instance could not remove its status file either; `status` would skip it, but
     // a stale file is clutter that outlives the pid. Removed before the journal, so that a
     // missing journal means the guard is done.
@@ -552,7 +553,7 @@ pub fn recover(state_dir: Option<PathBuf>) -> Result<i32> {
     let mut done = 0;
     // A guard finishing its own restore holds this until it is done; its journal is then gone.
     // No state directory: nothing to lock, and nothing to recover (said below).
-    let _restoring = match journal::RestoreLock::acquire(&dir) {
+    let _restoring = match restore::RestoreLock::acquire(&dir) {
         Err(e) if e.is_not_found() => None,
         lock => Some(lock?),
     };
@@ -561,7 +562,7 @@ pub fn recover(state_dir: Option<PathBuf>) -> Result<i32> {
             Ok(mut j) => {
                 let path = j.path().to_path_buf();
                 let n = j.entries().len();
-                match journal::undo(&mut j, &proc) {
+                match restore::undo(&mut j, &proc) {
                     Ok(()) => {
                         let _ = j.remove();
                         crate::outln!("recovered {}: undid {n} change(s)", path.display());

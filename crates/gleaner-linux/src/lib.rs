@@ -5,7 +5,9 @@
 //! cgroup mount points), so the tests run against fake trees in temp dirs and nothing here
 //! assumes the machine it runs on. Readers only read; decisions live in `gleaner-policy`.
 
+pub mod affinity;
 pub mod cgroup;
+pub mod cgroupfs;
 pub mod controller;
 pub mod error;
 pub mod idle_entries;
@@ -13,6 +15,7 @@ pub mod journal;
 pub mod pacer;
 pub mod pmqos;
 pub mod procfs;
+pub mod restore;
 pub mod retention;
 pub mod sampler;
 pub mod status;

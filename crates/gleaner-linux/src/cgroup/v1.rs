@@ -14,7 +14,8 @@ use std::path::{Path, PathBuf};
 use gleaner_policy::Cpuset;
 
 use super::v2::{pids_in_subtree, threads_of};
-use super::{check_active, move_process, CgroupMounts, Placement, PlacementEnv, PlacementKind};
+use super::{check_active, CgroupMounts, Placement, PlacementEnv, PlacementKind};
+use crate::cgroupfs::move_process;
 use crate::error::{read_cpuset, read_file, write_file, Error, Result};
 use crate::journal::{UndoAction, UndoLog};
 
@@ -253,8 +254,7 @@ impl Placement for CgroupV1 {
     }
 
     fn restore(&mut self) -> Result<()> {
-        self.log
-            .undo_all(&self.env.proc, self.env.affinity.as_ref())
+        crate::restore::undo_log(&mut self.log, &self.env.proc, self.env.affinity.as_ref())
     }
 }
 

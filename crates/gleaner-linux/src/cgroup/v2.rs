@@ -12,8 +12,9 @@ use std::path::{Path, PathBuf};
 
 use gleaner_policy::Cpuset;
 
+use crate::cgroupfs::{move_process, read_procs};
 use super::{
-    check_active, move_process, read_procs, CgroupMounts, Placement, PlacementEnv, PlacementKind,
+    check_active, CgroupMounts, Placement, PlacementEnv, PlacementKind,
 };
 use crate::error::{read_cpuset, read_file, write_file, Error, Result, FIX_CPUSET_V2};
 use crate::journal::{UndoAction, UndoLog};
@@ -219,8 +220,7 @@ impl Placement for CgroupV2 {
     }
 
     fn restore(&mut self) -> Result<()> {
-        self.log
-            .undo_all(&self.env.proc, self.env.affinity.as_ref())
+        crate::restore::undo_log(&mut self.log, &self.env.proc, self.env.affinity.as_ref())
     }
 }
 
@@ -237,7 +237,8 @@ mod tests {
     use super::*;
     use crate::cgroup::affinity::tests::FakeAffinity;
     use crate::cgroup::test_tree::{add_process, put};
-    use crate::journal::{undo_with, Journal};
+    use crate::journal::Journal;
+    use crate::restore::undo_with;
     use crate::procfs::ProcFs;
     use std::fs;
     use std::sync::Arc;
