@@ -24,6 +24,7 @@ use gleaner_linux::restore;
 use gleaner_linux::pmqos::PollRetention;
 use gleaner_linux::retention::{RetentionPool, YielderParams};
 use gleaner_linux::sampler::Sampler;
+use gleaner_linux::wakeprobe::QuickCalibration;
 use gleaner_linux::status::status_path;
 use gleaner_linux::{detect, Placement, PlacementEnv, PlacementKind, ProcFs, SharedJournal, SysFs};
 use gleaner_policy::{Gleaner, Mode, RetentionTimeout};
@@ -213,7 +214,7 @@ fn manage_inner(cfg: &DaemonConfig, target: Target, timeline: Option<std::fs::Fi
         }
     };
     let allowed = placement.allowed().clone();
-    tracing::info!(placement = %placement.kind(), allowed = %allowed, timeout_us = timeout.ns / 1000, "managing workload");
+    tracing::info!(placement = %placement.kind(), allowed = %allowed, timeout_us = timeout.as_us_f64(), "managing workload");
 
     let mut policy_cfg = cfg.policy.clone();
     policy_cfg.retention_timeout_ns = timeout.ns;
@@ -382,25 +383,31 @@ struct WakeCosts {
     host_poll_ns: u64,
 }
 
+/// The wake-cost measurement kept in `<state dir>/calibration.json`, valid for one boot.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct CalibrationCache {
+    boot_id: String,
+    calibration: QuickCalibration,
+}
+
 /// The configured hold, or one derived from a wake-latency measurement, cached per boot.
 fn wake_costs(cfg: &DaemonConfig, state_dir: &Path) -> WakeCosts {
-    if let Some(us) = cfg.retention_timeout_us {
-        return WakeCosts { timeout: RetentionTimeout { ns: us * 1000 }, host_poll_ns: 0 };
+    if let Some(timeout) = cfg.retention_timeout() {
+        return WakeCosts { timeout, host_poll_ns: 0 };
     }
     if !matches!(cfg.policy.mode, Mode::Full | Mode::Retention) {
         return WakeCosts { timeout: RetentionTimeout::default(), host_poll_ns: 0 };
     }
     // Without a boot id (a /proc without it) the cache never matches, so it is measured anew.
-    let boot = ProcFs::new("/proc").boot_id().unwrap_or_default();
+    let boot_id = ProcFs::new("/proc").boot_id().unwrap_or_default();
     let cache = state_dir.join("calibration.json");
-    if let Some(v) = std::fs::read_to_string(&cache)
+    // A cache in another format (an older Gleaner's) fails to parse and is measured anew.
+    if let Some(c) = std::fs::read_to_string(&cache)
         .ok()
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .filter(|v| v["boot_id"] == boot.as_str())
+        .and_then(|t| serde_json::from_str::<CalibrationCache>(&t).ok())
+        .filter(|c| !boot_id.is_empty() && c.boot_id == boot_id)
     {
-        if let (Some(ns), Some(poll)) = (v["timeout_ns"].as_u64(), v["host_poll_ns"].as_u64()) {
-            return WakeCosts { timeout: RetentionTimeout { ns }, host_poll_ns: poll };
-        }
+        return WakeCosts { timeout: c.calibration.timeout, host_poll_ns: c.calibration.host_poll_ns };
     }
     match gleaner_linux::wakeprobe::quick_calibration() {
         Ok(c) => {
@@ -408,16 +415,16 @@ fn wake_costs(cfg: &DaemonConfig, state_dir: &Path) -> WakeCosts {
                 busy_us = c.busy_p50_ns / 1000,
                 halted_us = c.halted_p50_ns / 1000,
                 host_poll_us = c.host_poll_ns / 1000,
-                timeout_us = c.timeout.ns / 1000,
+                timeout_us = c.timeout.as_us_f64(),
                 "calibrated retention"
             );
             // A measurement taken while other work kept the wakee's vCPU busy never saw it
             // halt (halted ≈ busy); use it for this run, but measure again next time rather
             // than let it stand for the whole boot.
             if c.halted_p50_ns as f64 > 1.5 * c.busy_p50_ns as f64 {
-                let v = serde_json::json!({"boot_id": boot, "timeout_ns": c.timeout.ns, "host_poll_ns": c.host_poll_ns,
-                    "busy_p50_ns": c.busy_p50_ns, "halted_p50_ns": c.halted_p50_ns});
-                let _ = std::fs::write(&cache, v.to_string());
+                if let Ok(text) = serde_json::to_string(&CalibrationCache { boot_id, calibration: c }) {
+                    let _ = std::fs::write(&cache, text);
+                }
             }
             WakeCosts { timeout: c.timeout, host_poll_ns: c.host_poll_ns }
         }

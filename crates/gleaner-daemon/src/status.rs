@@ -52,10 +52,10 @@ pub fn render(s: &InstanceStatus) -> String {
         s.periods
     );
     // A hold that never times out (always-yield) is stored as u64::MAX ns.
-    let hold = if s.retention_timeout_us >= gleaner_policy::FOREVER_NS as f64 / 1e3 {
+    let hold = if s.retention_timeout.ns >= gleaner_policy::FOREVER_NS {
         "none (held until work arrives)".to_string()
     } else {
-        format!("{:.1} µs", s.retention_timeout_us)
+        format!("{:.1} µs", s.retention_timeout.as_us_f64())
     };
     out += &format!("  active vCPUs {} of {}   rho {:.3}  eta {:.3}  retention timeout {hold}\n", s.active, s.allowed, s.rho, s.eta);
     out += &format!(
@@ -105,13 +105,13 @@ mod tests {
     fn always_yield_shows_its_mode_name_and_no_timeout() {
         let s = InstanceStatus {
             mode: gleaner_policy::Mode::AlwaysYield.to_string(),
-            retention_timeout_us: gleaner_policy::FOREVER_NS as f64 / 1e3,
+            retention_timeout: gleaner_policy::RetentionTimeout { ns: gleaner_policy::FOREVER_NS },
             ..InstanceStatus::default()
         };
         let text = render(&s);
         assert!(text.contains("mode always-yield"), "{text}");
         assert!(text.contains("retention timeout none (held until work arrives)"), "{text}");
-        let s = InstanceStatus { retention_timeout_us: 18.0, ..s };
+        let s = InstanceStatus { retention_timeout: gleaner_policy::RetentionTimeout { ns: 18_000 }, ..s };
         assert!(render(&s).contains("retention timeout 18.0 µs"));
     }
 }
