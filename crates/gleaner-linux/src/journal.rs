@@ -7,7 +7,6 @@
 //! This module only records and finds records; it knows nothing of how a change is undone,
 //! so the back ends that record through it are not imported by it.
 
-use std::collections::BTreeMap;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -288,10 +287,6 @@ impl UndoLog {
         self.entries.is_empty()
     }
 
-    pub fn actions(&self) -> impl Iterator<Item = &UndoAction> {
-        self.entries.iter().map(|(_, a)| a)
-    }
-
     /// Undoes all entries newest first with `undo` (see `restore::undo_log`); failed ones
     /// stay for a retry. Idempotent. The log only keeps the books: how a change is undone is
     /// `restore`'s business.
@@ -327,24 +322,6 @@ impl UndoLog {
 /// still whole (records are atomic), so keep using it.
 fn lock(j: &SharedJournal) -> std::sync::MutexGuard<'_, Journal> {
     j.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// Counts of entries by kind, for `gleaner recover` to print.
-pub fn summarize(journal: &Journal) -> BTreeMap<&'static str, usize> {
-    let mut counts = BTreeMap::new();
-    for e in journal.entries() {
-        let kind = match e.action {
-            UndoAction::CreatedCgroup { .. } => "created cgroups",
-            UndoAction::MovedProcess { .. } => "moved processes",
-            UndoAction::EnabledController { .. } => "enabled controllers",
-            UndoAction::CgroupFile { .. } => "cgroup files",
-            UndoAction::ThreadAffinity { .. } => "thread affinities",
-            UndoAction::PmQos { .. } => "PM QoS values",
-            UndoAction::HaltpollParam { .. } => "haltpoll parameters",
-        };
-        *counts.entry(kind).or_insert(0) += 1;
-    }
-    counts
 }
 
 #[cfg(test)]
@@ -413,7 +390,6 @@ mod tests {
                 original: PmQosLatency::NoConstraint
             }
         );
-        assert_eq!(summarize(&j).get("PM QoS values"), Some(&1));
         assert!(!path.exists());
     }
 

@@ -104,15 +104,6 @@ pub struct Pressure {
     pub full_total_us: Option<u64>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LoadAvg {
-    pub one: f64,
-    pub five: f64,
-    pub fifteen: f64,
-    pub runnable: u32,
-    pub total_tasks: u32,
-}
-
 /// The fields of `/proc/PID/task/TID/stat` Gleaner uses.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TaskStat {
@@ -247,15 +238,6 @@ impl ProcFs {
             Err(Error::NotFound { .. } | Error::PermissionDenied { .. }) => Ok(None),
             Err(e) => Err(e),
         }
-    }
-
-    pub fn pressure_cpu(&self) -> Result<Pressure> {
-        read_pressure(&self.path("pressure/cpu"))
-    }
-
-    pub fn loadavg(&self) -> Result<LoadAvg> {
-        let path = self.path("loadavg");
-        parse_loadavg(&path, &read_file(&path)?)
     }
 
     /// Whether `/proc/cpuinfo` has the x86 `hypervisor` flag (we run in a VM); `None` when it
@@ -584,22 +566,6 @@ fn parse_timer_list(path: &Path, text: &str) -> Result<Option<Vec<TimerListCpu>>
         .map(Some)
 }
 
-fn parse_loadavg(path: &Path, text: &str) -> Result<LoadAvg> {
-    let w: Vec<&str> = text.split_whitespace().collect();
-    let bad = || Error::parse(path, "loadavg", text);
-    if w.len() < 4 {
-        return Err(bad());
-    }
-    let (runnable, total) = w[3].split_once('/').ok_or_else(bad)?;
-    Ok(LoadAvg {
-        one: parse_num(path, "load average", w[0])?,
-        five: parse_num(path, "load average", w[1])?,
-        fifteen: parse_num(path, "load average", w[2])?,
-        runnable: parse_num(path, "runnable tasks", runnable)?,
-        total_tasks: parse_num(path, "total tasks", total)?,
-    })
-}
-
 /// Parses `tid (comm) S ppid ...`. The comm may hold spaces and parentheses, so it is taken
 /// between the first `(` and the last `)`.
 fn parse_task_stat(path: &Path, text: &str, proc: &ProcFs) -> Result<TaskStat> {
@@ -878,22 +844,18 @@ Clock Event Device: lapic-deadline
     }
 
     #[test]
-    fn pressure_and_loadavg() {
+    fn pressure() {
         let dir = tempfile::tempdir().unwrap();
-        fs::create_dir(dir.path().join("pressure")).unwrap();
+        let path = dir.path().join("cpu.pressure");
         fs::write(
-            dir.path().join("pressure/cpu"),
+            &path,
             "some avg10=2.68 avg60=0.82 avg300=0.73 total=4992723\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n",
         )
         .unwrap();
-        fs::write(dir.path().join("loadavg"), "0.07 0.21 0.11 1/89 6822\n").unwrap();
-        let p = proc100(dir.path());
-        let psi = p.pressure_cpu().unwrap();
+        let psi = read_pressure(&path).unwrap();
         assert_eq!(psi.some_total_us, 4_992_723);
         assert_eq!(psi.full_total_us, Some(0));
         assert!((psi.some_avg10 - 2.68).abs() < 1e-9);
-        let la = p.loadavg().unwrap();
-        assert_eq!((la.runnable, la.total_tasks), (1, 89));
         assert!(parse_pressure(Path::new("x"), "full total=3\n").is_err());
     }
 
@@ -1073,7 +1035,6 @@ Clock Event Device: lapic-deadline
             let _ = parse_stat(path, &text, &p);
             let _ = parse_timer_list(path, &text);
             let _ = parse_pressure(path, &text);
-            let _ = parse_loadavg(path, &text);
             let _ = parse_task_stat(path, &text, &p);
             let _ = parse_task_status(path, &text);
             let _ = parse_reschedule_interrupts(path, &text);

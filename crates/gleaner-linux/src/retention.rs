@@ -334,7 +334,8 @@ impl RetentionPool {
 
     /// Whether the thread of `cpu` has acted on an Off and is parked (it may lag a
     /// [`set_mode`](Self::set_mode) while a workload keeps its vCPU busy).
-    pub fn is_parked(&self, cpu: usize) -> Result<bool, RetentionError> {
+    #[cfg(test)]
+    fn is_parked(&self, cpu: usize) -> Result<bool, RetentionError> {
         Ok(self.slot(cpu)?.parked.load(Ordering::Acquire))
     }
 

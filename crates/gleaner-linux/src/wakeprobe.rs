@@ -268,7 +268,8 @@ pub struct ProbeReport {
 }
 
 impl ProbeReport {
-    pub fn point(&self, setting: Setting, gap_ns: u64) -> Option<&ProbePoint> {
+    #[cfg(test)]
+    fn point(&self, setting: Setting, gap_ns: u64) -> Option<&ProbePoint> {
         self.points
             .iter()
             .find(|p| p.setting == setting && p.gap_ns == gap_ns)

@@ -56,8 +56,7 @@ const TARGETS: &[Target] = &[
             proc_of(r).timer_list().map(drop).map_err(msg)
         },
     },
-    Target { name: "pressure", path: "proc/pressure/cpu", run: |r| proc_of(r).pressure_cpu().map(drop).map_err(msg) },
-    Target { name: "loadavg", path: "proc/loadavg", run: |r| proc_of(r).loadavg().map(drop).map_err(msg) },
+    Target { name: "pressure", path: "proc/pressure/cpu", run: |r| gleaner_linux::procfs::read_pressure(&r.join("proc/pressure/cpu")).map(drop).map_err(msg) },
     Target { name: "cpuinfo", path: "proc/cpuinfo", run: |r| proc_of(r).hypervisor_flag().map(drop).map_err(msg) },
     Target {
         name: "interrupts",
@@ -115,7 +114,7 @@ const TARGETS: &[Target] = &[
         run: |r| {
             IdleEntryCounter::open(&r.join("sys"), &r.join("noproc"), &[0]).read();
             let sys = SysFs::new(r.join("sys"));
-            sys.cpuidle_usage(0).map(drop).and(sys.cpuidle_states(0).map(drop)).map_err(msg)
+            sys.cpuidle_usage(0).map(drop).and(sys.cpuidle_state_name(0, 0).map(drop)).map_err(msg)
         },
     },
     Target {

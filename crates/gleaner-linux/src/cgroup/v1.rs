@@ -209,14 +209,6 @@ impl CgroupV1 {
             .collect()
     }
 
-    /// Total CPU time of the group's tasks in ns (`cpuacct.usage`), if there is a cpuacct group.
-    pub fn usage_ns(&self) -> Result<Option<u64>> {
-        let Some(dir) = &self.cpuacct_dir else {
-            return Ok(None);
-        };
-        let path = dir.join("cpuacct.usage");
-        crate::error::read_num(&path, "cpuacct.usage").map(Some)
-    }
 }
 
 impl Placement for CgroupV1 {
@@ -351,12 +343,10 @@ mod tests {
             &ca.join("cpuacct.usage_percpu"),
             "50691390922 60055701040 \n",
         );
-        put(&ca.join("cpuacct.usage"), "110747092962\n");
         assert_eq!(
             cg.per_cpu_work_ns().unwrap(),
             Some(vec![50_691_390_922, 60_055_701_040])
         );
-        assert_eq!(cg.usage_ns().unwrap(), Some(110_747_092_962));
 
         cg.set_active(&"1".parse().unwrap()).unwrap();
         assert_eq!(text(&cs.join("cpuset.cpus")), "1");

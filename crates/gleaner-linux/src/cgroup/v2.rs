@@ -149,20 +149,6 @@ impl CgroupV2 {
         self.dir.join("cgroup.procs")
     }
 
-    /// CPU time used by the cgroup's tasks, from `cpu.stat`.
-    pub fn usage_usec(&self) -> Result<u64> {
-        let path = self.dir.join("cpu.stat");
-        let text = read_file(&path)?;
-        let value = text
-            .lines()
-            .find_map(|l| l.strip_prefix("usage_usec "))
-            .ok_or_else(|| Error::parse(&path, "usage_usec line", &text))?;
-        value
-            .trim()
-            .parse()
-            .map_err(|_| Error::parse(&path, "usage_usec", value))
-    }
-
     pub fn pressure(&self) -> Result<Pressure> {
         read_pressure(&self.dir.join("cpu.pressure"))
     }
@@ -378,7 +364,6 @@ mod tests {
         add_process(&t.proc, 200, 1, &[200], 60, "0::/user.slice/child\n");
         let mut cg = CgroupV2::attach(env(&t, None), &t.mount, &dir).unwrap();
         assert_eq!(cg.allowed().to_string(), "0-3");
-        assert_eq!(cg.usage_usec().unwrap(), 123_456);
         assert_eq!(cg.pressure().unwrap().some_total_us, 42);
         assert_eq!(
             cg.workload_tids().unwrap(),
