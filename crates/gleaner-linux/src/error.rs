@@ -1,7 +1,12 @@
-//! One error type for every Linux reader and writer in this crate.
+//! One error type for every Linux file reader and writer in this crate (procfs, sysfs,
+//! cgroupfs, the journal, PM QoS polling, restore) and the affinity calls behind them.
 //!
 //! Exists so that each failure names the file involved and, where there is one, the fix: a
 //! user who sees "permission denied" must also learn which file and what to do instead.
+//! Two other error types remain, on purpose: `retention::RetentionError` (a thread that
+//! cannot be pinned, made SCHED_IDLE or started names a CPU, not a file) and
+//! `wakeprobe::ProbeError` (an experiment's set-up: bad gaps, too few CPUs), which wraps this
+//! one for the files the probe reads.
 //! Also holds the two file helpers (`read_file`, `write_file`) that turn `io::Error`s into
 //! these variants, so every module maps errno values the same way.
 
