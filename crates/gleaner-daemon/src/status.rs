@@ -52,7 +52,7 @@ pub fn render(s: &InstanceStatus) -> String {
         s.periods
     );
     // A hold that never times out (always-yield) is stored as u64::MAX ns.
-    let hold = if s.retention_timeout.ns >= gleaner_policy::FOREVER_NS {
+    let hold = if s.retention_timeout.ns == gleaner_policy::FOREVER_NS {
         "none (held until work arrives)".to_string()
     } else {
         format!("{:.1} µs", s.retention_timeout.as_us_f64())
