@@ -17,6 +17,12 @@ suite() {
 skip_log=target/tmp/skipped-tests.log
 mkdir -p target/tmp && : >"$skip_log"
 suite "cargo test" cargo test --workspace --no-fail-fast
+# The test bed's guest runs a static musl gleaner; musl stubs some libc calls glibc has.
+if rustup target list --installed 2>/dev/null | grep -qx x86_64-unknown-linux-musl; then
+    suite "gleaner-sys and gleaner-linux tests for musl" tests/musl_test.sh
+else
+    echo "musl tests skipped: no x86_64-unknown-linux-musl target (rustup target add x86_64-unknown-linux-musl)" | tee -a "$skip_log"
+fi
 suite "Python tests (pytest: bench harness, test bed, kill-test self-tests)" python3 -m pytest -q bench/tests testbed/test_testbed.py tests/test_kill_test.py
 if [ "$(id -u)" -eq 0 ] && [ -e /sys/fs/cgroup/cpuset/cpuset.cpus ]; then
     suite "build for the kill test" cargo build -q -p gleaner

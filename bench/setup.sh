@@ -31,13 +31,9 @@ trap cleanup EXIT
 
 echo "bench/setup.sh: apt-get update" >&2
 apt-get update -q >&2
+# Idle entries are counted by gleaner itself (perf_event_open on the power:cpu_idle
+# tracepoint; bench/harness/idle.py), so the perf tool is not needed.
 PACKAGES=(sysbench stress-ng pigz mariadb-server mariadb-client util-linux)
-# perf counts the power:cpu_idle tracepoint, the exact idle-entry source on guests without
-# a cpuidle driver (bench/harness/idle.py). Only installed when missing, so an existing
-# perf is not upgraded behind the user's back.
-if ! command -v perf >/dev/null 2>&1; then
-    PACKAGES+=(linux-perf)
-fi
 echo "bench/setup.sh: installing ${PACKAGES[*]}" >&2
 DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${PACKAGES[@]}" >&2
 

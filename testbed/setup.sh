@@ -15,3 +15,9 @@ DEBIAN_FRONTEND=noninteractive apt-get "${APT_WAIT[@]}" install -y -q --no-insta
 if command -v rustup >/dev/null; then
     rustup target add x86_64-unknown-linux-musl >&2 || echo "testbed/setup.sh: no musl target; the image build will link glibc statically" >&2
 fi
+# The driver runs as `python3` from PATH, which need not be the system Python the apt package
+# serves (e.g. pyenv): give that one matplotlib too, or the summary has no plot.
+if ! python3 -c 'import matplotlib' 2>/dev/null; then
+    python3 -m pip install -q matplotlib >&2 \
+        || echo "testbed/setup.sh: no matplotlib for $(command -v python3); summaries will have no plot" >&2
+fi

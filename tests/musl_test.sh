@@ -1,6 +1,6 @@
 #!/bin/sh
-# gleaner-sys's and gleaner-linux's unit tests built for musl (issue 17, item 14): the test bed's guest runs a
-# static musl gleaner, and musl stubs some libc wrappers that glibc implements (e.g.
+# gleaner-sys's and gleaner-linux's unit tests built for musl (issue 17, item 14): the test
+# bed's guest runs a static musl gleaner, and musl stubs some libc wrappers that glibc has (e.g.
 # sched_setscheduler always fails with ENOSYS), so code that passes on glibc can fail there.
 # Needs the musl Rust target (`rustup target add x86_64-unknown-linux-musl`); without it this
 # says so and exits 0, so that a green run shows the skip.

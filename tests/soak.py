@@ -75,7 +75,7 @@ def main():
             q = subprocess.run([exe, "status", "--json", "--state-dir", str(state)], capture_output=True, text=True)
             queries += 1
             try:
-                statuses = json.loads(q.stdout)
+                statuses = json.loads(q.stdout)["instances"]
                 listed = [s["pid"] for s in statuses]
                 last_status = next((s for s in statuses if s["pid"] == g.pid), last_status)
             except (ValueError, KeyError, TypeError):

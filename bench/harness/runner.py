@@ -24,7 +24,7 @@ from . import parse, proc, report
 from .cleanup import CleanupStack
 from .configs import Config, interleave
 from .haltpoll import HALT_POLL_NS, PARAM_PATH, HaltpollError, HaltpollStatus, ParamOverride, restore_stale
-from .idle import IdleSourceError, read_idle_counters
+from .idle import IdleEntryReader, IdleSourceError
 from .mariadb import MariaDBError
 from .preflight import LOAD_THRESHOLD, load_check, read_loadavg
 from .suites import Suite
@@ -187,9 +187,11 @@ def run_suite(options: Options, stack: CleanupStack) -> list[Path]:
         log("!" * 72)
         log(f"WARNING: {warning}")
         log("!" * 72)
+    idle_token = None
     try:
-        idle_source = read_idle_counters().source
-        read_idle = read_idle_counters
+        idle_reader = IdleEntryReader(options.gleaner)
+        idle_token = stack.push("stop gleaner __idle-entries", idle_reader.close)
+        idle_source, read_idle = idle_reader.source, idle_reader.read
     except IdleSourceError as error:
         idle_source, read_idle = f"unavailable ({error})", None
         log(f"idle transitions will not be recorded: {error}")
@@ -260,6 +262,8 @@ def run_suite(options: Options, stack: CleanupStack) -> list[Path]:
         if uses_gleaner and suite.phase_run and any(config.name == "gleaner" for config in configs):
             log("phase-change run for the active-vCPU timeline")
             results["phase_run"] = phase_run(options, ctx, scratch)
+    if idle_token is not None:
+        stack.run_one(idle_token)
     results["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
     results["elapsed_s"] = round(time.monotonic() - started_monotonic, 1)
     return write_outputs(results, stem, with_plots=True)

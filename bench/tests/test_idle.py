@@ -1,23 +1,94 @@
-"""Idle-transition counters from a fake sysfs tree, a captured /proc/timer_list and
-captured (or faked) `perf stat` output."""
+"""The harness's idle-entry reader: its protocol with `gleaner __idle-entries` (a fake
+gleaner), and the real parser in gleaner_linux::idle_entries run on fake kernel trees.
 
+The parsing itself is tested where it lives (Rust); the fake-tree tests here check, through
+the binary the harness really runs, the cases the harness's own parser used to be tested on.
+"""
+
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from harness.idle import (
-    SOURCE_CPUIDLE,
-    SOURCE_TIMER_LIST,
-    IdleCounters,
-    IdleSourceError,
-    PerfIdleCounter,
-    idle_rates,
-    parse_perf_stat,
-    parse_timer_list,
-    read_idle_counters,
-    tracepoint_present,
-)
+from harness.idle import IdleCounters, IdleEntryReader, IdleSourceError, idle_rates, parse_reading
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Speaks gleaner's side: a reading on start and per stdin line; counts grow by 5 and 3.
+# FAKE_SOURCE picks the source; FAKE_FAIL makes it fail the way an old gleaner does.
+FAKE_GLEANER = """#!{python}
+import json, os, sys
+if os.environ.get("FAKE_FAIL"):
+    sys.stderr.write("error: unrecognized subcommand '__idle-entries'\\n")
+    sys.exit(2)
+assert sys.argv[1:] == ["__idle-entries"], sys.argv
+source = os.environ.get("FAKE_SOURCE", "tracepoint")
+n = 0
+while True:
+    print(json.dumps({{"source": source, "exact": True, "per_cpu": {{"0": 5 * n, "1": 3 * n}}}}), flush=True)
+    if not sys.stdin.readline():
+        break
+    n += 1
+"""
+
+
+@pytest.fixture
+def fake_gleaner(tmp_path):
+    path = tmp_path / "gleaner"
+    path.write_text(FAKE_GLEANER.format(python=sys.executable))
+    path.chmod(0o755)
+    return path
+
+
+def test_readings_are_cumulative_and_keep_their_source(fake_gleaner):
+    reader = IdleEntryReader(fake_gleaner)
+    try:
+        assert reader.source == "tracepoint"
+        assert reader.read() == IdleCounters("tracepoint", {0: 5, 1: 3})
+        assert reader.read() == IdleCounters("tracepoint", {0: 10, 1: 6})
+    finally:
+        reader.close()
+    assert reader.process.returncode == 0  # it ends when its stdin closes
+
+
+def test_no_source_is_an_error_naming_what_was_tried(fake_gleaner, monkeypatch):
+    monkeypatch.setenv("FAKE_SOURCE", "unavailable")
+    with pytest.raises(IdleSourceError, match="no idle-entry source") as error:
+        IdleEntryReader(fake_gleaner)
+    assert "cpuidle" in str(error.value) and "timer_list" in str(error.value)
+
+
+def test_a_gleaner_without_the_subcommand_is_an_error_with_its_message(fake_gleaner, monkeypatch):
+    monkeypatch.setenv("FAKE_FAIL", "1")
+    with pytest.raises(IdleSourceError, match="unrecognized subcommand"):
+        IdleEntryReader(fake_gleaner)
+
+
+def test_a_missing_binary_is_an_error(tmp_path):
+    with pytest.raises(IdleSourceError, match="cannot start"):
+        IdleEntryReader(tmp_path / "absent")
+
+
+def test_parse_reading_refuses_malformed_lines():
+    assert parse_reading('{"source": "cpuidle", "per_cpu": {"1": 4}}') == IdleCounters("cpuidle", {1: 4})
+    for bad in ("", "{oops", '{"source": "cpuidle"}', '{"source": 3, "per_cpu": {}}', '{"source": "x", "per_cpu": {"a": 1}}'):
+        with pytest.raises(IdleSourceError, match="__idle-entries"):
+            parse_reading(bad)
+
+
+def test_idle_rates_per_second():
+    before = IdleCounters("timer-list", {0: 100, 1: 50})
+    after = IdleCounters("timer-list", {0: 300, 1: 50})
+    assert idle_rates(before, after, 2.0) == {0: 100.0, 1: 0.0}
+    with pytest.raises(ValueError, match="positive"):
+        idle_rates(before, after, 0.0)
+    with pytest.raises(ValueError, match="differ"):
+        idle_rates(before, IdleCounters("cpuidle", {0: 1}), 1.0)
+
+
+# --------------------------------------------------------------------------- the real parser
 
 # Abridged from this machine's /proc/timer_list (kernel 6.18): per-CPU tick_sched
 # blocks, and a later "Tick Device" section that must not confuse the parser.
@@ -51,122 +122,58 @@ Clock Event Device: lapic-deadline
 """
 
 
-def make_cpuidle(root: Path, usage: dict[int, list[int]]) -> None:
-    for cpu, states in usage.items():
+def real_gleaner():
+    """The workspace's debug build, when it has the reader (`cargo build -p gleaner`)."""
+    exe = Path(os.environ.get("GLEANER_BIN", REPO / "target/debug/gleaner"))
+    if not exe.is_file():
+        pytest.skip(f"{exe} not built: run `cargo build -p gleaner`")
+    return exe
+
+
+def fake_tree(tmp_path, cpuidle_usage=None, timer_list=None, interrupts=None):
+    """A /sys and /proc with two online CPUs and the given sources; returns their roots."""
+    sys_root, proc_root = tmp_path / "sys", tmp_path / "proc"
+    cpu_root = sys_root / "devices/system/cpu"
+    (cpu_root / "cpufreq").mkdir(parents=True)  # non-cpuN entries are ignored
+    (cpu_root / "online").write_text("0-1\n")
+    for cpu in (0, 1):
+        (cpu_root / f"cpu{cpu}").mkdir()  # no cpuidle dir, like driver "none"
+    for cpu, states in (cpuidle_usage or {}).items():
         for index, count in enumerate(states):
-            state = root / "devices/system/cpu" / f"cpu{cpu}" / "cpuidle" / f"state{index}"
+            state = cpu_root / f"cpu{cpu}" / "cpuidle" / f"state{index}"
             state.mkdir(parents=True)
             (state / "usage").write_text(f"{count}\n")
-
-
-def test_parse_timer_list_per_cpu():
-    assert parse_timer_list(TIMER_LIST) == {0: 7232, 1: 5288}
-
-
-def test_cpuidle_preferred_and_summed_over_states(tmp_path):
-    sys_root, proc_root = tmp_path / "sys", tmp_path / "proc"
-    make_cpuidle(sys_root, {0: [10, 5], 1: [7]})
-    (sys_root / "devices/system/cpu/cpufreq").mkdir()  # non-cpuN entries are ignored
     proc_root.mkdir()
-    (proc_root / "timer_list").write_text(TIMER_LIST)
-    assert read_idle_counters(sys_root, proc_root) == IdleCounters(SOURCE_CPUIDLE, {0: 15, 1: 7})
+    if timer_list is not None:
+        (proc_root / "timer_list").write_text(timer_list)
+    if interrupts is not None:
+        (proc_root / "interrupts").write_text(interrupts)
+    return sys_root, proc_root
 
 
-def test_falls_back_to_timer_list_without_cpuidle_states(tmp_path):
-    sys_root, proc_root = tmp_path / "sys", tmp_path / "proc"
-    (sys_root / "devices/system/cpu/cpu0").mkdir(parents=True)  # no cpuidle dir, like driver "none"
-    proc_root.mkdir()
-    (proc_root / "timer_list").write_text(TIMER_LIST)
-    assert read_idle_counters(sys_root, proc_root) == IdleCounters(SOURCE_TIMER_LIST, {0: 7232, 1: 5288})
+def first_reading(exe, sys_root, proc_root):
+    done = subprocess.run([str(exe), "__idle-entries", "--sys-root", str(sys_root), "--proc-root", str(proc_root)],
+                          input="", capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return parse_reading(done.stdout.splitlines()[0])
 
 
-def test_no_source_names_both_paths(tmp_path):
-    with pytest.raises(IdleSourceError, match="timer_list") as error:
-        read_idle_counters(tmp_path / "sys", tmp_path / "proc")
-    assert "cpuidle" in str(error.value)
+def test_real_reader_prefers_cpuidle_and_sums_its_states(tmp_path):
+    roots = fake_tree(tmp_path, cpuidle_usage={0: [10, 5], 1: [7]}, timer_list=TIMER_LIST)
+    assert first_reading(real_gleaner(), *roots) == IdleCounters("cpuidle", {0: 15, 1: 7})
 
 
-def test_timer_list_without_idle_calls_is_an_error(tmp_path):
-    (tmp_path / "timer_list").write_text("Timer List Version: v0.9\n")
-    with pytest.raises(IdleSourceError, match="idle_calls"):
-        read_idle_counters(tmp_path / "sys", tmp_path)
+def test_real_reader_falls_back_to_timer_list_without_cpuidle_states(tmp_path):
+    roots = fake_tree(tmp_path, timer_list=TIMER_LIST)
+    assert first_reading(real_gleaner(), *roots) == IdleCounters("timer-list", {0: 7232, 1: 5288})
 
 
-def test_idle_rates_per_second():
-    before = IdleCounters(SOURCE_TIMER_LIST, {0: 100, 1: 50})
-    after = IdleCounters(SOURCE_TIMER_LIST, {0: 300, 1: 50})
-    assert idle_rates(before, after, 2.0) == {0: 100.0, 1: 0.0}
-    with pytest.raises(ValueError, match="positive"):
-        idle_rates(before, after, 0.0)
-    with pytest.raises(ValueError, match="differ"):
-        idle_rates(before, IdleCounters(SOURCE_CPUIDLE, {0: 1}), 1.0)
+def test_real_reader_falls_back_to_reschedule_interrupts(tmp_path):
+    # The fallback the harness's own parser lacked.
+    roots = fake_tree(tmp_path, interrupts="           CPU0       CPU1\n  RES:       2907       5804   Rescheduling interrupts\n")
+    assert first_reading(real_gleaner(), *roots) == IdleCounters("reschedule-interrupts", {0: 2907, 1: 5804})
 
 
-# `perf stat -a -A -e power:cpu_idle -x, -o FILE` on this machine (perf 6.1).
-PERF_STAT = """# started on Mon Nov 23 07:30:10 2026
-
-CPU0,528,,power:cpu_idle,1003055645,100.00,,
-CPU1,91,,power:cpu_idle,1003060697,100.00,,
-"""
-
-
-def test_parse_perf_stat_per_cpu_raw_hits():
-    assert parse_perf_stat(PERF_STAT) == {0: 528, 1: 91}
-
-
-def test_parse_perf_stat_rejects_uncounted_cpus_and_empty_output():
-    with pytest.raises(IdleSourceError, match="not counted"):
-        parse_perf_stat(PERF_STAT.replace("CPU1,91,", "CPU1,<not counted>,"))
-    with pytest.raises(IdleSourceError, match="no per-CPU"):
-        parse_perf_stat("# started on Mon Nov 23 07:30:10 2026\n\n")
-
-
-def test_tracepoint_found_in_tracefs_or_debugfs(tmp_path):
-    assert not tracepoint_present(tmp_path)
-    event = tmp_path / "kernel/debug/tracing/events/power/cpu_idle"
-    event.mkdir(parents=True)
-    (event / "id").write_text("568\n")
-    assert tracepoint_present(tmp_path)
-
-
-# Speaks perf's side of the protocol: acknowledges `enable` on the control pipe, runs
-# until its stdin closes (the counted `cat`), then writes one session's counts.
-FAKE_PERF = """#!{python}
-import os, sys
-args = sys.argv[1:]
-out = args[args.index("-o") + 1]
-ctl, ack = map(int, args[args.index("--control") + 1][len("fd:"):].split(","))
-if {fail}:
-    sys.stderr.write("Error:\\nNo permission to enable power:cpu_idle event.\\n")
-    sys.exit(1)
-assert os.read(ctl, 64).startswith(b"enable")
-os.write(ack, b"ack\\n\\0")
-sys.stdin.read()
-with open(out, "w") as f:
-    f.write("# started\\n\\nCPU0,7,,power:cpu_idle,1,100.00,,\\nCPU1,4,,power:cpu_idle,1,100.00,,\\n")
-"""
-
-
-def fake_perf(tmp_path: Path, fail: bool = False) -> str:
-    path = tmp_path / "perf"
-    path.write_text(FAKE_PERF.format(python=sys.executable, fail=fail))
-    path.chmod(0o755)
-    return str(path)
-
-
-def test_perf_counter_is_cumulative_over_sessions_and_halves_hits(tmp_path):
-    counter = PerfIdleCounter(fake_perf(tmp_path))
-    try:
-        # First read: one short session (7 and 4 hits); each later read ends one more.
-        assert counter.read() == {0: 3, 1: 2}
-        assert counter.read() == {0: 7, 1: 4}
-        assert counter.read() == {0: 10, 1: 6}
-    finally:
-        counter.close()
-
-
-def test_perf_failure_is_an_idle_source_error_with_perfs_message(tmp_path):
-    counter = PerfIdleCounter(fake_perf(tmp_path, fail=True))
-    with pytest.raises(IdleSourceError, match="No permission"):
-        counter.read()
-    counter.close()
+def test_real_reader_without_any_source_says_unavailable(tmp_path):
+    roots = fake_tree(tmp_path)
+    assert first_reading(real_gleaner(), *roots).source == "unavailable"

@@ -24,11 +24,11 @@ use gleaner_linux::restore;
 use gleaner_linux::pmqos::PollRetention;
 use gleaner_linux::retention::{RetentionPool, YielderParams};
 use gleaner_linux::sampler::Sampler;
-use gleaner_linux::wakeprobe::QuickCalibration;
 use gleaner_linux::status::status_path;
 use gleaner_linux::{detect, Placement, PlacementEnv, PlacementKind, ProcFs, SharedJournal, SysFs};
 use gleaner_policy::{Gleaner, Mode, RetentionTimeout};
 
+use crate::calibration::{calibrate, CacheEntry};
 use crate::config::{BackendChoice, DaemonConfig, DaemonFlags, RetentionBackendChoice};
 
 /// The signal that asked us to stop, 0 if none.
@@ -258,6 +258,7 @@ fn manage_inner(cfg: &DaemonConfig, target: Target, timeline: Option<std::fs::Fi
         command,
         placement_name: placement.kind().to_string(),
         retention_backend: retention_name,
+        retention_timeout_source: costs.source.clone(),
     };
     let sampler = Sampler::new(ProcFs::new("/proc"), "/sys", allowed.clone());
 
@@ -318,7 +319,7 @@ fn manage_inner(cfg: &DaemonConfig, target: Target, timeline: Option<std::fs::Fi
         (None, StopReason::WorkloadGone) => 0,
         (None, StopReason::Requested) => {
             if child.is_some() {
-                crate::errln!("gleaner: stopped by signal {sig}; the workload keeps running with all its CPUs");
+                tracing::warn!(signal = sig, "stopped by signal {sig}; the workload keeps running with all its CPUs");
             }
             128 + sig
         }
@@ -341,15 +342,23 @@ fn spawn(cmd: &[OsString], cgroup_procs: Option<Vec<PathBuf>>) -> Result<Child> 
 }
 
 fn choose_backend(choice: BackendChoice, det: &gleaner_linux::Detection, target: &Target) -> Result<PlacementKind> {
+    if let Target::Cgroup(dir) = target {
+        // An existing cgroup is judged by its own files, not by whether a new cgroup could be
+        // created at the hierarchy's root (see `cgroup_target_backend`).
+        let kind = cgroup_target_backend(&det.mounts, dir).map_err(|why| anyhow!("--cgroup {}: {why}", dir.display()))?;
+        return match choice {
+            BackendChoice::Auto => Ok(kind),
+            BackendChoice::CgroupV2 if kind == PlacementKind::CgroupV2 => Ok(kind),
+            BackendChoice::CgroupV1 if kind == PlacementKind::CgroupV1 => Ok(kind),
+            _ => bail!("--cgroup {} is a {kind} cgroup, but the {} back end was asked for: use --backend auto", dir.display(), choice_name(choice)),
+        };
+    }
     let why = |k: PlacementKind| det.skipped.iter().find(|(s, _)| *s == k).map(|(_, w)| w.clone());
     let want = match choice {
         BackendChoice::Auto => match target {
             // Another process's threads are confined by affinity: moving someone else's
             // process into a new cgroup would change its accounting and limits.
             Target::Pid { .. } => return Ok(PlacementKind::Affinity),
-            Target::Cgroup(_) if det.kind == PlacementKind::Affinity => {
-                bail!("--cgroup needs a cpuset controller: {}", why(PlacementKind::CgroupV1).unwrap_or_default())
-            }
             _ => return Ok(det.kind),
         },
         BackendChoice::CgroupV2 => PlacementKind::CgroupV2,
@@ -360,6 +369,55 @@ fn choose_backend(choice: BackendChoice, det: &gleaner_linux::Detection, target:
         bail!("the {want} back end cannot be used here: {reason}; use --backend auto");
     }
     Ok(want)
+}
+
+fn choice_name(choice: BackendChoice) -> &'static str {
+    match choice {
+        BackendChoice::Auto => "auto",
+        BackendChoice::CgroupV2 => "cgroup-v2",
+        BackendChoice::CgroupV1 => "cgroup-v1",
+        BackendChoice::Affinity => "affinity",
+    }
+}
+
+/// Which back end manages the existing cgroup `dir`, or why none can.
+///
+/// Managing an existing cgroup writes only that cgroup's `cpuset.cpus` (and reads its
+/// `cgroup.procs`), so that file is what is tested. The hierarchy root does not matter: a
+/// v1 root directory is mode 0555, which a root process without CAP_DAC_OVERRIDE (the
+/// service unit's capability set) cannot write, yet it can write the root-owned 0644 files
+/// of any cgroup. `gleaner daemon --check` and the daemon call this too, so the check
+/// says what running will do.
+pub fn cgroup_target_backend(mounts: &gleaner_linux::cgroup::CgroupMounts, dir: &Path) -> std::result::Result<PlacementKind, String> {
+    // The longest mount that contains `dir` (a v1 hierarchy may be mounted inside the v2 one).
+    let under = |m: &Option<PathBuf>| m.as_ref().filter(|m| dir.starts_with(m)).map(|m| m.components().count());
+    let kind = match (under(&mounts.v2), under(&mounts.v1_cpuset)) {
+        (Some(a), Some(b)) if b > a => PlacementKind::CgroupV1,
+        (Some(_), _) => PlacementKind::CgroupV2,
+        (None, Some(_)) => PlacementKind::CgroupV1,
+        (None, None) => {
+            let shown = |m: &Option<PathBuf>| m.as_ref().map(|m| m.display().to_string()).unwrap_or_else(|| "none".into());
+            return Err(format!(
+                "not inside a cpuset hierarchy (cgroup v2 at {}, v1 cpuset at {}): give a cgroup directory under one of them",
+                shown(&mounts.v2),
+                shown(&mounts.v1_cpuset)
+            ));
+        }
+    };
+    let cpus = dir.join("cpuset.cpus");
+    if !cpus.exists() {
+        return Err(match kind {
+            PlacementKind::CgroupV2 => format!(
+                "{} does not exist: the cpuset controller is not enabled for this cgroup; for a unit run `systemctl set-property UNIT AllowedCPUs=0-N`, else add +cpuset to the parent's cgroup.subtree_control",
+                cpus.display()
+            ),
+            _ => format!("{} does not exist: not a cpuset cgroup", cpus.display()),
+        });
+    }
+    match nix::unistd::access(&cpus, nix::unistd::AccessFlags::R_OK | nix::unistd::AccessFlags::W_OK) {
+        Ok(()) => Ok(kind),
+        Err(e) => Err(format!("{} is not writable ({e}): run Gleaner as root, or as the owner of a delegated cgroup", cpus.display())),
+    }
 }
 
 /// Picks in-kernel polling where it works (and is asked for or automatic), else yielding
@@ -381,58 +439,39 @@ struct WakeCosts {
     timeout: RetentionTimeout,
     /// How long the host keeps polling a halted vCPU (see `QuickCalibration::host_poll_ns`).
     host_poll_ns: u64,
+    /// How the hold was obtained, for `gleaner status`.
+    source: String,
 }
 
-/// The wake-cost measurement kept in `<state dir>/calibration.json`, valid for one boot.
-#[derive(serde::Serialize, serde::Deserialize)]
-struct CalibrationCache {
-    boot_id: String,
-    calibration: QuickCalibration,
-}
-
-/// The configured hold, or one derived from a wake-latency measurement, cached per boot.
+/// The configured hold, or one derived from repeated wake-latency measurements (see
+/// [`crate::calibration`]); an agreed measurement is cached for the boot.
 fn wake_costs(cfg: &DaemonConfig, state_dir: &Path) -> WakeCosts {
     if let Some(timeout) = cfg.retention_timeout() {
-        return WakeCosts { timeout, host_poll_ns: 0 };
+        return WakeCosts { timeout, host_poll_ns: 0, source: "configured (retention_timeout_us)".into() };
     }
     if !matches!(cfg.policy.mode, Mode::Full | Mode::Retention) {
-        return WakeCosts { timeout: RetentionTimeout::default(), host_poll_ns: 0 };
+        return WakeCosts { timeout: RetentionTimeout::default(), host_poll_ns: 0, source: "default (no retention in this mode)".into() };
     }
     // Without a boot id (a /proc without it) the cache never matches, so it is measured anew.
-    let boot_id = ProcFs::new("/proc").boot_id().unwrap_or_default();
+    let boot = ProcFs::new("/proc").boot_id().unwrap_or_default();
     let cache = state_dir.join("calibration.json");
-    // A cache in another format (an older Gleaner's) fails to parse and is measured anew.
-    if let Some(c) = std::fs::read_to_string(&cache)
-        .ok()
-        .and_then(|t| serde_json::from_str::<CalibrationCache>(&t).ok())
-        .filter(|c| !boot_id.is_empty() && c.boot_id == boot_id)
-    {
-        return WakeCosts { timeout: c.calibration.timeout, host_poll_ns: c.calibration.host_poll_ns };
+    if let Some(c) = std::fs::read_to_string(&cache).ok().and_then(|t| serde_json::from_str::<CacheEntry>(&t).ok()).filter(|c| c.usable_on(&boot)) {
+        return WakeCosts { timeout: RetentionTimeout { ns: c.timeout_ns }, host_poll_ns: c.host_poll_ns, source: format!("cached for this boot; {}", c.source) };
     }
-    match gleaner_linux::wakeprobe::quick_calibration() {
-        Ok(c) => {
-            tracing::info!(
-                busy_us = c.busy_p50_ns / 1000,
-                halted_us = c.halted_p50_ns / 1000,
-                host_poll_us = c.host_poll_ns / 1000,
-                timeout_us = c.timeout.as_us_f64(),
-                "calibrated retention"
-            );
-            // A measurement taken while other work kept the wakee's vCPU busy never saw it
-            // halt (halted ≈ busy); use it for this run, but measure again next time rather
-            // than let it stand for the whole boot.
-            if c.halted_p50_ns as f64 > 1.5 * c.busy_p50_ns as f64 {
-                if let Ok(text) = serde_json::to_string(&CalibrationCache { boot_id, calibration: c }) {
-                    let _ = std::fs::write(&cache, text);
-                }
-            }
-            WakeCosts { timeout: c.timeout, host_poll_ns: c.host_poll_ns }
+    let c = calibrate(gleaner_linux::wakeprobe::quick_calibration);
+    if c.trusted {
+        tracing::info!(timeout_us = c.timeout_ns / 1000, host_poll_us = c.host_poll_ns / 1000, "calibrated retention: {}", c.source);
+        let entry = CacheEntry { boot_id: boot, timeout_ns: c.timeout_ns, host_poll_ns: c.host_poll_ns, source: c.source.clone() };
+        // Whole or not at all: two instances may calibrate at the same time.
+        let tmp = state_dir.join(format!(".calibration.json.{}.tmp", std::process::id()));
+        let written = serde_json::to_string(&entry).ok().is_some_and(|text| std::fs::write(&tmp, text).is_ok() && std::fs::rename(&tmp, &cache).is_ok());
+        if !written {
+            let _ = std::fs::remove_file(&tmp);
         }
-        Err(e) => {
-            tracing::warn!("cannot measure wake costs ({e}); using the default hold");
-            WakeCosts { timeout: RetentionTimeout::default(), host_poll_ns: 0 }
-        }
+    } else {
+        tracing::warn!(timeout_us = c.timeout_ns / 1000, "retention hold: {}", c.source);
     }
+    WakeCosts { timeout: RetentionTimeout { ns: c.timeout_ns }, host_poll_ns: c.host_poll_ns, source: c.source }
 }
 
 /// Undoes whatever the back ends left in the journal and deletes it if empty.
@@ -450,7 +489,11 @@ fn finish_journal(journal: &SharedJournal, proc: &ProcFs) -> Result<()> {
 fn spawn_guard(journal_path: &Path) -> Result<GuardHandle> {
     let exe = std::env::current_exe().context("cannot find our own executable for the guard")?;
     let mut c = Command::new(exe);
-    c.arg("__guard").arg(journal_path).stdin(Stdio::piped()).stdout(Stdio::null());
+    // The guard logs the way its instance does (JSON lines under --log-format json).
+    c.args(crate::logging::child_args()).arg("__guard").arg(journal_path).stdin(Stdio::piped()).stdout(Stdio::null());
+    if let Some((k, v)) = crate::logging::child_env() {
+        c.env(k, v);
+    }
     // SAFETY: setsid is async-signal-safe.
     unsafe {
         c.pre_exec(|| {
@@ -531,7 +574,7 @@ pub fn guard_main(journal_path: &Path) -> Result<i32> {
     let _ = std::fs::remove_file(journal_path.with_extension("status"));
     let _ = j.remove();
     if n > 0 {
-        crate::errln!("gleaner guard: instance {} ended without cleaning up; restored {n} change(s)", journal_path.display());
+        tracing::warn!(journal = %journal_path.display(), restored = n, "gleaner guard: the instance ended without cleaning up; restored {n} change(s)");
     }
     Ok(0)
 }
@@ -591,4 +634,83 @@ pub fn recover(state_dir: Option<PathBuf>) -> Result<i32> {
         crate::outln!("nothing to recover in {}", dir.display());
     }
     Ok(if failed > 0 { 1 } else { 0 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gleaner_linux::cgroup::CgroupMounts;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// Set in the copy of this test that runs under the unit's capabilities.
+    const UNDER_UNIT_CAPS: &str = "GLEANER_TEST_UNDER_UNIT_CAPS";
+
+    /// `setpriv` with exactly the capability bounding set of packaging/gleaner.service.
+    fn unit_setpriv() -> Vec<String> {
+        let unit = include_str!("../../../packaging/gleaner.service");
+        let caps: Vec<String> = unit
+            .lines()
+            .filter_map(|l| l.strip_prefix("CapabilityBoundingSet="))
+            .flat_map(|l| l.split_whitespace())
+            .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase()))
+            .collect();
+        vec!["setpriv".into(), format!("--bounding-set=-all,{}", caps.join(",")), "--inh-caps=-all".into(), "--no-new-privs".into()]
+    }
+
+    /// A fake cgroup v2 tree like a real one: the root read-only (0555) and a cgroup whose
+    /// cpuset.cpus its owner may write (0644). Run as root, the test runs itself again under
+    /// the unit's capabilities (no CAP_DAC_OVERRIDE), where the root is not writable either;
+    /// as another user, the modes alone make the root not writable.
+    #[test]
+    fn an_existing_cgroup_is_judged_by_its_own_files_not_the_hierarchy_root() {
+        let is_root = crate::config::is_root();
+        if is_root && std::env::var_os(UNDER_UNIT_CAPS).is_none() {
+            let sp = unit_setpriv();
+            let exe = std::env::current_exe().unwrap();
+            let out = Command::new(&sp[0])
+                .args(&sp[1..])
+                .arg(exe)
+                .args(["--exact", "daemon::tests::an_existing_cgroup_is_judged_by_its_own_files_not_the_hierarchy_root", "--nocapture", "--test-threads=1"])
+                .env(UNDER_UNIT_CAPS, "1")
+                .output();
+            match out {
+                Ok(o) if o.status.success() && String::from_utf8_lossy(&o.stdout).contains("1 passed") => return,
+                Ok(o) if o.status.success() || String::from_utf8_lossy(&o.stderr).contains("setpriv:") => {
+                    eprintln!("skipping the run under the unit's capabilities (setpriv cannot drop them here): {o:?}")
+                }
+                Ok(o) => panic!("under the unit's capabilities: {}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)),
+                Err(e) => eprintln!("skipping the run under the unit's capabilities: no setpriv ({e})"),
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("cgroup2");
+        let app = root.join("app.slice");
+        let ro = root.join("ro.slice");
+        std::fs::create_dir_all(&app).unwrap();
+        std::fs::create_dir_all(&ro).unwrap();
+        for d in [&root, &app, &ro] {
+            std::fs::write(d.join("cpuset.cpus"), "0-1\n").unwrap();
+        }
+        std::fs::set_permissions(ro.join("cpuset.cpus"), std::fs::Permissions::from_mode(0o444)).unwrap();
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o555)).unwrap();
+        let mounts = CgroupMounts { v2: Some(root.clone()), v1_cpuset: None, v1_cpuacct: None };
+        let root_writable = nix::unistd::access(&root, nix::unistd::AccessFlags::W_OK).is_ok();
+        let result = cgroup_target_backend(&mounts, &app);
+        let ro_result = cgroup_target_backend(&mounts, &ro);
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
+        if !is_root || std::env::var_os(UNDER_UNIT_CAPS).is_some() {
+            assert!(!root_writable, "the fake root should not be writable here");
+            let err = ro_result.unwrap_err();
+            assert!(err.contains("ro.slice/cpuset.cpus is not writable"), "{err}");
+        }
+        assert_eq!(result, Ok(PlacementKind::CgroupV2));
+        // A v1 cpuset hierarchy mounted inside the v2 tree is the longer, deciding mount.
+        let v1 = root.join("cpuset");
+        std::fs::create_dir_all(v1.join("db")).unwrap();
+        std::fs::write(v1.join("db/cpuset.cpus"), "0\n").unwrap();
+        let both = CgroupMounts { v2: Some(root.clone()), v1_cpuset: Some(v1.clone()), v1_cpuacct: None };
+        assert_eq!(cgroup_target_backend(&both, &v1.join("db")), Ok(PlacementKind::CgroupV1));
+        let err = cgroup_target_backend(&mounts, dir.path()).unwrap_err();
+        assert!(err.contains("not inside a cpuset hierarchy"), "{err}");
+    }
 }

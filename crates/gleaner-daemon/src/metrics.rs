@@ -18,6 +18,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use gleaner_linux::status::InstanceStatus;
 
+use crate::status::StateKind;
+
 /// What one managed target looks like at scrape time.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TargetMetrics {
@@ -31,6 +33,8 @@ pub struct TargetMetrics {
     pub restarts: u64,
     /// The running instance's last status, once it has written one.
     pub status: Option<InstanceStatus>,
+    /// Managed, starting, waiting or failing.
+    pub state: StateKind,
 }
 
 /// Everything a scrape reports.
@@ -41,7 +45,63 @@ pub struct Snapshot {
     pub last_reload_successful: bool,
     /// Unix time of the last successful load, in seconds.
     pub last_reload_success_timestamp_seconds: f64,
+    /// The serving process (the daemon), as every Prometheus client library reports it.
+    pub process: ProcessMetrics,
 }
+
+/// The `process_*` series of the serving process.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ProcessMetrics {
+    pub cpu_seconds: f64,
+    pub resident_memory_bytes: Option<f64>,
+    pub virtual_memory_bytes: Option<f64>,
+    pub open_fds: Option<f64>,
+    pub max_fds: Option<f64>,
+    /// Unix time the process started, in seconds.
+    pub start_time_seconds: f64,
+}
+
+impl ProcessMetrics {
+    /// This process now; `start_time_seconds` is what the caller recorded at start-up.
+    pub fn of_self(start_time_seconds: f64) -> Self {
+        let page = page_size();
+        // /proc/self/statm: sizes in pages, "size resident shared text lib data dt". Read
+        // only here, for these two series.
+        let statm: Vec<f64> = std::fs::read_to_string("/proc/self/statm")
+            .unwrap_or_default()
+            .split_whitespace()
+            .take(2)
+            .filter_map(|w| w.parse::<f64>().ok())
+            .collect();
+        let open_fds = std::fs::read_dir("/proc/self/fd").ok().map(|d| d.count() as f64);
+        let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit writes into the local struct.
+        let max_fds = (unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0).then_some(lim.rlim_cur as f64);
+        ProcessMetrics {
+            cpu_seconds: gleaner_linux::controller::own_cpu_seconds(),
+            resident_memory_bytes: statm.get(1).map(|p| p * page),
+            virtual_memory_bytes: statm.first().map(|p| p * page),
+            open_fds,
+            max_fds,
+            start_time_seconds,
+        }
+    }
+}
+
+fn page_size() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if n > 0 {
+        n as f64
+    } else {
+        4096.0
+    }
+}
+
+/// Version of this build.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// Git commit this build was made from ("unknown" outside a checkout), set by build.rs.
+pub const COMMIT: &str = env!("GLEANER_COMMIT");
 
 /// One metric family: its header and its samples, written together as the format requires.
 struct Family<'a> {
@@ -100,15 +160,48 @@ fn per_target(out: &mut String, s: &Snapshot, name: &str, kind: &str, help: &str
 }
 
 /// A gauge with one sample per vCPU of each target that has a status.
-fn per_vcpu(out: &mut String, s: &Snapshot, name: &str, help: &str, value: impl Fn(&gleaner_linux::status::VcpuStatus) -> f64) {
+fn per_vcpu(out: &mut String, s: &Snapshot, name: &str, kind: &str, help: &str, value: impl Fn(&gleaner_linux::status::VcpuStatus) -> f64) {
     if !s.targets.iter().any(|t| t.status.as_ref().is_some_and(|st| !st.vcpus.is_empty())) {
         return;
     }
-    let mut f = Family::new(out, name, "gauge", help);
+    let mut f = Family::new(out, name, kind, help);
     for t in &s.targets {
         for v in t.status.iter().flat_map(|st| &st.vcpus) {
             f.sample(name, &[("target", &t.name), ("cpu", &v.cpu.to_string())], value(v));
         }
+    }
+}
+
+/// The `process_*` families, named and typed as Prometheus client libraries name them.
+fn render_process(out: &mut String, p: &ProcessMetrics) {
+    let mut one = |name: &str, kind: &str, help: &str, value: Option<f64>| {
+        if let Some(v) = value {
+            Family::new(out, name, kind, help).sample(name, &[], v);
+        }
+    };
+    one("process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds.", Some(p.cpu_seconds));
+    one("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.", p.resident_memory_bytes);
+    one("process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.", p.virtual_memory_bytes);
+    one("process_open_fds", "gauge", "Number of open file descriptors.", p.open_fds);
+    one("process_max_fds", "gauge", "Maximum number of open file descriptors.", p.max_fds);
+    one("process_start_time_seconds", "gauge", "Start time of the process since unix epoch in seconds.", Some(p.start_time_seconds));
+}
+
+/// A short word for how the hold was obtained, from the start of the instance's description
+/// (see `crate::calibration`): a label value must not be free text.
+fn timeout_source_label(source: &str) -> &'static str {
+    if source.starts_with("configured") {
+        "configured"
+    } else if source.starts_with("cached") {
+        "cached"
+    } else if source.starts_with("measured, not cached") {
+        "measured-uncached"
+    } else if source.starts_with("measured") {
+        "measured"
+    } else if source.starts_with("default") {
+        "default"
+    } else {
+        "unknown"
     }
 }
 
@@ -137,7 +230,19 @@ pub fn render(s: &Snapshot) -> String {
         let mut f = Family::new(&mut out, name, "gauge", "Unix time of the last successful configuration load.");
         f.sample(name, &[], s.last_reload_success_timestamp_seconds);
     }
+    {
+        let name = "gleaner_build_info";
+        let mut f = Family::new(&mut out, name, "gauge", "Version and git commit of the running Gleaner (always 1).");
+        f.sample(name, &[("version", VERSION), ("commit", COMMIT)], 1.0);
+    }
     if !s.targets.is_empty() {
+        let name = "gleaner_target_state";
+        let mut f = Family::new(&mut out, name, "gauge", "1 for the state each target is in: managed, starting (calibrating), waiting (no cgroup or no process yet), failing (see gleaner status).");
+        for t in &s.targets {
+            for k in [StateKind::Managed, StateKind::Starting, StateKind::Waiting, StateKind::Failing] {
+                f.sample(name, &[("target", &t.name), ("state", k.word())], bool_value(t.state == k));
+            }
+        }
         let name = "gleaner_target_up";
         let mut f = Family::new(&mut out, name, "gauge", "Whether an instance is managing the target (0: waiting for its cgroup or restarting).");
         for t in &s.targets {
@@ -164,6 +269,7 @@ pub fn render(s: &Snapshot) -> String {
                         ("observe", observe),
                         ("placement", &st.placement),
                         ("retention_backend", &st.retention_backend),
+                        ("retention_timeout_source", timeout_source_label(&st.retention_timeout_source)),
                         ("idle_source", &st.idle_source),
                     ],
                     1.0,
@@ -181,6 +287,7 @@ pub fn render(s: &Snapshot) -> String {
     per_target(&mut out, s, "gleaner_disrupted_periods_total", "counter", "Periods longer than twice their plan (stall, paused VM); their samples were discarded.", |st| {
         st.disrupted_periods as f64
     });
+    per_target(&mut out, s, "gleaner_slow_periods_total", "counter", "Periods whose end-of-period work took longer than a sub-sample slice.", |st| st.slow_periods as f64);
     per_target(&mut out, s, "gleaner_rho", "gauge", "Load factor rho of condition (1) in force.", |st| st.rho);
     per_target(&mut out, s, "gleaner_eta", "gauge", "Granularity factor eta of condition (2) in force.", |st| st.eta);
     per_target(&mut out, s, "gleaner_retention_timeout_seconds", "gauge", "How long an idle vCPU is held before it may halt.", |st| st.retention_timeout.as_secs_f64());
@@ -194,15 +301,25 @@ pub fn render(s: &Snapshot) -> String {
     per_target(&mut out, s, "gleaner_runnable_wait_ratio", "gauge", "Fraction of the period some workload thread waited for a CPU, last period.", |st| {
         st.characteristics.runnable_wait_fraction
     });
+    per_target(&mut out, s, "gleaner_runnable_wait_seconds_total", "counter", "Time some workload thread waited for a CPU while another active vCPU had none of them.", |st| {
+        st.runnable_wait_seconds_total
+    });
     per_target(&mut out, s, "gleaner_retention_cpu_seconds_total", "counter", "CPU time spent holding idle vCPUs (yielding retention threads).", |st| st.retention_cpu_s);
     per_target(&mut out, s, "gleaner_cpu_seconds_total", "counter", "CPU time of the instance managing the target, retention included.", |st| st.self_cpu_s);
-    per_target(&mut out, s, "gleaner_uptime_seconds", "gauge", "How long the instance managing the target has run.", |st| st.uptime_s);
-    per_vcpu(&mut out, s, "gleaner_vcpu_active", "Whether the vCPU is in the target's active set.", |v| bool_value(v.active));
-    per_vcpu(&mut out, s, "gleaner_vcpu_retaining", "Whether the vCPU is held when idle.", |v| bool_value(v.retaining));
-    per_vcpu(&mut out, s, "gleaner_vcpu_idle_transitions_per_second", "Idle periods begun on the vCPU per second (held or halted), last period.", |v| v.idle_transitions_per_sec);
-    per_vcpu(&mut out, s, "gleaner_vcpu_halts_per_second", "Idle periods that ended in a halt per second, last period.", |v| v.halts_per_sec);
-    per_vcpu(&mut out, s, "gleaner_vcpu_work_ratio", "Fraction of the period the target's threads ran on the vCPU, last period.", |v| v.work_util);
-    per_vcpu(&mut out, s, "gleaner_vcpu_steal_ratio", "Steal time as a fraction of the period on the vCPU, last period.", |v| v.steal_fraction);
+    per_target(&mut out, s, "gleaner_instance_start_time_seconds", "gauge", "Unix time the instance managing the target started.", |st| st.start_time_unix_s);
+    per_vcpu(&mut out, s, "gleaner_vcpu_active", "gauge", "Whether the vCPU is in the target's active set.", |v| bool_value(v.active));
+    per_vcpu(&mut out, s, "gleaner_vcpu_retaining", "gauge", "Whether the vCPU is held when idle.", |v| bool_value(v.retaining));
+    per_vcpu(&mut out, s, "gleaner_vcpu_idle_transitions_total", "counter", "Idle periods begun on the vCPU (held or halted) since the instance started.", |v| v.idle_transitions_total as f64);
+    per_vcpu(&mut out, s, "gleaner_vcpu_halts_total", "counter", "Idle periods that entered the kernel's idle loop (halt or poll) since the instance started.", |v| v.halts_total as f64);
+    per_vcpu(&mut out, s, "gleaner_vcpu_work_seconds_total", "counter", "Time the target's threads ran on the vCPU since the instance started.", |v| v.work_seconds_total);
+    per_vcpu(&mut out, s, "gleaner_vcpu_steal_seconds_total", "counter", "Time the hypervisor stole from the vCPU since the instance started.", |v| v.steal_seconds_total);
+    per_vcpu(&mut out, s, "gleaner_vcpu_idle_transitions_per_second", "gauge", "Idle periods begun on the vCPU per second, last period only (use rate() of the _total counter).", |v| {
+        v.idle_transitions_per_sec
+    });
+    per_vcpu(&mut out, s, "gleaner_vcpu_halts_per_second", "gauge", "Idle periods that ended in a halt per second, last period only (use rate() of the _total counter).", |v| v.halts_per_sec);
+    per_vcpu(&mut out, s, "gleaner_vcpu_work_ratio", "gauge", "Fraction of the period the target's threads ran on the vCPU, last period.", |v| v.work_util);
+    per_vcpu(&mut out, s, "gleaner_vcpu_steal_ratio", "gauge", "Steal time as a fraction of the period on the vCPU, last period.", |v| v.steal_fraction);
+    render_process(&mut out, &s.process);
     out
 }
 
@@ -333,6 +450,10 @@ mod tests {
             retention_backend: "yield".into(),
             idle_source: "tracepoint".into(),
             uptime_s: 12.5,
+            start_time_unix_s: 1_700_000_100.5,
+            retention_timeout_source: "measured: 3 of 3 runs agreed within 30 % (runs: 250, 240, 260 µs)".into(),
+            slow_periods: 5,
+            runnable_wait_seconds_total: 0.75,
             periods: 120,
             missed_periods: 1,
             disrupted_periods: 2,
@@ -354,8 +475,20 @@ mod tests {
                 runnable_wait_fraction: 0.0,
             },
             vcpus: vec![
-                VcpuStatus { cpu: 0, active: true, retaining: true, idle_transitions_per_sec: 9500.0, halts_per_sec: 100.0, work_util: 0.7, steal_fraction: 0.03 },
-                VcpuStatus { cpu: 2, active: false, retaining: false, idle_transitions_per_sec: 0.0, halts_per_sec: 0.0, work_util: 0.0, steal_fraction: 0.0 },
+                VcpuStatus {
+                    cpu: 0,
+                    active: true,
+                    retaining: true,
+                    idle_transitions_per_sec: 9500.0,
+                    halts_per_sec: 100.0,
+                    work_util: 0.7,
+                    steal_fraction: 0.03,
+                    idle_transitions_total: 114_000,
+                    halts_total: 1_200,
+                    work_seconds_total: 8.5,
+                    steal_seconds_total: 0.25,
+                },
+                VcpuStatus { cpu: 2, ..Default::default() },
             ],
             retention_cpu_s: 1.5,
             self_cpu_s: 2.25,
@@ -371,11 +504,12 @@ mod tests {
     fn renders_every_figure_in_base_units() {
         let snap = Snapshot {
             targets: vec![
-                TargetMetrics { name: "db".into(), cgroup: "/sys/fs/cgroup/cpuset/db".into(), running: true, restarts: 0, status: Some(sample_status()) },
-                TargetMetrics { name: "web \"x\"".into(), cgroup: String::new(), running: false, restarts: 4, status: None },
+                TargetMetrics { name: "db".into(), cgroup: "/sys/fs/cgroup/cpuset/db".into(), running: true, restarts: 0, status: Some(sample_status()), state: StateKind::Managed },
+                TargetMetrics { name: "web \"x\"".into(), cgroup: String::new(), running: false, restarts: 4, status: None, state: StateKind::Failing },
             ],
             last_reload_successful: true,
             last_reload_success_timestamp_seconds: 1_700_000_000.0,
+            process: ProcessMetrics { cpu_seconds: 3.5, resident_memory_bytes: Some(6e6), virtual_memory_bytes: None, open_fds: Some(9.0), max_fds: Some(1024.0), start_time_seconds: 1_700_000_000.0 },
         };
         let text = render(&snap);
         let expected_lines = [
@@ -384,7 +518,21 @@ mod tests {
             "gleaner_target_up{target=\"db\"} 1",
             "gleaner_target_up{target=\"web \\\"x\\\"\"} 0",
             "gleaner_target_restarts_total{target=\"web \\\"x\\\"\"} 4",
-            "gleaner_info{target=\"db\",cgroup=\"/sys/fs/cgroup/cpuset/db\",mode=\"full\",observe=\"false\",placement=\"cgroup-v1\",retention_backend=\"yield\",idle_source=\"tracepoint\"} 1",
+            "gleaner_info{target=\"db\",cgroup=\"/sys/fs/cgroup/cpuset/db\",mode=\"full\",observe=\"false\",placement=\"cgroup-v1\",retention_backend=\"yield\",retention_timeout_source=\"measured\",idle_source=\"tracepoint\"} 1",
+            "gleaner_target_state{target=\"db\",state=\"managed\"} 1",
+            "gleaner_target_state{target=\"db\",state=\"failing\"} 0",
+            "gleaner_target_state{target=\"web \\\"x\\\"\",state=\"failing\"} 1",
+            "gleaner_slow_periods_total{target=\"db\"} 5",
+            "gleaner_runnable_wait_seconds_total{target=\"db\"} 0.75",
+            "gleaner_instance_start_time_seconds{target=\"db\"} 1700000100.5",
+            "gleaner_vcpu_idle_transitions_total{target=\"db\",cpu=\"0\"} 114000",
+            "gleaner_vcpu_halts_total{target=\"db\",cpu=\"0\"} 1200",
+            "gleaner_vcpu_work_seconds_total{target=\"db\",cpu=\"0\"} 8.5",
+            "gleaner_vcpu_steal_seconds_total{target=\"db\",cpu=\"0\"} 0.25",
+            "process_cpu_seconds_total 3.5",
+            "process_resident_memory_bytes 6000000",
+            "process_max_fds 1024",
+            "process_start_time_seconds 1700000000",
             "gleaner_allowed_vcpus{target=\"db\"} 4",
             "gleaner_active_vcpus{target=\"db\"} 2",
             "gleaner_consolidations_total{target=\"db\"} 3",
@@ -414,16 +562,21 @@ mod tests {
         for want in expected_lines {
             assert!(lines.contains(&want), "missing {want:?} in:\n{text}");
         }
-        // A target without a status contributes no figures, only its up/restarts lines.
+        // A target without a status contributes no figures, only its up/restarts/state lines.
         assert!(!text.contains("gleaner_rho{target=\"web"), "{text}");
+        assert!(!text.contains("process_virtual_memory_bytes"), "an unknown value is left out, not made up: {text}");
+        assert!(!text.contains("gleaner_uptime_seconds"), "start times, not uptimes: {text}");
+        let build = format!("gleaner_build_info{{version=\"{VERSION}\",commit=\"{COMMIT}\"}} 1");
+        assert!(lines.contains(&build.as_str()), "{text}");
     }
 
     #[test]
     fn every_family_has_help_and_type_before_its_samples_and_names_follow_conventions() {
         let snap = Snapshot {
-            targets: vec![TargetMetrics { name: "db".into(), cgroup: "/x".into(), running: true, restarts: 0, status: Some(sample_status()) }],
+            targets: vec![TargetMetrics { name: "db".into(), cgroup: "/x".into(), running: true, restarts: 0, status: Some(sample_status()), state: StateKind::Managed }],
             last_reload_successful: false,
             last_reload_success_timestamp_seconds: 0.0,
+            process: ProcessMetrics::of_self(1.0),
         };
         let text = render(&snap);
         let mut declared: Vec<(String, String)> = Vec::new();
@@ -436,7 +589,7 @@ mod tests {
                 let (family, kind) = declared.last().expect("sample before any TYPE");
                 assert_eq!(name, family, "sample outside its family: {line}");
                 assert_eq!(kind == "counter", name.ends_with("_total"), "counter names end in _total: {line}");
-                assert!(name.starts_with("gleaner_"), "{line}");
+                assert!(name.starts_with("gleaner_") || name.starts_with("process_"), "{line}");
                 let value: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
                 assert!(value.is_finite(), "{line}");
             }
@@ -452,9 +605,10 @@ mod tests {
     fn grafana_dashboard_uses_only_metrics_we_export() {
         let dashboard = include_str!("../../../packaging/grafana-dashboard.json");
         let snap = Snapshot {
-            targets: vec![TargetMetrics { name: "db".into(), cgroup: "/x".into(), running: true, restarts: 0, status: Some(sample_status()) }],
+            targets: vec![TargetMetrics { name: "db".into(), cgroup: "/x".into(), running: true, restarts: 0, status: Some(sample_status()), state: StateKind::Managed }],
             last_reload_successful: true,
             last_reload_success_timestamp_seconds: 1.0,
+            process: ProcessMetrics::default(),
         };
         let exported = render(&snap);
         let mut used = 0;
@@ -464,6 +618,14 @@ mod tests {
             used += 1;
         }
         assert!(used >= 15, "only {used} metric references found");
+        // Every panel queries the data source the variable picks; nothing else is declared.
+        let d: serde_json::Value = serde_json::from_str(dashboard).unwrap();
+        assert!(d.get("__inputs").is_none() && !dashboard.contains("DS_PROMETHEUS"), "an input no panel uses");
+        for p in d["panels"].as_array().unwrap() {
+            assert_eq!(p["datasource"]["uid"], "${datasource}", "{}", p["title"]);
+        }
+        // Rates come from counters, so that they hold over any scrape interval.
+        assert!(!dashboard.contains("_per_second"), "a per-period gauge where a counter's rate() belongs");
     }
 
     #[test]

@@ -29,6 +29,9 @@ pub struct ProbeArgs {
     /// Only the ~0.2 s calibration the daemon runs at start-up (settings B and C).
     #[arg(long)]
     pub quick: bool,
+    /// What `gleaner run` derives at start-up: repeated quick calibrations, outliers rejected, and whether it would be cached
+    #[arg(long, conflicts_with = "quick")]
+    pub calibrate: bool,
 }
 
 /// Gaps in nanoseconds, parsed from a comma-separated list of durations.
@@ -36,13 +39,22 @@ pub struct ProbeArgs {
 pub struct GapList(pub Vec<u64>);
 
 pub fn run(args: ProbeArgs) -> anyhow::Result<()> {
+    if args.calibrate {
+        let c = crate::calibration::calibrate(wakeprobe::quick_calibration);
+        if args.json {
+            crate::outln!("{}", serde_json::to_string_pretty(&c)?);
+        } else {
+            crate::outln!("retention hold {:.1} µs, host polling window {:.0} µs; {}", c.timeout_ns as f64 / 1e3, c.host_poll_ns as f64 / 1e3, c.source);
+        }
+        return Ok(());
+    }
     if args.quick {
         let cal =
             wakeprobe::quick_calibration().context("quick wake-latency calibration failed")?;
         if args.json {
             crate::outln!("{}", serde_json::to_string_pretty(&cal)?);
         } else {
-            print!("{}", render_quick(&cal));
+            crate::outln!("{}", (render_quick(&cal)).trim_end_matches('\n'));
         }
         return Ok(());
     }
@@ -72,7 +84,7 @@ pub fn run(args: ProbeArgs) -> anyhow::Result<()> {
     if args.json {
         crate::outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!("{}", render_report(&report));
+        crate::outln!("{}", (render_report(&report)).trim_end_matches('\n'));
     }
     Ok(())
 }
@@ -382,6 +394,7 @@ mod tests {
             samples: 3,
             gaps: GapList(vec![20_000]),
             quick: false,
+            calibrate: false,
         })
         .unwrap();
     }

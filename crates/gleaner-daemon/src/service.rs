@@ -27,11 +27,13 @@ use clap::Args;
 use gleaner_linux::cgroup::v1::V1Mounts;
 use gleaner_linux::journal::Journal;
 use gleaner_linux::status::{status_path, InstanceStatus};
-use gleaner_linux::{detect, PlacementKind, ProcFs};
-use serde::Deserialize;
+use gleaner_linux::{detect, Detection, PlacementKind, ProcFs};
+use serde::{Deserialize, Serialize};
 
 use crate::config::{is_root, DaemonConfig};
 use crate::metrics::{self, MetricsServer, Snapshot, TargetMetrics};
+use crate::notify::{notify, Watchdog};
+use crate::status::{daemon_status_path, write_daemon_status, DaemonStatus, TargetState, TargetStatus};
 
 pub const DEFAULT_CONFIG: &str = "/etc/gleaner/gleaner.toml";
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9477";
@@ -185,7 +187,7 @@ pub fn parse(text: &str) -> Result<ServiceConfig> {
     }
     if let Some(p) = &metrics_file.textfile {
         if !p.is_absolute() || p.file_name().is_none() {
-            bail!("[metrics] textfile = {:?} must be an absolute file path such as /var/lib/node_exporter/textfile/gleaner.prom", p);
+            bail!("[metrics] textfile = {:?} must be an absolute file path such as /var/lib/prometheus/node-exporter/gleaner.prom", p);
         }
     }
     let metrics = MetricsConfig { listen, textfile: metrics_file.textfile, textfile_interval: Duration::from_secs(metrics_file.textfile_interval_s) };
@@ -256,32 +258,58 @@ fn unit_cgroup(unit: &str) -> PathBuf {
     }
 }
 
-/// The cgroup directory of `target` on this machine, or why there is none to manage yet.
-fn resolve(target: &CgroupRef) -> std::result::Result<PathBuf, String> {
+/// Why a target is not managed now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", content = "why", rename_all = "lowercase")]
+pub enum Unmanaged {
+    /// It will be once its cgroup exists and holds a process (looked at again every 2 s).
+    Waiting(String),
+    /// It cannot be managed as configured, or its instance failed; the reason names the fix.
+    Failing(String),
+}
+
+impl Unmanaged {
+    pub fn why(&self) -> &str {
+        match self {
+            Unmanaged::Waiting(w) | Unmanaged::Failing(w) => w,
+        }
+    }
+}
+
+/// The cgroup directory of `target` on this machine, or why it is not managed now.
+fn resolve(target: &CgroupRef) -> std::result::Result<PathBuf, Unmanaged> {
+    let det = detect(&ProcFs::new("/proc"), Path::new("/")).map_err(|e| Unmanaged::Failing(format!("cannot read cgroup mounts: {e}")))?;
+    resolve_in(target, &det)
+}
+
+/// [`resolve`] against given mounts. The test of the cgroup's own files is the one the
+/// instance makes before it touches anything ([`crate::daemon::cgroup_target_backend`]), so
+/// `--check` and the daemon say what the instance will do.
+fn resolve_in(target: &CgroupRef, det: &Detection) -> std::result::Result<PathBuf, Unmanaged> {
     let dir = match target {
         CgroupRef::Path(p) => p.clone(),
         CgroupRef::Unit(unit) => {
-            let det = detect(&ProcFs::new("/proc"), Path::new("/")).map_err(|e| format!("cannot read cgroup mounts: {e}"))?;
             let root = match det.kind {
                 PlacementKind::CgroupV2 => det.mounts.v2.clone(),
                 _ => V1Mounts::from_detected(&det.mounts).map(|m| m.cpuset),
             }
-            .ok_or_else(|| "no cpuset controller on this machine: Gleaner cannot manage a unit here".to_string())?;
+            .ok_or_else(|| Unmanaged::Failing("no cpuset controller on this machine: Gleaner cannot manage a unit here".to_string()))?;
             let dir = root.join(unit_cgroup(unit));
             if !dir.is_dir() && det.kind != PlacementKind::CgroupV2 {
-                return Err(format!(
+                return Err(Unmanaged::Failing(format!(
                     "{} does not exist: on cgroup v1 systemd makes no cpuset group per unit; boot with cgroup v2, or give `cgroup = ` a cpuset group the unit runs in",
                     dir.display()
-                ));
+                )));
             }
             dir
         }
     };
     if !dir.is_dir() {
-        return Err(format!("{} does not exist yet (is the unit running?)", dir.display()));
+        return Err(Unmanaged::Waiting(format!("{} does not exist yet (is the unit running?)", dir.display())));
     }
+    crate::daemon::cgroup_target_backend(&det.mounts, &dir).map_err(|why| Unmanaged::Failing(format!("{}: {why}", dir.display())))?;
     if !has_tasks(&dir) {
-        return Err(format!("{} has no processes yet", dir.display()));
+        return Err(Unmanaged::Waiting(format!("{} has no processes yet", dir.display())));
     }
     Ok(dir)
 }
@@ -330,6 +358,9 @@ pub fn run(args: ServiceArgs, logging: ChildLogging) -> Result<i32> {
     create_private_dir(&cfg.state_dir)?;
     let exe = std::env::current_exe().context("cannot find our own executable to start instances")?;
     let mut sup = Supervisor::new(args.config, cfg, exe, logging)?;
+    // Ready: the configuration is valid and the metrics endpoint is bound. Targets are
+    // managed as they become due; `gleaner status` shows each one's state.
+    notify("READY=1");
     let result = sup.run();
     sup.shutdown();
     result.map(|_| 0)
@@ -351,7 +382,8 @@ fn print_check(path: &Path, cfg: &ServiceConfig) {
     for t in &cfg.targets {
         let now = match resolve(&t.cgroup) {
             Ok(dir) => dir.display().to_string(),
-            Err(why) => format!("not yet manageable: {why}"),
+            Err(Unmanaged::Waiting(why)) => format!("waiting: {why}"),
+            Err(Unmanaged::Failing(why)) => format!("cannot be managed: {why}"),
         };
         crate::outln!("  target {}: mode {:?}, period {} ms, rho {}, eta {} -> {now}", t.name, t.daemon.policy.mode, t.daemon.period_ms, t.daemon.policy.rho, t.daemon.policy.eta);
     }
@@ -373,6 +405,7 @@ struct TargetView {
     cgroup: String,
     pid: Option<u32>,
     restarts: u64,
+    state: TargetState,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -381,6 +414,8 @@ struct Shared {
     reload_ok: bool,
     reload_ts: f64,
     state_dir: PathBuf,
+    /// Unix time the daemon started (`process_start_time_seconds`).
+    started: f64,
 }
 
 /// Builds a scrape from the instances' status files (each written atomically by its
@@ -398,10 +433,16 @@ fn snapshot(shared: &Mutex<Shared>) -> Snapshot {
             cgroup: t.cgroup.clone(),
             running: t.pid.is_some(),
             restarts: t.restarts,
+            state: t.state.kind(),
             status: t.pid.and_then(|pid| read_status(&status_path(&s.state_dir, pid))),
         })
         .collect();
-    Snapshot { targets, last_reload_successful: s.reload_ok, last_reload_success_timestamp_seconds: s.reload_ts }
+    Snapshot {
+        targets,
+        last_reload_successful: s.reload_ok,
+        last_reload_success_timestamp_seconds: s.reload_ts,
+        process: metrics::ProcessMetrics::of_self(s.started),
+    }
 }
 
 fn read_status(path: &Path) -> Option<InstanceStatus> {
@@ -421,14 +462,37 @@ struct TargetRun {
     not_before: Instant,
     backoff: Duration,
     /// Why the target is not managed, logged once per change.
-    waiting: Option<String>,
+    unmanaged: Option<Unmanaged>,
     cgroup: Option<PathBuf>,
+    /// The running instance's latest log line: why it failed, if it does.
+    last_line: Arc<Mutex<String>>,
 }
 
 impl TargetRun {
     fn new(cfg: TargetConfig) -> Self {
         let now = Instant::now();
-        TargetRun { cfg, child: None, started_at: now, starts: 0, not_before: now, backoff: MIN_BACKOFF, waiting: None, cgroup: None }
+        TargetRun {
+            cfg,
+            child: None,
+            started_at: now,
+            starts: 0,
+            not_before: now,
+            backoff: MIN_BACKOFF,
+            unmanaged: Some(Unmanaged::Waiting("not looked at yet".into())),
+            cgroup: None,
+            last_line: Arc::new(Mutex::new(String::new())),
+        }
+    }
+
+    /// What `gleaner status` and the metrics show for this target.
+    fn state(&self, state_dir: &Path) -> TargetState {
+        match (&self.child, &self.unmanaged) {
+            (Some(c), _) if status_path(state_dir, c.id()).exists() => TargetState::Managed,
+            (Some(_), _) => TargetState::Starting,
+            (None, Some(Unmanaged::Failing(w))) => TargetState::Failing(w.clone()),
+            (None, Some(Unmanaged::Waiting(w))) => TargetState::Waiting(w.clone()),
+            (None, None) => TargetState::Waiting("restarting".into()),
+        }
     }
 }
 
@@ -454,18 +518,32 @@ struct Supervisor {
     shared: Arc<Mutex<Shared>>,
     server: Option<MetricsServer>,
     next_textfile: Instant,
+    /// What `daemon.status` says now; rewritten only when it changes.
+    last_status: DaemonStatus,
+    watchdog: Watchdog,
 }
 
 impl Supervisor {
     fn new(config_path: PathBuf, cfg: ServiceConfig, exe: PathBuf, logging: ChildLogging) -> Result<Self> {
-        let shared = Arc::new(Mutex::new(Shared { reload_ok: true, reload_ts: unix_now(), state_dir: cfg.state_dir.clone(), targets: vec![] }));
+        let shared = Arc::new(Mutex::new(Shared { reload_ok: true, reload_ts: unix_now(), state_dir: cfg.state_dir.clone(), targets: vec![], started: unix_now() }));
         if cfg.targets.is_empty() {
             tracing::warn!("no [[target]] in {}: serving metrics only; add a target and reload", config_path.display());
         }
         remove_stale_instance_configs(&cfg.state_dir);
         let targets = cfg.targets.iter().cloned().map(TargetRun::new).collect();
         let listen = cfg.metrics.listen;
-        let mut sup = Supervisor { config_path, cfg, exe, logging, targets, shared, server: None, next_textfile: Instant::now() };
+        let mut sup = Supervisor {
+            config_path,
+            cfg,
+            exe,
+            logging,
+            targets,
+            shared,
+            server: None,
+            next_textfile: Instant::now(),
+            last_status: DaemonStatus::default(),
+            watchdog: Watchdog::from_env(),
+        };
         // The first scrape already lists every configured target.
         sup.publish();
         sup.server = start_server(listen, &sup.shared)?;
@@ -476,11 +554,14 @@ impl Supervisor {
     fn run(&mut self) -> Result<()> {
         while !STOP.load(Ordering::SeqCst) {
             if RELOAD.swap(false, Ordering::SeqCst) {
+                notify("RELOADING=1");
                 self.reload();
+                notify("READY=1");
             }
             self.reap();
             self.start_due();
             self.publish();
+            self.watchdog.tick();
             if Instant::now() >= self.next_textfile {
                 self.write_textfile();
                 self.next_textfile = Instant::now() + self.cfg.metrics.textfile_interval;
@@ -511,11 +592,14 @@ impl Supervisor {
                 tracing::info!(target_name = %t.cfg.name, "workload gone after {:.0} s; waiting for processes in its cgroup", ran.as_secs_f64());
                 t.backoff = MIN_BACKOFF;
                 t.not_before = Instant::now() + MIN_BACKOFF;
+                t.unmanaged = Some(Unmanaged::Waiting("its workload ended; waiting for processes in its cgroup".into()));
             } else {
                 if ran >= HEALTHY_RUN {
                     t.backoff = MIN_BACKOFF;
                 }
+                let last = t.last_line.lock().map(|l| l.clone()).unwrap_or_default();
                 tracing::warn!(target_name = %t.cfg.name, "instance ended with {status}; its CPUs were restored; retrying in {} s", t.backoff.as_secs());
+                t.unmanaged = Some(Unmanaged::Failing(format!("instance ended with {status} ({}); retrying in {} s", last_message(&last), t.backoff.as_secs())));
                 t.not_before = Instant::now() + t.backoff;
                 t.backoff = (t.backoff * 2).min(MAX_BACKOFF);
             }
@@ -536,24 +620,31 @@ impl Supervisor {
         let Some(t) = self.targets.iter_mut().find(|t| t.child.is_none() && now >= t.not_before) else { return };
         match resolve(&t.cfg.cgroup) {
             Err(why) => {
-                if t.waiting.as_deref() != Some(why.as_str()) {
-                    tracing::info!(target_name = %t.cfg.name, "waiting: {why}");
-                    t.waiting = Some(why);
+                // Logged once per change of reason; a target that cannot be managed is an
+                // error an operator must fix, one that is waiting is normal.
+                let already = matches!((&t.unmanaged, &why), (Some(Unmanaged::Waiting(a)), Unmanaged::Waiting(b)) | (Some(Unmanaged::Failing(a)), Unmanaged::Failing(b)) if a == b);
+                if !already {
+                    match &why {
+                        Unmanaged::Waiting(w) => tracing::info!(target_name = %t.cfg.name, "waiting: {w}"),
+                        Unmanaged::Failing(w) => tracing::error!(target_name = %t.cfg.name, "cannot be managed: {w}"),
+                    }
                 }
+                t.unmanaged = Some(why);
                 t.cgroup = None;
                 t.not_before = now + WAIT_RECHECK;
             }
-            Ok(dir) => match spawn_instance(&self.exe, &self.logging, &self.cfg.state_dir, &t.cfg, &dir) {
+            Ok(dir) => match spawn_instance(&self.exe, &self.logging, &self.cfg.state_dir, &t.cfg, &dir, &t.last_line) {
                 Ok(child) => {
                     tracing::info!(target_name = %t.cfg.name, cgroup = %dir.display(), pid = child.id(), "managing target");
                     t.child = Some(child);
                     t.started_at = now;
                     t.starts += 1;
-                    t.waiting = None;
+                    t.unmanaged = None;
                     t.cgroup = Some(dir);
                 }
                 Err(e) => {
                     tracing::error!(target_name = %t.cfg.name, "cannot start an instance: {e:#}");
+                    t.unmanaged = Some(Unmanaged::Failing(format!("cannot start an instance: {}", one_line(&format!("{e:#}")))));
                     t.not_before = now + t.backoff;
                     t.backoff = (t.backoff * 2).min(MAX_BACKOFF);
                 }
@@ -561,8 +652,8 @@ impl Supervisor {
         }
     }
 
-    fn publish(&self) {
-        let views = self
+    fn publish(&mut self) {
+        let views: Vec<TargetView> = self
             .targets
             .iter()
             .map(|t| TargetView {
@@ -570,8 +661,32 @@ impl Supervisor {
                 cgroup: t.cgroup.as_ref().map(|d| d.display().to_string()).unwrap_or_default(),
                 pid: t.child.as_ref().map(|c| c.id()),
                 restarts: t.starts.saturating_sub(1),
+                state: t.state(&self.cfg.state_dir),
             })
             .collect();
+        let status = DaemonStatus {
+            pid: std::process::id(),
+            config: self.config_path.clone(),
+            targets: views
+                .iter()
+                .map(|v| TargetStatus {
+                    name: v.name.clone(),
+                    cgroup: v.cgroup.clone(),
+                    instance_pid: v.pid,
+                    restarts: v.restarts,
+                    state: v.state.kind(),
+                    why: v.state.why().map(String::from),
+                })
+                .collect(),
+        };
+        if status != self.last_status {
+            // `gleaner status` reads this to show every target, managed or not.
+            if let Err(e) = write_daemon_status(&self.cfg.state_dir, &status) {
+                tracing::warn!("{e:#}");
+            }
+            notify(&format!("STATUS={}", status.summary()));
+            self.last_status = status;
+        }
         if let Ok(mut s) = self.shared.lock() {
             s.targets = views;
         }
@@ -661,7 +776,9 @@ impl Supervisor {
     }
 
     fn shutdown(&mut self) {
+        notify("STOPPING=1");
         stop_instances(&mut self.targets, &self.cfg.state_dir);
+        let _ = std::fs::remove_file(daemon_status_path(&self.cfg.state_dir));
         self.server = None;
         if let Some(p) = &self.cfg.metrics.textfile {
             // Stale figures would look live to node_exporter.
@@ -731,7 +848,7 @@ fn remove_stale_instance_configs(state_dir: &Path) {
 }
 
 /// Starts `gleaner attach --cgroup DIR` for one target with its resolved configuration.
-fn spawn_instance(exe: &Path, logging: &ChildLogging, state_dir: &Path, target: &TargetConfig, dir: &Path) -> Result<Child> {
+fn spawn_instance(exe: &Path, logging: &ChildLogging, state_dir: &Path, target: &TargetConfig, dir: &Path, last_line: &Arc<Mutex<String>>) -> Result<Child> {
     let cfg_path = child_config_path(state_dir, &target.name);
     let text = toml::to_string(&target.daemon).context("cannot serialize the target's configuration")?;
     {
@@ -747,11 +864,17 @@ fn spawn_instance(exe: &Path, logging: &ChildLogging, state_dir: &Path, target: 
     }
     let mut c = Command::new(exe);
     c.arg("--log-format").arg(if logging.json { "json" } else { "text" });
+    if let Some((k, v)) = crate::logging::child_env() {
+        c.env(k, v);
+    }
     if let Some(f) = &logging.filter {
         c.arg("--log").arg(f);
     }
     c.arg("attach").arg("--cgroup").arg(dir).arg("--config").arg(&cfg_path);
     c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+    for var in crate::notify::ENV_VARS {
+        c.env_remove(var);
+    }
     let parent = std::process::id() as libc::pid_t;
     // SAFETY: only async-signal-safe calls (setpgid, prctl, getppid) between fork and exec.
     unsafe {
@@ -771,35 +894,60 @@ fn spawn_instance(exe: &Path, logging: &ChildLogging, state_dir: &Path, target: 
     if let Some(stderr) = child.stderr.take() {
         let name = target.name.clone();
         let json = logging.json;
-        let _ = std::thread::Builder::new().name(format!("log-{name}")).spawn(move || forward_log(stderr, &name, json));
+        let last = last_line.clone();
+        if let Ok(mut l) = last.lock() {
+            l.clear();
+        }
+        let _ = std::thread::Builder::new().name(format!("log-{name}")).spawn(move || forward_log(stderr, &name, json, &last));
     }
     Ok(child)
 }
 
 /// Passes an instance's log lines on, marked with its target: a `target_name` field in
 /// JSON lines (as in the daemon's own lines), a `[name]` prefix in text.
-fn forward_log(from: impl std::io::Read, name: &str, json: bool) {
+fn forward_log(from: impl std::io::Read, name: &str, json: bool, last: &Mutex<String>) {
     let stderr = std::io::stderr();
     for line in BufReader::new(from).lines() {
         let Ok(line) = line else { break };
+        if let Ok(mut l) = last.lock() {
+            line.clone_into(&mut l);
+        }
         let out = tag_line(&line, name, json);
         let _ = writeln!(stderr.lock(), "{out}");
     }
 }
 
+/// The message of a log line as an instance wrote it (JSON or text), for `status`.
+fn last_message(line: &str) -> String {
+    let msg = match serde_json::from_str::<serde_json::Value>(line) {
+        Ok(v) => v.get("message").or_else(|| v.get("fields").and_then(|f| f.get("message"))).and_then(|m| m.as_str()).map(String::from).unwrap_or_else(|| line.to_string()),
+        Err(_) => line.to_string(),
+    };
+    let msg = one_line(&msg);
+    if msg.is_empty() {
+        return "it logged nothing".into();
+    }
+    msg.chars().take(400).collect()
+}
+
 fn tag_line(line: &str, name: &str, json: bool) -> String {
+    // A journald priority prefix stays first, where journald looks for it.
+    let (priority, rest) = crate::logging::split_priority(line);
     if json {
-        if let Ok(serde_json::Value::Object(mut m)) = serde_json::from_str::<serde_json::Value>(line) {
-            // Next to the event's other fields, where the daemon's own lines carry it.
-            let tag = serde_json::Value::String(name.into());
-            match m.get_mut("fields") {
-                Some(serde_json::Value::Object(fields)) => fields.insert("target_name".into(), tag),
-                _ => m.insert("target_name".into(), tag),
-            };
-            return serde_json::Value::Object(m).to_string();
+        let object = match serde_json::from_str::<serde_json::Value>(rest) {
+            Ok(serde_json::Value::Object(m)) => Some(m),
+            // Not JSON (printed before the child's logging was up): made JSON here.
+            _ => serde_json::from_str::<serde_json::Value>(&crate::logging::wrap_unstructured(rest)).ok().and_then(|v| match v {
+                serde_json::Value::Object(m) => Some(m),
+                _ => None,
+            }),
+        };
+        if let Some(mut m) = object {
+            m.insert("target_name".into(), serde_json::Value::String(name.into()));
+            return format!("{priority}{}", serde_json::Value::Object(m));
         }
     }
-    format!("[{name}] {line}")
+    format!("{priority}[{name}] {rest}")
 }
 
 #[cfg(test)]
@@ -901,7 +1049,7 @@ eta = 0.5
         let cfg = parse(&uncommented).unwrap();
         assert_eq!(cfg.targets.len(), 2);
         assert_eq!(cfg.targets[1].daemon.policy.rho, 0.9);
-        assert_eq!(cfg.metrics.textfile.as_deref(), Some(Path::new("/var/lib/node_exporter/textfile/gleaner.prom")));
+        assert_eq!(cfg.metrics.textfile.as_deref(), Some(Path::new("/var/lib/prometheus/node-exporter/gleaner.prom")));
     }
 
     #[test]
@@ -919,31 +1067,63 @@ eta = 0.5
         assert_eq!(crate::config::parse(&text).unwrap(), cfg.targets[1].daemon);
     }
 
+    /// A fake cgroup v2 tree: `root` stands for the mount, with the given cgroups under it.
+    fn fake_v2(root: &Path) -> Detection {
+        Detection {
+            kind: PlacementKind::CgroupV2,
+            mounts: gleaner_linux::cgroup::CgroupMounts { v2: Some(root.to_path_buf()), v1_cpuset: None, v1_cpuacct: None },
+            skipped: vec![],
+        }
+    }
+
     #[test]
     fn empty_cgroups_are_not_managed_until_a_process_appears() {
         let dir = tempfile::tempdir().unwrap();
+        let det = fake_v2(dir.path());
         let root = dir.path().join("svc");
         std::fs::create_dir_all(root.join("child")).unwrap();
         std::fs::write(root.join("cgroup.procs"), "").unwrap();
+        std::fs::write(root.join("cpuset.cpus"), "0-1\n").unwrap();
         std::fs::write(root.join("child/cgroup.procs"), "").unwrap();
         assert!(!has_tasks(&root));
-        let err = resolve(&CgroupRef::Path(root.clone())).unwrap_err();
-        assert!(err.contains("no processes"), "{err}");
+        let err = resolve_in(&CgroupRef::Path(root.clone()), &det).unwrap_err();
+        assert!(matches!(&err, Unmanaged::Waiting(w) if w.contains("no processes")), "{err:?}");
         std::fs::write(root.join("child/cgroup.procs"), "1234\n").unwrap();
-        assert_eq!(resolve(&CgroupRef::Path(root.clone())).unwrap(), root);
-        let err = resolve(&CgroupRef::Path(dir.path().join("absent"))).unwrap_err();
-        assert!(err.contains("does not exist"), "{err}");
+        assert_eq!(resolve_in(&CgroupRef::Path(root.clone()), &det).unwrap(), root);
+        let err = resolve_in(&CgroupRef::Path(dir.path().join("absent")), &det).unwrap_err();
+        assert!(matches!(&err, Unmanaged::Waiting(w) if w.contains("does not exist")), "{err:?}");
+    }
+
+    #[test]
+    fn a_cgroup_that_cannot_be_managed_is_failing_not_waiting() {
+        let dir = tempfile::tempdir().unwrap();
+        let det = fake_v2(&dir.path().join("cgroup2"));
+        // Outside every cpuset hierarchy.
+        let outside = dir.path().join("elsewhere");
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("cgroup.procs"), "1\n").unwrap();
+        let err = resolve_in(&CgroupRef::Path(outside), &det).unwrap_err();
+        assert!(matches!(&err, Unmanaged::Failing(w) if w.contains("not inside a cpuset hierarchy")), "{err:?}");
+        // In the v2 tree, but without the cpuset controller enabled.
+        let nocpuset = dir.path().join("cgroup2/app.slice");
+        std::fs::create_dir_all(&nocpuset).unwrap();
+        std::fs::write(nocpuset.join("cgroup.procs"), "1\n").unwrap();
+        let err = resolve_in(&CgroupRef::Path(nocpuset), &det).unwrap_err();
+        assert!(matches!(&err, Unmanaged::Failing(w) if w.contains("AllowedCPUs")), "{err:?}");
     }
 
     #[test]
     fn instance_log_lines_name_their_target() {
-        let tagged = tag_line(r#"{"level":"INFO","fields":{"message":"x"}}"#, "db", true);
-        let v: serde_json::Value = serde_json::from_str(&tagged).unwrap();
-        assert_eq!(v["fields"]["target_name"], "db");
-        assert_eq!(v["fields"]["message"], "x");
-        let v: serde_json::Value = serde_json::from_str(&tag_line(r#"{"level":"INFO"}"#, "db", true)).unwrap();
-        assert_eq!(v["target_name"], "db");
-        assert_eq!(tag_line("gleaner: error: boom", "db", true), "[db] gleaner: error: boom");
+        let v: serde_json::Value = serde_json::from_str(&tag_line(r#"{"level":"INFO","message":"x","added":[]}"#, "db", true)).unwrap();
+        assert_eq!((v["target_name"].as_str(), v["message"].as_str()), (Some("db"), Some("x")));
+        assert_eq!(v["added"], serde_json::json!([]));
+        // Under journald the priority stays in front of the object.
+        let prefixed = tag_line(r#"<3>{"level":"ERROR","message":"x"}"#, "db", true);
+        assert!(prefixed.starts_with("<3>{"), "{prefixed}");
+        // A plain line from a child is made JSON, not passed on as text.
+        let v: serde_json::Value = serde_json::from_str(&tag_line("gleaner: error: boom", "db", true)).unwrap();
+        assert_eq!((v["level"].as_str(), v["message"].as_str(), v["target_name"].as_str()), (Some("ERROR"), Some("gleaner: error: boom"), Some("db")));
         assert_eq!(tag_line("  INFO managing workload", "db", false), "[db]   INFO managing workload");
+        assert_eq!(tag_line("<6>INFO managing workload", "db", false), "<6>[db] INFO managing workload");
     }
 }

@@ -1,36 +1,244 @@
-//! `gleaner status`: what each running instance is doing and why.
+//! `gleaner status`: what the service and each running instance are doing, and why.
+//!
+//! Instances write `<pid>.status` every period (see `gleaner_linux::status`); the service
+//! writes `daemon.status` whenever a target's state changes, so that a target that is not
+//! managed (waiting for its cgroup, or failing) is shown with its reason instead of being
+//! absent. Both files are in the state directory, which `--config` names for the service.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use clap::Args;
 use gleaner_linux::journal::Journal;
 use gleaner_linux::status::{read_statuses, InstanceStatus};
+use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     /// Print JSON instead of a table
     #[arg(long)]
     json: bool,
-    /// Directory of status files [default: /run/gleaner, or $XDG_RUNTIME_DIR/gleaner]
+    /// Directory of status files [default: state_dir of --config, else /run/gleaner, or $XDG_RUNTIME_DIR/gleaner]
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
+    /// The service's configuration, for its state_dir [default: /etc/gleaner/gleaner.toml if it exists]
+    #[arg(long, value_name = "FILE", conflicts_with = "state_dir")]
+    config: Option<PathBuf>,
+}
+
+/// How a configured target stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StateKind {
+    /// An instance manages it and has completed a period.
+    Managed,
+    /// An instance was started and has not completed its first period (calibrating).
+    Starting,
+    /// Its cgroup does not exist yet or holds no process.
+    #[default]
+    Waiting,
+    /// It cannot be managed as configured, or its instance failed; retried with back-off.
+    Failing,
+}
+
+impl StateKind {
+    pub fn word(self) -> &'static str {
+        match self {
+            StateKind::Managed => "managed",
+            StateKind::Starting => "starting",
+            StateKind::Waiting => "waiting",
+            StateKind::Failing => "failing",
+        }
+    }
+}
+
+/// A target's state and, unless managed, why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TargetState {
+    Managed,
+    Starting,
+    Waiting(String),
+    Failing(String),
+}
+
+impl TargetState {
+    pub fn kind(&self) -> StateKind {
+        match self {
+            TargetState::Managed => StateKind::Managed,
+            TargetState::Starting => StateKind::Starting,
+            TargetState::Waiting(_) => StateKind::Waiting,
+            TargetState::Failing(_) => StateKind::Failing,
+        }
+    }
+
+    pub fn why(&self) -> Option<&str> {
+        match self {
+            TargetState::Waiting(w) | TargetState::Failing(w) => Some(w),
+            _ => None,
+        }
+    }
+}
+
+/// One configured target as the service sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TargetStatus {
+    pub name: String,
+    /// The cgroup directory it resolved to; empty while it cannot be resolved.
+    pub cgroup: String,
+    pub state: StateKind,
+    /// Why it is waiting or failing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+    /// The instance managing it, whose `<pid>.status` has the details.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_pid: Option<u32>,
+    /// Instances started after the first.
+    pub restarts: u64,
+}
+
+/// What `gleaner daemon` writes to `daemon.status`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DaemonStatus {
+    pub pid: u32,
+    pub config: PathBuf,
+    pub targets: Vec<TargetStatus>,
+}
+
+impl DaemonStatus {
+    /// One line for `systemctl status` (sd_notify STATUS=) and the table's heading.
+    pub fn summary(&self) -> String {
+        let count = |k: StateKind| self.targets.iter().filter(|t| t.state == k).count();
+        let mut parts = vec![format!("{} managed", count(StateKind::Managed))];
+        for k in [StateKind::Starting, StateKind::Waiting, StateKind::Failing] {
+            if count(k) > 0 {
+                parts.push(format!("{} {}", count(k), k.word()));
+            }
+        }
+        format!("{} target(s): {}", self.targets.len(), parts.join(", "))
+    }
+}
+
+pub fn daemon_status_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("daemon.status")
+}
+
+/// Replaces `daemon.status` atomically (a reader never sees half a file), mode 0600 like
+/// the instances' status files.
+pub fn write_daemon_status(state_dir: &Path, status: &DaemonStatus) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = daemon_status_path(state_dir);
+    let tmp = state_dir.join(".daemon.status.tmp");
+    let text = serde_json::to_vec_pretty(status).context("cannot serialize the daemon status")?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    f.write_all(&text).with_context(|| format!("cannot write {}", tmp.display()))?;
+    drop(f);
+    std::fs::rename(&tmp, &path).with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))
+}
+
+/// The service's status if a daemon wrote one and is still running.
+pub fn read_daemon_status(state_dir: &Path) -> Result<Option<DaemonStatus>> {
+    let path = daemon_status_path(state_dir);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    };
+    let status: DaemonStatus = serde_json::from_str(&text).with_context(|| format!("{} is not a daemon status file", path.display()))?;
+    Ok(Path::new(&format!("/proc/{}", status.pid)).exists().then_some(status))
+}
+
+/// Everything `gleaner status --json` prints.
+#[derive(Debug, Serialize)]
+struct Report<'a> {
+    daemon: Option<&'a DaemonStatus>,
+    instances: Vec<Instance<'a>>,
+}
+
+#[derive(Debug, Serialize)]
+struct Instance<'a> {
+    /// The service target it manages; absent for `gleaner run`/`attach` started by hand.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    target: Option<&'a str>,
+    #[serde(flatten)]
+    status: &'a InstanceStatus,
+}
+
+/// The state directory `status` reads: `--state-dir`, else the one `--config` (or the default
+/// service config, if it exists) names, else the default.
+fn state_dir_of(args: &StatusArgs) -> Result<PathBuf> {
+    if let Some(d) = &args.state_dir {
+        return Ok(d.clone());
+    }
+    match &args.config {
+        Some(path) => Ok(crate::service::load(path)?.state_dir),
+        None => {
+            let default = Path::new(crate::service::DEFAULT_CONFIG);
+            match std::fs::read_to_string(default).ok().map(|t| crate::service::parse(&t)) {
+                Some(Ok(cfg)) => Ok(cfg.state_dir),
+                // A broken service config must not hide the instances from `status`.
+                Some(Err(e)) => {
+                    crate::errln!("gleaner: {} is invalid ({}); looking in {}", default.display(), e, Journal::default_dir().display());
+                    Ok(Journal::default_dir())
+                }
+                None => Ok(Journal::default_dir()),
+            }
+        }
+    }
 }
 
 pub fn run(args: StatusArgs) -> Result<()> {
-    let dir = args.state_dir.unwrap_or_else(Journal::default_dir);
+    let dir = state_dir_of(&args)?;
     let all = read_statuses(&dir).with_context(|| format!("cannot read status files in {}", dir.display()))?;
-    if args.json {
-        crate::outln!("{}", serde_json::to_string_pretty(&all)?);
-        return Ok(());
-    }
-    if all.is_empty() {
-        crate::outln!("no running gleaner instance (looked in {})", dir.display());
-    }
-    for s in &all {
-        print!("{}", render(s));
-    }
+    let daemon = read_daemon_status(&dir)?;
+    crate::outln!("{}", (report(&dir, daemon.as_ref(), &all, args.json)?).trim_end_matches('\n'));
     Ok(())
+}
+
+fn report(dir: &Path, daemon: Option<&DaemonStatus>, all: &[InstanceStatus], json: bool) -> Result<String> {
+    let target_of = |pid: u32| daemon.and_then(|d| d.targets.iter().find(|t| t.instance_pid == Some(pid))).map(|t| t.name.as_str());
+    if json {
+        let instances = all.iter().map(|s| Instance { target: target_of(s.pid), status: s }).collect();
+        return Ok(serde_json::to_string_pretty(&Report { daemon, instances })? + "\n");
+    }
+    let mut out = String::new();
+    if let Some(d) = daemon {
+        out += &format!("gleaner daemon pid {} ({}) — {}\n", d.pid, d.config.display(), d.summary());
+        if d.targets.is_empty() {
+            out += "  no [[target]] configured: serving metrics only\n";
+        }
+        for t in &d.targets {
+            let cgroup = if t.cgroup.is_empty() { String::new() } else { format!(" {}", t.cgroup) };
+            let word = t.state.word();
+            match (t.state, &t.why) {
+                (StateKind::Managed | StateKind::Starting, _) => {
+                    let pid = t.instance_pid.map(|p| format!(" by instance {p}")).unwrap_or_default();
+                    out += &format!("target {}: {word}{pid}{cgroup}\n", t.name);
+                }
+                (_, why) => out += &format!("target {}: {word}: {}\n", t.name, why.as_deref().unwrap_or("")),
+            }
+            if t.restarts > 0 {
+                out += &format!("  restarted {} time(s)\n", t.restarts);
+            }
+            if let Some(s) = t.instance_pid.and_then(|p| all.iter().find(|s| s.pid == p)) {
+                out += &render(s);
+            }
+        }
+    }
+    let by_hand: Vec<&InstanceStatus> = all.iter().filter(|s| target_of(s.pid).is_none()).collect();
+    if daemon.is_none() && by_hand.is_empty() {
+        out += &format!("no running gleaner instance (looked in {})\n", dir.display());
+    }
+    for s in by_hand {
+        out += &render(s);
+    }
+    Ok(out)
 }
 
 fn us(ns: f64) -> String {
@@ -113,5 +321,70 @@ mod tests {
         assert!(text.contains("retention timeout none (held until work arrives)"), "{text}");
         let s = InstanceStatus { retention_timeout: gleaner_policy::RetentionTimeout { ns: 18_000 }, ..s };
         assert!(render(&s).contains("retention timeout 18.0 µs"));
+    }
+
+    fn daemon_with(targets: Vec<TargetStatus>) -> DaemonStatus {
+        DaemonStatus { pid: std::process::id(), config: "/etc/gleaner/gleaner.toml".into(), targets }
+    }
+
+    fn target(name: &str, state: StateKind, why: Option<&str>, pid: Option<u32>) -> TargetStatus {
+        TargetStatus { name: name.into(), cgroup: String::new(), state, why: why.map(String::from), instance_pid: pid, restarts: 0 }
+    }
+
+    #[test]
+    fn every_configured_target_is_shown_with_its_state_and_reason() {
+        let d = daemon_with(vec![
+            target("db", StateKind::Managed, None, Some(4242)),
+            target("batch", StateKind::Failing, Some("/sys/fs/cgroup/cpuset/batch/cpuset.cpus is not writable (EACCES)"), None),
+            target("web.service", StateKind::Waiting, Some("/sys/fs/cgroup/system.slice/web.service does not exist yet"), None),
+        ]);
+        let inst = InstanceStatus { pid: 4242, command: "cgroup /sys/fs/cgroup/cpuset/db".into(), ..Default::default() };
+        let by_hand = InstanceStatus { pid: 77, command: "sleep 30".into(), ..Default::default() };
+        let text = report(Path::new("/run/gleaner"), Some(&d), &[inst.clone(), by_hand.clone()], false).unwrap();
+        assert!(text.contains("3 target(s): 1 managed, 1 waiting, 1 failing"), "{text}");
+        assert!(text.contains("target db: managed by instance 4242"), "{text}");
+        assert!(text.contains("target batch: failing: /sys/fs/cgroup/cpuset/batch/cpuset.cpus is not writable"), "{text}");
+        assert!(text.contains("target web.service: waiting: "), "{text}");
+        assert!(text.contains("gleaner pid 77 — sleep 30"), "an instance started by hand is listed too: {text}");
+        assert!(!text.contains("no running gleaner instance"), "{text}");
+
+        let json: serde_json::Value = serde_json::from_str(&report(Path::new("/x"), Some(&d), &[inst, by_hand], true).unwrap()).unwrap();
+        assert_eq!(json["daemon"]["targets"][1]["state"], "failing");
+        assert_eq!(json["instances"][0]["target"], "db");
+        assert_eq!(json["instances"][0]["pid"], 4242);
+        assert!(json["instances"][1].get("target").is_none());
+    }
+
+    #[test]
+    fn a_daemon_whose_targets_all_fail_is_not_reported_as_absent() {
+        let d = daemon_with(vec![target("a", StateKind::Failing, Some("no cpuset"), None)]);
+        let text = report(Path::new("/run/gleaner"), Some(&d), &[], false).unwrap();
+        assert!(!text.contains("no running gleaner instance"), "{text}");
+        assert!(text.contains("target a: failing: no cpuset"), "{text}");
+        let none = report(Path::new("/run/gleaner"), None, &[], false).unwrap();
+        assert!(none.contains("no running gleaner instance"), "{none}");
+    }
+
+    #[test]
+    fn daemon_status_round_trips_and_a_dead_daemons_file_is_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = daemon_with(vec![target("a", StateKind::Waiting, Some("x"), None)]);
+        write_daemon_status(dir.path(), &d).unwrap();
+        assert_eq!(read_daemon_status(dir.path()).unwrap(), Some(d));
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(daemon_status_path(dir.path())).unwrap().permissions().mode() & 0o777, 0o600);
+        write_daemon_status(dir.path(), &DaemonStatus { pid: u32::MAX - 1, ..Default::default() }).unwrap();
+        assert_eq!(read_daemon_status(dir.path()).unwrap(), None);
+    }
+
+    #[test]
+    fn state_dir_comes_from_the_service_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("g.toml");
+        std::fs::write(&cfg, "state_dir = \"/srv/gleaner-state\"\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let args = StatusArgs { json: false, state_dir: None, config: Some(cfg) };
+        assert_eq!(state_dir_of(&args).unwrap(), Path::new("/srv/gleaner-state"));
     }
 }

@@ -40,6 +40,8 @@ pub struct ControllerOptions {
     pub command: String,
     pub placement_name: String,
     pub retention_backend: String,
+    /// How the retention hold was obtained, for `status` (e.g. "measured: 3 runs agreed").
+    pub retention_timeout_source: String,
 }
 
 /// How idle vCPUs are held, if at all.
@@ -172,6 +174,46 @@ pub struct Controller<'a> {
     /// periods, not every period).
     summary: RunSummary,
     last_observed: Vec<std::mem::Discriminant<EventKind>>,
+    /// Cumulative per-vCPU counters, by CPU number, kept across periods.
+    totals: std::collections::BTreeMap<usize, VcpuTotals>,
+    slow_log: RateLimit,
+}
+
+/// One vCPU's counters since the instance started.
+#[derive(Debug, Clone, Copy, Default)]
+struct VcpuTotals {
+    idle_transitions: u64,
+    halts: u64,
+    work_ns: u64,
+    steal_ns: u64,
+}
+
+/// Lets one message through per interval and counts the ones it held back.
+#[derive(Debug)]
+pub struct RateLimit {
+    every: Duration,
+    last: Option<Instant>,
+    held_back: u64,
+}
+
+impl RateLimit {
+    pub fn new(every: Duration) -> Self {
+        RateLimit { every, last: None, held_back: 0 }
+    }
+
+    /// `Some(n)`: log now, `n` occurrences were held back since the last one logged.
+    pub fn admit(&mut self, now: Instant) -> Option<u64> {
+        match self.last {
+            Some(t) if now.saturating_duration_since(t) < self.every => {
+                self.held_back += 1;
+                None
+            }
+            _ => {
+                self.last = Some(now);
+                Some(std::mem::take(&mut self.held_back))
+            }
+        }
+    }
 }
 
 impl<'a> Controller<'a> {
@@ -179,6 +221,8 @@ impl<'a> Controller<'a> {
         let allowed = policy.allowed().clone();
         let status = InstanceStatus {
             pid: std::process::id(),
+            start_time_unix_s: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0),
+            retention_timeout_source: opts.retention_timeout_source.clone(),
             command: opts.command.clone(),
             mode: policy.config().mode.to_string(),
             observe: opts.observe,
@@ -190,7 +234,21 @@ impl<'a> Controller<'a> {
             ..Default::default()
         };
         let recorder = Recorder::start(opts.status_path.clone(), opts.timeline.as_ref().and_then(|f| f.try_clone().ok()));
-        Self { policy, placement, retainer, sampler, opts, applied_active: allowed, status, started: Instant::now(), recorder, summary: RunSummary::default(), last_observed: Vec::new() }
+        Self {
+            policy,
+            placement,
+            retainer,
+            sampler,
+            opts,
+            applied_active: allowed,
+            status,
+            started: Instant::now(),
+            recorder,
+            summary: RunSummary::default(),
+            last_observed: Vec::new(),
+            totals: Default::default(),
+            slow_log: RateLimit::new(Duration::from_secs(60)),
+        }
     }
 
     /// What the policy did (or, observing, would have done) and why: printed at the end.
@@ -236,6 +294,9 @@ impl<'a> Controller<'a> {
             let viewed = work_start.elapsed();
             let now = now_ns();
             let Some(sample) = self.sampler.sample(now, &view, &counters)? else { continue };
+            // Counters count every sampled period, a discarded one too: what happened in a
+            // stall happened.
+            self.accumulate(&sample);
             let sampled = work_start.elapsed();
             let (planned_ns, measured_ns) = (slice_ns * slices as u64, now.saturating_sub(last_sample_ns));
             last_sample_ns = now;
@@ -270,18 +331,35 @@ impl<'a> Controller<'a> {
             self.record(&sample, &decision, t0.elapsed(), planned_ns);
             // The period's own work normally takes well under a millisecond; when it takes
             // longer than a sub-sample slice, say where the time went.
+            // Under load this can happen every period: counted always (gleaner_slow_periods_total),
+            // logged at most once a minute with how many were not logged.
             let total = work_start.elapsed();
             if total > slice {
-                tracing::warn!(
-                    total_ms = total.as_millis() as u64,
-                    read_workload_ms = viewed.as_millis() as u64,
-                    sample_ms = (sampled - viewed).as_millis() as u64,
-                    decide_apply_ms = (applied - sampled).as_millis() as u64,
-                    record_ms = (total - applied).as_millis() as u64,
-                    "the end-of-period work took longer than a sub-sample slice"
-                );
+                self.status.slow_periods += 1;
+                if let Some(unlogged) = self.slow_log.admit(Instant::now()) {
+                    tracing::warn!(
+                        total_ms = total.as_millis() as u64,
+                        read_workload_ms = viewed.as_millis() as u64,
+                        sample_ms = (sampled - viewed).as_millis() as u64,
+                        decide_apply_ms = (applied - sampled).as_millis() as u64,
+                        record_ms = (total - applied).as_millis() as u64,
+                        not_logged_since_last = unlogged,
+                        "the end-of-period work took longer than a sub-sample slice (logged at most once a minute)"
+                    );
+                }
             }
         }
+    }
+
+    fn accumulate(&mut self, sample: &gleaner_policy::PeriodSample) {
+        for v in &sample.vcpus {
+            let t = self.totals.entry(v.cpu).or_default();
+            t.idle_transitions += v.idle_periods();
+            t.halts += v.idle_entries;
+            t.work_ns += v.work_ns;
+            t.steal_ns += v.steal_ns;
+        }
+        self.status.runnable_wait_seconds_total += sample.work_runnable_wait_ns.unwrap_or(0) as f64 / 1e9;
     }
 
     fn note_wake(&mut self, wake: Wake) {
@@ -350,6 +428,10 @@ impl<'a> Controller<'a> {
                 halts_per_sec: v.idle_entries as f64 / secs,
                 work_util: v.work_ns as f64 / sample.period_ns as f64,
                 steal_fraction: v.steal_ns as f64 / sample.period_ns as f64,
+                idle_transitions_total: self.totals.get(&v.cpu).map_or(0, |t| t.idle_transitions),
+                halts_total: self.totals.get(&v.cpu).map_or(0, |t| t.halts),
+                work_seconds_total: self.totals.get(&v.cpu).map_or(0, |t| t.work_ns) as f64 / 1e9,
+                steal_seconds_total: self.totals.get(&v.cpu).map_or(0, |t| t.steal_ns) as f64 / 1e9,
             })
             .collect();
         st.retention_cpu_s = self.retainer.counters().iter().map(|(_, c)| c.yield_ns).sum::<u64>() as f64 / 1e9;
@@ -414,4 +496,22 @@ fn raise_own_priority() -> i32 {
     tracing::debug!("controller runs at normal priority: cannot raise it ({})", std::io::Error::last_os_error());
     // SAFETY: as above. getpriority returns the nice value directly (-1 is a valid nice).
     unsafe { libc::getpriority(libc::PRIO_PROCESS, tid) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rate_limit_lets_one_through_per_interval_and_counts_the_rest() {
+        let mut limit = RateLimit::new(Duration::from_secs(60));
+        let t0 = Instant::now();
+        assert_eq!(limit.admit(t0), Some(0));
+        for s in 1..24 {
+            assert_eq!(limit.admit(t0 + Duration::from_secs(s)), None, "second {s}");
+        }
+        assert_eq!(limit.admit(t0 + Duration::from_secs(60)), Some(23));
+        assert_eq!(limit.admit(t0 + Duration::from_secs(61)), None);
+        assert_eq!(limit.admit(t0 + Duration::from_secs(200)), Some(1));
+    }
 }

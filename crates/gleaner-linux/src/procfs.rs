@@ -104,6 +104,15 @@ pub struct Pressure {
     pub full_total_us: Option<u64>,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LoadAvg {
+    pub one: f64,
+    pub five: f64,
+    pub fifteen: f64,
+    pub runnable: u32,
+    pub total_tasks: u32,
+}
+
 /// The fields of `/proc/PID/task/TID/stat` Gleaner uses.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TaskStat {
@@ -271,6 +280,12 @@ impl ProcFs {
             Err(e) if e.is_not_found() => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// Load averages and task counts (`/proc/loadavg`), recorded with measurements.
+    pub fn loadavg(&self) -> Result<LoadAvg> {
+        let path = self.path("loadavg");
+        parse_loadavg(&path, &read_file(&path)?)
     }
 
     pub fn mountinfo(&self) -> Result<Vec<Mount>> {
@@ -566,6 +581,22 @@ fn parse_timer_list(path: &Path, text: &str) -> Result<Option<Vec<TimerListCpu>>
         .map(Some)
 }
 
+fn parse_loadavg(path: &Path, text: &str) -> Result<LoadAvg> {
+    let w: Vec<&str> = text.split_whitespace().collect();
+    let bad = || Error::parse(path, "loadavg", text);
+    if w.len() < 4 {
+        return Err(bad());
+    }
+    let (runnable, total) = w[3].split_once('/').ok_or_else(bad)?;
+    Ok(LoadAvg {
+        one: parse_num(path, "load average", w[0])?,
+        five: parse_num(path, "load average", w[1])?,
+        fifteen: parse_num(path, "load average", w[2])?,
+        runnable: parse_num(path, "runnable tasks", runnable)?,
+        total_tasks: parse_num(path, "total tasks", total)?,
+    })
+}
+
 /// Parses `tid (comm) S ppid ...`. The comm may hold spaces and parentheses, so it is taken
 /// between the first `(` and the last `)`.
 fn parse_task_stat(path: &Path, text: &str, proc: &ProcFs) -> Result<TaskStat> {
@@ -857,6 +888,9 @@ Clock Event Device: lapic-deadline
         assert_eq!(psi.full_total_us, Some(0));
         assert!((psi.some_avg10 - 2.68).abs() < 1e-9);
         assert!(parse_pressure(Path::new("x"), "full total=3\n").is_err());
+        fs::write(dir.path().join("loadavg"), "0.07 0.21 0.11 1/89 6822\n").unwrap();
+        let la = proc100(dir.path()).loadavg().unwrap();
+        assert_eq!((la.runnable, la.total_tasks), (1, 89));
     }
 
     #[test]
@@ -1035,6 +1069,7 @@ Clock Event Device: lapic-deadline
             let _ = parse_stat(path, &text, &p);
             let _ = parse_timer_list(path, &text);
             let _ = parse_pressure(path, &text);
+            let _ = parse_loadavg(path, &text);
             let _ = parse_task_stat(path, &text, &p);
             let _ = parse_task_status(path, &text);
             let _ = parse_reschedule_interrupts(path, &text);

@@ -22,6 +22,19 @@ pub struct VcpuStatus {
     pub halts_per_sec: f64,
     pub work_util: f64,
     pub steal_fraction: f64,
+    /// Idle periods begun on this vCPU since the instance started (held or halted), over
+    /// every sampled period: a counter, so that a scrape of any interval sees them all.
+    #[serde(default)]
+    pub idle_transitions_total: u64,
+    /// Of those, the ones that ended in the kernel's idle loop (a halt, or a poll).
+    #[serde(default)]
+    pub halts_total: u64,
+    /// Time the workload's threads ran on this vCPU since the instance started.
+    #[serde(default)]
+    pub work_seconds_total: f64,
+    /// Time the hypervisor stole from this vCPU since the instance started.
+    #[serde(default)]
+    pub steal_seconds_total: f64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -34,7 +47,21 @@ pub struct InstanceStatus {
     pub retention_backend: String,
     pub idle_source: String,
     pub uptime_s: f64,
+    /// Unix time the instance started, in seconds (a `*_start_time_seconds` metric).
+    #[serde(default)]
+    pub start_time_unix_s: f64,
+    /// How the retention hold was obtained (configured, measured, cached, default) and why.
+    #[serde(default)]
+    pub retention_timeout_source: String,
     pub periods: u64,
+    /// Periods whose end-of-period work (read, decide, apply, record) took longer than a
+    /// sub-sample slice.
+    #[serde(default)]
+    pub slow_periods: u64,
+    /// Time some workload thread waited for a CPU while another active vCPU had none of
+    /// them, summed over sampled periods.
+    #[serde(default)]
+    pub runnable_wait_seconds_total: f64,
     /// Control deadlines skipped because the loop woke more than one interval late.
     #[serde(default)]
     pub missed_periods: u64,

@@ -57,6 +57,7 @@ const TARGETS: &[Target] = &[
         },
     },
     Target { name: "pressure", path: "proc/pressure/cpu", run: |r| gleaner_linux::procfs::read_pressure(&r.join("proc/pressure/cpu")).map(drop).map_err(msg) },
+    Target { name: "loadavg", path: "proc/loadavg", run: |r| proc_of(r).loadavg().map(drop).map_err(msg) },
     Target { name: "cpuinfo", path: "proc/cpuinfo", run: |r| proc_of(r).hypervisor_flag().map(drop).map_err(msg) },
     Target {
         name: "interrupts",

@@ -212,3 +212,34 @@ pub struct Characteristics {
     /// Fraction of the period some workload thread waited for a CPU (0 if unknown).
     pub runnable_wait_fraction: f64,
 }
+
+/// How much the workload got done in a period, per second: the signal a change is judged by.
+///
+/// The application's own count when it gives one (`progress`). Otherwise an estimate from the
+/// scheduler's counters: the workload's run time, less the time its threads spent being
+/// switched in after a wake-up (each wake-up costs at least one guest switch of run time that
+/// is not work, and a wake-up onto a halted vCPU also the vCPU's switch-in, which the guest
+/// counts as the woken thread's run time). Plain utilization, by contrast, *falls* when a
+/// consolidation removes that overhead, which is why it misjudges consolidations.
+pub fn progress_signal(sample: &PeriodSample) -> f64 {
+    let secs = sample.period_ns.max(1) as f64 / 1e9;
+    if let Some(p) = sample.progress {
+        return p as f64 / secs;
+    }
+    let work: u64 = sample.vcpus.iter().map(|v| v.work_ns).sum();
+    let overhead = match &sample.wake_latency {
+        // Time from wake to running spent on the wakee's vCPU itself: at most the latency of a
+        // wake to a running vCPU (its switch), plus for halted wakes what they cost beyond a
+        // polled one (the host's switch-in, counted by the guest as the thread's run time).
+        Some(w) => {
+            let base = w.running.mean_ns().or(w.polling.mean_ns()).unwrap_or(0.0);
+            let halted_extra = match (w.halted.mean_ns(), w.polling.mean_ns().or(w.running.mean_ns())) {
+                (Some(h), Some(b)) => (h - b).max(0.0) / 2.0,
+                _ => 0.0,
+            };
+            w.total_count() as f64 * base.min(20_000.0) + w.halted.count as f64 * halted_extra
+        }
+        None => 0.0,
+    };
+    (work as f64 - overhead).max(0.0) / secs
+}

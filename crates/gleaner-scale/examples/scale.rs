@@ -16,7 +16,9 @@ fn main() -> std::process::ExitCode {
     match gleaner_scale::run(Cli::parse().args) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            // `eprintln!` would panic on a closed stderr.
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "error: {err:#}");
             std::process::ExitCode::FAILURE
         }
     }

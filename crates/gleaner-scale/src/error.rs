@@ -36,6 +36,18 @@ pub enum ScaleError {
     System(#[from] gleaner_linux::Error),
     #[error("{path} has no entry for CPU {cpu}")]
     MissingCpu { path: PathBuf, cpu: usize },
+    #[error("--metric {pattern:?} is not a valid regular expression ({detail}); fix it, e.g. --metric '{example}'", example = crate::metric::EXAMPLE_REGEX)]
+    MetricRegex { pattern: String, detail: String },
+    #[error("--metric {pattern:?} has no capture group for the number; put parentheses around it, e.g. --metric '{example}'", example = crate::metric::EXAMPLE_REGEX)]
+    MetricNoGroup { pattern: String },
+    #[error("--lower-is-better applies to a metric read from the output: add --metric NAME|REGEX, or drop it (in wall-time mode shorter is always better)")]
+    LowerWithoutMetric,
+    #[error("no match for --metric {metric:?} in the program's stdout at {cpus} CPU(s), run {run}; check the pattern against its output (--show-output shows it){hint}")]
+    MetricNoMatch { metric: String, cpus: usize, run: u32, hint: String },
+    #[error("--metric {metric:?} captured {text:?} at {cpus} CPU(s), run {run}, which is not a number; make the first capture group match only the number, e.g. ([0-9.]+)")]
+    MetricNotANumber { metric: String, text: String, cpus: usize, run: u32 },
+    #[error("--metric {metric:?} read {value} at {cpus} CPU(s), run {run}; a speedup needs a positive figure: check that the first capture group takes the right number")]
+    MetricNotPositive { metric: String, value: f64, cpus: usize, run: u32 },
     #[error("cannot write the plot {path}: {detail}; check that the directory exists and is writable")]
     Plot { path: PathBuf, detail: String },
 }

@@ -1,7 +1,10 @@
 //! Turns raw runs into the scaling report and shows it as a table, JSON or a PNG plot.
 //!
 //! Repeats are summarised by their median (robust to one disturbed run on a
-//! shared host); speedup is the 1-CPU median wall time over each count's.
+//! shared host); speedup is the 1-CPU median wall time over each count's or,
+//! in throughput mode, the ratio of the median metrics. In wall-time mode a
+//! wall time that hardly changes across CPU counts is flagged: it is what a
+//! fixed-time benchmark looks like, and its "speedup" would mean nothing.
 //! The same [`ScaleReport`] value feeds all three outputs, so the table, the
 //! JSON and the plot can never disagree.
 
@@ -16,6 +19,7 @@ use serde::Serialize;
 use crate::classify::{classify, Diagnosis, ScalingPoint};
 use crate::error::ScaleError;
 use crate::fit::{fit_amdahl, fit_usl, AmdahlFit, SpeedupPoint, UslFit};
+use crate::metric::{self, MetricSetup};
 use crate::run::{CounterPlan, EventRole, HardwareEvent, Measurement, SoftwareEvent};
 use crate::system::describe_idle_source;
 
@@ -27,6 +31,11 @@ pub struct Setup {
     pub repeat: u32,
     pub idle_source: IdleEntrySource,
     pub counters: CounterPlan,
+    /// Throughput mode: the metric speedup is computed from; `None` for wall time.
+    pub metric: Option<MetricSetup>,
+    /// A built-in `--metric` that reads the 1-CPU run's output, named in the
+    /// fixed-time warning.
+    pub detected_metric: Option<&'static str>,
 }
 
 /// The summary of all runs at one CPU count. Counts are medians per run.
@@ -37,6 +46,15 @@ pub struct Row {
     pub wall_s: f64,
     pub wall_s_min: f64,
     pub wall_s_max: f64,
+    /// Median metric (throughput mode only).
+    pub metric: Option<f64>,
+    pub metric_min: Option<f64>,
+    pub metric_max: Option<f64>,
+    /// Work done per run relative to the 1-CPU runs: in throughput mode with a
+    /// higher-is-better metric, `metric * wall` over the baseline's (a
+    /// fixed-time run at more CPUs does more work); 1 otherwise. Per-run
+    /// counts are divided by it before the limiter compares them.
+    pub relative_work: f64,
     pub speedup: f64,
     pub efficiency: f64,
     /// Program CPU time over the vCPU time it was given (`wall * cpus`).
@@ -81,18 +99,27 @@ pub struct ScaleReport {
     pub rows: Vec<Row>,
     pub fits: Fits,
     pub diagnosis: Diagnosis,
+    /// Reasons the speedups themselves may be meaningless (shown above the fits).
+    pub warnings: Vec<String>,
 }
 
 const PREDICTIONS_NOTE: &str = "USL model predictions, not measurements";
+/// Wall times within this share of each other across all CPU counts count as
+/// "hardly changing": the signature of a program that runs for a fixed time.
+pub const FIXED_TIME_TOLERANCE: f64 = 0.05;
+/// CPU time growing by this factor at the largest count while wall time stays
+/// put means the program did use the extra CPUs: it ran for a fixed time.
+const CPU_TIME_GROWTH: f64 = 1.5;
 
 /// Builds the report from `(cpus used, runs)` per CPU count, sorted by count
 /// with the 1-CPU baseline first.
 pub fn build(setup: Setup, per_count: Vec<(Vec<usize>, Vec<Measurement>)>) -> ScaleReport {
-    let baseline_wall = per_count
-        .first()
-        .map(|(_, runs)| median(runs.iter().map(|run| run.wall_s)).unwrap_or(f64::NAN))
-        .unwrap_or(f64::NAN);
-    let rows: Vec<Row> = per_count.into_iter().map(|(cpu_list, runs)| summarise(cpu_list, runs, baseline_wall)).collect();
+    let mut rows: Vec<Row> = per_count.into_iter().map(|(cpu_list, runs)| summarise(cpu_list, runs)).collect();
+    set_speedups(&mut rows, setup.metric.as_ref());
+    let warnings = match setup.metric {
+        None => fixed_time_warning(&rows, setup.detected_metric).into_iter().collect(),
+        Some(_) => Vec::new(),
+    };
 
     let speedups: Vec<SpeedupPoint> =
         rows.iter().map(|row| SpeedupPoint { cpus: row.cpus as f64, speedup: row.speedup }).collect();
@@ -121,18 +148,75 @@ pub fn build(setup: Setup, per_count: Vec<(Vec<usize>, Vec<Measurement>)>) -> Sc
             cpus: row.cpus,
             speedup: row.speedup,
             idle_entries_per_s: row.idle_entries_per_s,
-            idle_entries_per_run: row.idle_entries_per_run,
-            payload_events: row.payload_events,
-            overhead_events: row.overhead_events,
+            idle_entries_per_run: row.idle_entries_per_run.map(|v| v / row.relative_work),
+            payload_events: row.payload_events.map(|v| v / row.relative_work),
+            overhead_events: row.overhead_events.map(|v| v / row.relative_work),
             steal_fraction: row.steal_fraction,
             utilization: row.utilization,
         })
         .collect();
     let diagnosis = classify(&points, fits.amdahl.as_ref(), fits.usl.as_ref());
-    ScaleReport { setup, rows, fits, diagnosis }
+    ScaleReport { setup, rows, fits, diagnosis, warnings }
 }
 
-fn summarise(cpu_list: Vec<usize>, runs: Vec<Measurement>, baseline_wall: f64) -> Row {
+/// Fills in speedup, efficiency and relative work against the first (1-CPU) row.
+fn set_speedups(rows: &mut [Row], metric: Option<&MetricSetup>) {
+    let Some(baseline) = rows.first().cloned() else { return };
+    for row in rows.iter_mut() {
+        (row.speedup, row.relative_work) = match metric {
+            None => (baseline.wall_s / row.wall_s, 1.0),
+            Some(metric) => {
+                let (base, value) = (baseline.metric.unwrap_or(f64::NAN), row.metric.unwrap_or(f64::NAN));
+                let work = match metric.higher_is_better {
+                    true => (value * row.wall_s) / (base * baseline.wall_s),
+                    false => 1.0,
+                };
+                (metric::speedup(base, value, metric.higher_is_better), work)
+            }
+        };
+        row.efficiency = row.speedup / row.cpus as f64;
+    }
+}
+
+/// In wall-time mode: the warning that wall time hardly changed across CPU
+/// counts, which a fixed-time benchmark always shows (and a serial program too).
+pub fn fixed_time_warning(rows: &[Row], detected_metric: Option<&str>) -> Option<String> {
+    let (first, last) = (rows.first()?, rows.last()?);
+    if rows.len() < 2 {
+        return None;
+    }
+    let walls = rows.iter().map(|row| row.wall_s);
+    let (shortest, longest) = (walls.clone().fold(f64::INFINITY, f64::min), walls.fold(0.0, f64::max));
+    if !(shortest > 0.0 && longest <= shortest * (1.0 + FIXED_TIME_TOLERANCE)) {
+        return None;
+    }
+    let fix = match detected_metric {
+        Some(preset) => format!("use --metric {preset} (its output looks like {preset}'s)"),
+        None => format!("use --metric 'REGEX' whose first group captures its rate, e.g. --metric '{}'", metric::EXAMPLE_REGEX),
+    };
+    let cpu_time = |row: &Row| median(row.runs.iter().map(|run| run.cpu_s));
+    let cpu_growth = cpu_time(last).zip(cpu_time(first)).map(|(last, first)| last / first);
+    let span = format!(
+        "wall time stayed within {:.0}% ({:.3}-{:.3} s) from {} to {} CPUs",
+        FIXED_TIME_TOLERANCE * 100.0,
+        shortest,
+        longest,
+        first.cpus,
+        last.cpus
+    );
+    Some(match cpu_growth {
+        Some(growth) if growth >= CPU_TIME_GROWTH => format!(
+            "{span} while CPU time grew {growth:.1}x: the program seems to run for a fixed time, \
+             so wall time cannot show its speedup and the fits below mean nothing; {fix}"
+        ),
+        _ => format!(
+            "{span}: either the program uses one CPU only, or it runs for a fixed time and wall time \
+             cannot show its speedup; if it prints its rate, {fix}"
+        ),
+    })
+}
+
+fn summarise(cpu_list: Vec<usize>, runs: Vec<Measurement>) -> Row {
     let cpus = cpu_list.len();
     let walls = || runs.iter().map(|run| run.wall_s);
     let wall_s = median(walls()).unwrap_or(f64::NAN);
@@ -151,14 +235,19 @@ fn summarise(cpu_list: Vec<usize>, runs: Vec<Measurement>, baseline_wall: f64) -
         events.iter().map(|event| hardware.get(event)).sum::<Option<f64>>()
     };
     let idle_entries_per_run = all(&|run: &Measurement| run.idle_entries.map(|v| v as f64));
-    let speedup = baseline_wall / wall_s;
+    let metrics: Option<Vec<f64>> = runs.iter().map(|run| run.metric).collect();
     Row {
         cpus,
         wall_s,
         wall_s_min: walls().fold(f64::INFINITY, f64::min),
         wall_s_max: walls().fold(f64::NEG_INFINITY, f64::max),
-        speedup,
-        efficiency: speedup / cpus as f64,
+        metric: metrics.as_ref().and_then(|values| median(values.iter().copied())),
+        metric_min: metrics.as_ref().and_then(|values| values.iter().copied().reduce(f64::min)),
+        metric_max: metrics.as_ref().and_then(|values| values.iter().copied().reduce(f64::max)),
+        // Set by `set_speedups`, which needs the baseline row.
+        relative_work: 1.0,
+        speedup: f64::NAN,
+        efficiency: f64::NAN,
         utilization: all(&|run: &Measurement| Some(run.cpu_s / (run.wall_s * cpus as f64))).unwrap_or(f64::NAN),
         idle_entries_per_s: all(&|run: &Measurement| run.idle_entries.map(|v| v as f64 / run.wall_s)),
         idle_entries_per_run,
@@ -184,7 +273,7 @@ fn median(values: impl Iterator<Item = f64>) -> Option<f64> {
     }
     sorted.sort_by(f64::total_cmp);
     let middle = sorted.len() / 2;
-    Some(if sorted.len() % 2 == 0 { (sorted[middle - 1] + sorted[middle]) / 2.0 } else { sorted[middle] })
+    Some(if sorted.len().is_multiple_of(2) { (sorted[middle - 1] + sorted[middle]) / 2.0 } else { sorted[middle] })
 }
 
 /// Compact counts: 950, 12.3k, 4.56M.
@@ -197,6 +286,16 @@ fn format_count(value: Option<f64>) -> String {
         Some(v) if v.abs() >= 1e4 => format!("{:.1}k", v / 1e3),
         Some(v) if v.abs() >= 1.0 || v == 0.0 => format!("{v:.0}"),
         Some(v) => format!("{v:.2}"),
+    }
+}
+
+/// A metric with four significant digits, whatever its scale.
+fn format_metric(value: f64) -> String {
+    match value.abs() {
+        v if v >= 1e4 => format_count(Some(value)),
+        v if v >= 100.0 => format!("{value:.0}"),
+        v if v >= 1.0 => format!("{value:.2}"),
+        _ => format!("{value:.4}"),
     }
 }
 
@@ -232,14 +331,29 @@ pub fn render_table(report: &ScaleReport) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "gleaner scale: {}  ({} run(s) per CPU count, median shown)\n",
+        "gleaner scale: {}  ({} run(s) per CPU count, median shown)",
         setup.command, setup.repeat
     );
+    match &setup.metric {
+        Some(metric) => {
+            let _ = writeln!(
+                out,
+                "speedup from the metric: {} ({} is better)\n",
+                metric.description,
+                if metric.higher_is_better { "higher" } else { "lower" }
+            );
+        }
+        None => out.push_str("speedup from wall time (use --metric for programs that run for a fixed time)\n\n"),
+    }
     let hardware = !setup.counters.hardware.is_empty();
-    let mut header = vec![
-        "cpus", "wall_s", "spread", "speedup", "eff", "util", "idle/s", "vol_cs", "invol_cs", "ctx_sw", "migr",
-        "steal",
-    ];
+    let throughput = setup.metric.is_some();
+    let mut header = vec!["cpus", "wall_s"];
+    if throughput {
+        header.push("metric");
+    }
+    header.extend([
+        "spread", "speedup", "eff", "util", "idle/s", "vol_cs", "invol_cs", "ctx_sw", "migr", "steal",
+    ]);
     if hardware {
         header.extend(["IPC", "payload", "overhead"]);
     }
@@ -247,10 +361,21 @@ pub fn render_table(report: &ScaleReport) -> String {
         .rows
         .iter()
         .map(|row| {
-            let mut cells = vec![
-                row.cpus.to_string(),
-                format!("{:.3}", row.wall_s),
-                format!("±{:.0}%", 50.0 * (row.wall_s_max - row.wall_s_min) / row.wall_s),
+            let mut cells = vec![row.cpus.to_string(), format!("{:.3}", row.wall_s)];
+            // The spread of whatever the speedup is computed from.
+            let spread = match (row.metric, row.metric_min, row.metric_max) {
+                (Some(metric), Some(min), Some(max)) if throughput => {
+                    cells.push(format_metric(metric));
+                    50.0 * (max - min) / metric
+                }
+                _ if throughput => {
+                    cells.push("-".to_string());
+                    f64::NAN
+                }
+                _ => 50.0 * (row.wall_s_max - row.wall_s_min) / row.wall_s,
+            };
+            cells.extend([
+                if spread.is_finite() { format!("±{spread:.0}%") } else { "-".to_string() },
                 format!("{:.2}", row.speedup),
                 format_percent(Some(row.efficiency)),
                 format_percent(Some(row.utilization)),
@@ -260,7 +385,7 @@ pub fn render_table(report: &ScaleReport) -> String {
                 format_count(row.context_switches),
                 format_count(row.migrations),
                 format_percent(row.steal_fraction),
-            ];
+            ]);
             if hardware {
                 let ipc = row
                     .hardware
@@ -280,9 +405,13 @@ pub fn render_table(report: &ScaleReport) -> String {
     let _ = writeln!(
         out,
         "(idle/s: vCPU idle entries per second on the run's CPUs; counts are per run; \
-         spread: half the min-max range of wall time{})",
+         spread: half the min-max range of {}{})",
+        if throughput { "the metric" } else { "wall time" },
         if hardware { "; payload: L1d misses, overhead: L1i + dTLB + iTLB misses" } else { "" }
     );
+    for warning in &report.warnings {
+        let _ = writeln!(out, "\nWARNING: {warning}");
+    }
 
     out.push('\n');
     let fits = &report.fits;
@@ -506,14 +635,16 @@ fn draw_rates(report: &ScaleReport, area: &Area<'_>) -> PlotResult {
 }
 
 fn draw_events(report: &ScaleReport, area: &Area<'_>) -> PlotResult {
+    // Per unit of work: a fixed-time run at more CPUs does more of it.
     let per_run = |value: fn(&Row) -> Option<f64>| -> Vec<(f64, f64)> {
-        report.rows.iter().filter_map(|row| value(row).map(|v| (row.cpus as f64, v))).collect()
+        report.rows.iter().filter_map(|row| value(row).map(|v| (row.cpus as f64, v / row.relative_work))).collect()
     };
     let series = [
         ("payload (L1d misses)", GREEN, per_run(|row| row.payload_events)),
         ("overhead (L1i + TLB misses)", RED, per_run(|row| row.overhead_events)),
     ];
-    draw_log_series(area, "Hardware events per unit of work", "events per run", &series)
+    let unit = if report.setup.metric.is_some() { "events per 1-CPU run's work" } else { "events per run" };
+    draw_log_series(area, "Hardware events per unit of work", unit, &series)
 }
 
 #[cfg(test)]
@@ -532,7 +663,19 @@ mod tests {
             idle_entries: Some(idle),
             steal_s: Some(0.0),
             exit_status: std::process::ExitStatus::from_raw(0),
+            metric: None,
+            stdout: Vec::new(),
         }
+    }
+
+    /// A run of a fixed-time benchmark: `cpu_s` of CPU time in 2 s, printing `rate`.
+    fn fixed_time_run(cpu_s: f64, rate: Option<f64>) -> Measurement {
+        Measurement { wall_s: 2.0, cpu_s, metric: rate, ..measurement(2.0, 100) }
+    }
+
+    fn throughput_setup(higher_is_better: bool) -> Setup {
+        let metric = crate::metric::Metric::parse(crate::metric::EXAMPLE_REGEX, !higher_is_better).unwrap();
+        Setup { metric: Some(metric.setup()), ..setup() }
     }
 
     fn setup() -> Setup {
@@ -542,6 +685,8 @@ mod tests {
             repeat: 3,
             idle_source: IdleEntrySource::TimerList,
             counters: CounterPlan::default(),
+            metric: None,
+            detected_metric: None,
         }
     }
 
@@ -597,6 +742,81 @@ mod tests {
         assert!(json["fits"]["amdahl"]["serial_fraction"].is_number());
         assert!(json["diagnosis"]["primary"]["limiter"].is_string());
         assert_eq!(json["setup"]["idle_source"], "timer-list");
+    }
+
+    #[test]
+    fn throughput_mode_takes_speedup_from_the_metric() {
+        // sysbench-like: 2 s at every count, the rate nearly doubles.
+        let report = build(
+            throughput_setup(true),
+            vec![
+                (vec![0], vec![fixed_time_run(2.0, Some(1000.0)), fixed_time_run(2.0, Some(1100.0)), fixed_time_run(2.0, Some(900.0))]),
+                (vec![0, 1], vec![fixed_time_run(4.0, Some(1900.0)); 3]),
+            ],
+        );
+        assert_eq!(report.rows[0].metric, Some(1000.0));
+        assert_eq!(report.rows[0].speedup, 1.0);
+        assert!((report.rows[1].speedup - 1.9).abs() < 1e-12);
+        assert!((report.rows[1].efficiency - 0.95).abs() < 1e-12);
+        // Twice the work in the same time: per-run counts compare per unit of work.
+        assert!((report.rows[1].relative_work - 1.9).abs() < 1e-12);
+        // The fits use the metric speedup: almost no serial fraction (wall time would say s = 1).
+        assert!(report.fits.amdahl.unwrap().serial_fraction < 0.1, "{:?}", report.fits.amdahl);
+        assert_eq!(report.diagnosis.primary.limiter, crate::classify::Limiter::ScalesWell);
+        assert!(report.warnings.is_empty(), "{:?}", report.warnings);
+        let table = render_table(&report);
+        assert!(table.contains("speedup from the metric"), "{table}");
+        let header = table.lines().find(|line| line.trim_start().starts_with("cpus")).unwrap();
+        assert!(header.contains("metric"), "{table}");
+        assert!(table.contains("±10%"), "spread of the metric: {table}");
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["setup"]["metric"]["higher_is_better"], true);
+        assert_eq!(json["rows"][1]["metric"], 1900.0);
+    }
+
+    #[test]
+    fn lower_is_better_inverts_the_ratio() {
+        let report = build(
+            throughput_setup(false),
+            vec![(vec![0], vec![fixed_time_run(2.0, Some(8.0))]), (vec![0, 1], vec![fixed_time_run(2.0, Some(5.0))])],
+        );
+        assert!((report.rows[1].speedup - 1.6).abs() < 1e-12);
+        assert_eq!(report.rows[1].relative_work, 1.0);
+    }
+
+    #[test]
+    fn constant_wall_time_is_flagged_in_wall_time_mode() {
+        let fixed_time = || {
+            vec![
+                (vec![0], vec![fixed_time_run(2.0, None)]),
+                (vec![0, 1], vec![Measurement { wall_s: 2.04, ..fixed_time_run(4.0, None) }]),
+            ]
+        };
+        let report = build(Setup { detected_metric: Some("sysbench"), ..setup() }, fixed_time());
+        assert_eq!(report.warnings.len(), 1, "{:?}", report.warnings);
+        let warning = &report.warnings[0];
+        assert!(warning.contains("seems to run for a fixed time"), "{warning}");
+        assert!(warning.contains("CPU time grew 2.0x"), "{warning}");
+        assert!(warning.contains("--metric sysbench"), "{warning}");
+        assert!(render_table(&report).contains(&format!("WARNING: {warning}")));
+        assert_eq!(serde_json::to_value(&report).unwrap()["warnings"][0], warning.as_str());
+
+        // CPU time flat too (a serial program): both readings are offered, with a regex example.
+        let serial = build(
+            setup(),
+            vec![(vec![0], vec![fixed_time_run(2.0, None)]), (vec![0, 1], vec![fixed_time_run(2.0, None)])],
+        );
+        assert!(serial.warnings[0].contains("uses one CPU only"), "{:?}", serial.warnings);
+        assert!(serial.warnings[0].contains(crate::metric::EXAMPLE_REGEX), "{:?}", serial.warnings);
+
+        // A real change in wall time, or throughput mode: no warning.
+        assert!(sample_report().warnings.is_empty());
+        assert!(!render_table(&sample_report()).contains("WARNING"));
+        let mut throughput = fixed_time();
+        for (_, runs) in &mut throughput {
+            runs[0].metric = Some(10.0);
+        }
+        assert!(build(throughput_setup(true), throughput).warnings.is_empty());
     }
 
     #[test]

@@ -266,6 +266,68 @@ pub struct Measurement {
     pub steal_s: Option<f64>,
     #[serde(skip)]
     pub exit_status: ExitStatus,
+    /// The figure read from the program's output in throughput mode (`--metric`).
+    pub metric: Option<f64>,
+    /// The tail of the program's stdout (see [`OutputCollector`]); emptied once read.
+    #[serde(skip)]
+    pub stdout: Vec<u8>,
+}
+
+/// Keeps at most this much of a run's stdout (its tail, where summaries are).
+const STDOUT_KEEP_BYTES: usize = 4 << 20;
+/// How long to wait for stdout to close after the child exited: a background
+/// process it left behind may hold the pipe open indefinitely.
+const STDOUT_DRAIN_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Reads the child's stdout on a thread while the parent waits for the child,
+/// so a chatty program never blocks on a full pipe. Keeps the last
+/// [`STDOUT_KEEP_BYTES`] and, with `--show-output`, copies everything to stderr.
+struct OutputCollector {
+    buffer: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    closed: std::sync::mpsc::Receiver<()>,
+}
+
+impl OutputCollector {
+    fn start(pipe: OwnedFd, echo_to_stderr: bool) -> Self {
+        use std::io::{Read, Write};
+        let buffer = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (closed_tx, closed) = std::sync::mpsc::channel();
+        let shared = std::sync::Arc::clone(&buffer);
+        std::thread::spawn(move || {
+            let mut pipe = std::fs::File::from(pipe);
+            let mut chunk = [0u8; 16 * 1024];
+            loop {
+                let read = match pipe.read(&mut chunk) {
+                    Ok(0) => break,
+                    Ok(read) => read,
+                    Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(_) => break,
+                };
+                if echo_to_stderr {
+                    // A closed stderr must not stop the collection.
+                    let _ = std::io::stderr().write_all(&chunk[..read]);
+                }
+                let Ok(mut kept) = shared.lock() else { break };
+                kept.extend_from_slice(&chunk[..read]);
+                if kept.len() > 2 * STDOUT_KEEP_BYTES {
+                    let cut = kept.len() - STDOUT_KEEP_BYTES;
+                    kept.drain(..cut);
+                }
+            }
+            let _ = closed_tx.send(());
+        });
+        Self { buffer, closed }
+    }
+
+    /// What was read by the time stdout closed (or [`STDOUT_DRAIN_WAIT`] after
+    /// the child exited, if something else still holds it open).
+    fn finish(self) -> Vec<u8> {
+        let _ = self.closed.recv_timeout(STDOUT_DRAIN_WAIT);
+        match self.buffer.lock() {
+            Ok(mut kept) => std::mem::take(&mut *kept),
+            Err(poisoned) => std::mem::take(&mut *poisoned.into_inner()),
+        }
+    }
 }
 
 /// Runs commands and gathers the counters chosen up front.
@@ -294,19 +356,10 @@ impl Runner {
             .map_err(|source| ScaleError::Os { what: "creating the start pipe", source })?;
         let (error_read, error_write) = nix::unistd::pipe2(OFlag::O_CLOEXEC)
             .map_err(|source| ScaleError::Os { what: "creating the exec-error pipe", source })?;
-        let stdout_target: OwnedFd = if self.show_output {
-            use std::os::fd::AsFd;
-            std::io::stderr()
-                .as_fd()
-                .try_clone_to_owned()
-                .map_err(|source| ScaleError::Io { what: "duplicating stderr for the child's output", source })?
-        } else {
-            std::fs::File::options()
-                .write(true)
-                .open("/dev/null")
-                .map_err(|source| ScaleError::Io { what: "opening /dev/null for the child's output", source })?
-                .into()
-        };
+        // Always captured: throughput mode reads the metric from it, and wall-time
+        // mode looks in it for a known benchmark to name in its fixed-time warning.
+        let (stdout_read, stdout_target) = nix::unistd::pipe2(OFlag::O_CLOEXEC)
+            .map_err(|source| ScaleError::Os { what: "creating the child's stdout pipe", source })?;
         let mut argv_pointers: Vec<*const libc::c_char> = command.argv.iter().map(|arg| arg.as_ptr()).collect();
         argv_pointers.push(std::ptr::null());
 
@@ -326,6 +379,7 @@ impl Runner {
         };
         drop((go_read, error_write, stdout_target));
         let mut guard = ChildGuard { pid: child, reaped: false };
+        let stdout = OutputCollector::start(stdout_read, self.show_output);
 
         let software = self.open_counters(child, &self.plan.software, |event| event.builder(), false);
         let hardware =
@@ -342,6 +396,7 @@ impl Runner {
         }
         let (status, usage) = guard.reap()?;
         let wall_s = started.elapsed().as_secs_f64();
+        let stdout = stdout.finish();
 
         let idle_entries = idle_before.zip(idle.total(cpus)).map(|(before, after)| after.saturating_sub(before));
         let steal_after = read_steal_ns(&self.roots, cpus).ok();
@@ -358,6 +413,8 @@ impl Runner {
                 .zip(steal_after)
                 .map(|(before, after)| after.saturating_sub(before) as f64 / 1e9),
             exit_status: status,
+            metric: None,
+            stdout,
         })
     }
 

@@ -8,14 +8,19 @@ use std::path::PathBuf;
 use anyhow::Context;
 use serde::Serialize;
 
+use crate::lab::{output, run_lab, LabArgs, Machine};
 use crate::report::{table, SimReport};
-use crate::scenario::{load_value, Scenario, Sweep};
-use crate::simulate;
+use crate::scenario::{parse_value, read_text, Scenario, Sweep};
+use crate::simulate_counting;
 
 #[derive(Debug, Clone, clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct SimArgs {
+    #[command(subcommand)]
+    pub command: Option<SimCommand>,
     /// Scenario file (TOML), e.g. scenarios/table2-c.toml
-    pub scenario: PathBuf,
+    #[arg(required = true)]
+    pub scenario: Option<PathBuf>,
     /// Run once per value of a scenario field: PATH=V1,V2,... (e.g. host.pcpus=4,8,16,
     /// vm.0.guest=none,gleaner; several fields at once: vm.0.guest+vm.1.guest=none,gleaner)
     #[arg(long)]
@@ -31,6 +36,14 @@ pub struct SimArgs {
     pub json: bool,
 }
 
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum SimCommand {
+    /// The policy lab: a generated population of scenarios, each run with none, haltpoll,
+    /// retention, gleaner and every static vCPU count (with and without retention); prints
+    /// Gleaner's regret against the best static setting on a tuning and a held-out set
+    Lab(LabArgs),
+}
+
 #[derive(Serialize)]
 struct SweepReport<'a> {
     sweep: &'a str,
@@ -41,14 +54,53 @@ struct SweepReport<'a> {
 }
 
 pub fn run(args: SimArgs) -> anyhow::Result<()> {
-    let base = load_value(&args.scenario)?;
+    run_with_machine(args, Machine::here)
+}
+
+/// As [`run`]; `machine` describes where the lab runs, for its results files (the caller owns
+/// the readers of the machine's state).
+pub fn run_with_machine(args: SimArgs, machine: impl FnOnce() -> Machine) -> anyhow::Result<()> {
+    if let Some(SimCommand::Lab(lab)) = &args.command {
+        return run_lab_command(lab, machine());
+    }
+    let Some(scenario_path) = args.scenario.clone() else {
+        anyhow::bail!("give a scenario file (e.g. scenarios/table2-c.toml) or `lab`");
+    };
+    run_scenario(args, &scenario_path)
+}
+
+fn run_lab_command(args: &LabArgs, machine: Machine) -> anyhow::Result<()> {
+    let report = run_lab(args, machine)?;
+    print!("{}", output::summary(&report));
+    if let Some(dir) = &args.out_dir {
+        for path in output::write_files(&report, dir, &args.name)? {
+            println!("wrote {}", path.display());
+        }
+    }
+    Ok(())
+}
+
+fn run_scenario(args: SimArgs, scenario_path: &std::path::Path) -> anyhow::Result<()> {
+    // Wall time of the simulations alone, for the events/s line on stderr (stdout stays the
+    // deterministic report).
+    let mut events = 0u64;
+    let mut busy = std::time::Duration::ZERO;
+    let mut timed = |scenario: &Scenario| {
+        let started = std::time::Instant::now();
+        let (report, n) = simulate_counting(scenario);
+        busy += started.elapsed();
+        events += n;
+        report
+    };
+    let text = read_text(scenario_path)?;
+    let base = parse_value(&text, scenario_path)?;
     let (json, rows_text) = match &args.sweep {
         None => {
-            let mut scenario = Scenario::from_value(base, &args.scenario)?;
+            let mut scenario = Scenario::from_value_in(base, Some(&text), scenario_path)?;
             if let Some(seed) = args.seed {
                 scenario.seed = seed;
             }
-            let report = simulate(&scenario);
+            let report = timed(&scenario);
             let text = table(&[(None, &report, None)]);
             (serde_json::to_string_pretty(&report)?, text)
         }
@@ -58,12 +110,12 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
             for k in 0..sweep.values.len() {
                 let mut value = base.clone();
                 sweep.apply(&mut value, k)?;
-                let mut scenario = Scenario::from_value(value, &args.scenario)
+                let mut scenario = Scenario::from_value(value, scenario_path)
                     .with_context(|| format!("with {}={}", sweep.path, sweep.labels[k]))?;
                 if let Some(seed) = args.seed {
                     scenario.seed = seed;
                 }
-                reports.push(simulate(&scenario));
+                reports.push(timed(&scenario));
             }
             let relative: Vec<Option<f64>> = reports.iter().map(|r| r.relative_to(&reports[0])).collect();
             let rows: Vec<_> = reports
@@ -90,6 +142,15 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         println!("{json}");
     } else {
         print!("{rows_text}");
+    }
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let secs = busy.as_secs_f64();
+    if secs > 0.0 {
+        eprintln!(
+            "{events} events in {secs:.2} s of simulation: {:.2} M events/s",
+            events as f64 / secs / 1e6
+        );
     }
     Ok(())
 }

@@ -15,6 +15,7 @@
 pub mod cli;
 pub mod engine;
 pub mod host;
+pub mod lab;
 pub mod ostree;
 pub mod queue;
 pub mod report;
@@ -22,7 +23,7 @@ pub mod scenario;
 pub mod time;
 pub mod workload;
 
-pub use cli::{run, SimArgs};
+pub use cli::{run, run_with_machine, SimArgs, SimCommand};
 pub use report::SimReport;
 pub use scenario::{Scenario, ScenarioError};
 
@@ -32,11 +33,19 @@ use report::speedup_of;
 /// validate it). With `sim.weighted_speedup`, each VM is also simulated alone on the same host
 /// with the same seed, and the report carries per-VM speedups and their sum (see [`report`]).
 pub fn simulate(scenario: &Scenario) -> SimReport {
+    simulate_counting(scenario).0
+}
+
+/// [`simulate`], also returning the events processed by every run it made (the solo
+/// baselines included), for an events/s figure.
+pub fn simulate_counting(scenario: &Scenario) -> (SimReport, u64) {
     let mut report = engine::Sim::new(scenario).run();
+    let mut events = report.events;
     if scenario.sim.weighted_speedup && scenario.vms.len() > 1 {
         let mut total = Some(0.0);
         for i in 0..scenario.vms.len() {
             let solo = engine::Sim::new(&scenario.solo(i)).run();
+            events += solo.events;
             let base = &solo.vms[0];
             let vm = &mut report.vms[i];
             vm.solo_run_time_ns = base.run_time_ns;
@@ -46,5 +55,5 @@ pub fn simulate(scenario: &Scenario) -> SimReport {
         }
         report.weighted_speedup = total;
     }
-    report
+    (report, events)
 }

@@ -154,6 +154,8 @@ pub struct VmReport {
     pub run_time_ns: Option<Ns>,
     /// Completed program iterations (items, transactions, chunks, phases...).
     pub iterations: u64,
+    /// Compute bursts the workload completed, in ns: its useful work whatever its kind.
+    pub completed_work_ns: Ns,
     /// Iterations per second over the run time (finished) or the whole run (endless).
     pub throughput_per_s: f64,
     pub wake_latency: LatencySummary,

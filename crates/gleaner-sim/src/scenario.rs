@@ -15,14 +15,52 @@ use crate::workload::{Op, Preset, ThreadGroup};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ScenarioError {
-    #[error("cannot read scenario {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
-    #[error("{path}:{line}:{column}: {message}")]
-    Parse { path: PathBuf, line: usize, column: usize, message: String },
+    // The I/O error is part of this message and deliberately not its `source`: a chain
+    // printer (`{:#}`) would repeat it ("No such file or directory: No such file ...").
+    #[error("cannot read scenario {path}: {error}")]
+    Read { path: PathBuf, error: std::io::Error },
+    #[error("{path}:{at}{message}")]
+    Parse { path: PathBuf, at: Position, message: String },
     #[error("{path}: {field}: {problem}")]
     Invalid { path: PathBuf, field: String, problem: String },
     #[error("bad --sweep {spec:?}: {problem} (expected PATH=V1,V2,..., e.g. host.pcpus=4,8,16)")]
     Sweep { spec: String, problem: String },
+}
+
+/// Where in a scenario file a parse error is: `line:column: `, or nothing when the error has
+/// no place in the text (a value set by `--sweep`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position(pub Option<(usize, usize)>);
+
+impl std::fmt::Display for Position {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some((line, column)) => write!(f, "{line}:{column}: "),
+            None => write!(f, " "),
+        }
+    }
+}
+
+/// Why a `host_cpus` list is unusable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HostCpusError {
+    #[error("{0}")]
+    Syntax(String),
+    #[error("host CPU {cpu} does not exist (host.pcpus = {pcpus})")]
+    NoSuchCpu { cpu: usize, pcpus: usize },
+    #[error("empty CPU list")]
+    Empty,
+}
+
+/// Why a `--sweep` path cannot be set in the scenario's TOML tree.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SetPathError {
+    #[error("{part:?} must be an index into an array")]
+    NotAnIndex { part: String },
+    #[error("index {index} out of range ({len} items)")]
+    OutOfRange { index: usize, len: usize },
+    #[error("{part:?} goes inside a value that is not a table")]
+    NotATable { part: String },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -266,6 +304,10 @@ pub struct VmConfig {
     /// Pin vCPU i to the i-th pCPU of `host_cpus` (a dedicated-hardware VM).
     #[serde(default)]
     pub pin_vcpus: bool,
+    /// Confine the workload to the VM's first `active_vcpus` vCPUs for the whole run (a fixed
+    /// cpuset: the policy lab's static settings); default all.
+    #[serde(default)]
+    pub active_vcpus: Option<usize>,
     /// Overrides `guest.retention_timeout` for this VM.
     #[serde(default)]
     pub retention_timeout: Option<Dur>,
@@ -313,25 +355,57 @@ impl VmConfig {
 impl Scenario {
     /// Read, parse and validate a scenario file.
     pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
-        let value = load_value(path)?;
-        Scenario::from_value(value, path)
+        let text = read_text(path)?;
+        Scenario::from_str(&text, path)
     }
 
-    /// Parse and validate TOML text; `path` only labels errors.
+    /// Parse and validate TOML text; `path` only labels errors, which carry the line and
+    /// column of the offending field.
     pub fn from_str(text: &str, path: &Path) -> Result<Scenario, ScenarioError> {
         let value = parse_value(text, path)?;
-        Scenario::from_value(value, path)
+        Scenario::from_value_in(value, Some(text), path)
     }
 
+    /// Build from a TOML tree (e.g. one a sweep modified). Errors carry no position: the tree
+    /// has no text.
     pub fn from_value(value: toml::Value, path: &Path) -> Result<Scenario, ScenarioError> {
-        let scenario: Scenario = Scenario::deserialize(value).map_err(|e| ScenarioError::Parse {
-            path: path.to_path_buf(),
-            line: 0,
-            column: 0,
-            message: one_line(e.message()),
+        Scenario::from_value_in(value, None, path)
+    }
+
+    /// Build from a TOML tree; when `text` is the file the tree was parsed from unmodified, a
+    /// type error is located in it (the tree itself has no spans).
+    pub fn from_value_in(
+        value: toml::Value,
+        text: Option<&str>,
+        path: &Path,
+    ) -> Result<Scenario, ScenarioError> {
+        let scenario: Scenario = Scenario::deserialize(value).map_err(|e| {
+            let spanned = text.and_then(|text| {
+                let err = toml::from_str::<Scenario>(text).err()?;
+                let span = err.span()?;
+                Some((position_of(text, span.start), one_line(err.message())))
+            });
+            match spanned {
+                Some((at, message)) => ScenarioError::Parse {
+                    path: path.to_path_buf(),
+                    at: Position(Some(at)),
+                    message,
+                },
+                None => ScenarioError::Parse {
+                    path: path.to_path_buf(),
+                    at: Position(None),
+                    message: one_line(e.message()),
+                },
+            }
         })?;
         scenario.validate(path)?;
         Ok(scenario)
+    }
+
+    /// A scenario built in code, validated as a file would be; `path` labels errors.
+    pub fn validated(self, path: &Path) -> Result<Scenario, ScenarioError> {
+        self.validate(path)?;
+        Ok(self)
     }
 
     fn validate(&self, path: &Path) -> Result<(), ScenarioError> {
@@ -377,10 +451,18 @@ impl Scenario {
             if vm.vcpus == 0 || vm.vcpus > 8192 {
                 return Err(bad(f("vcpus"), format!("{} must be 1..=8192", vm.vcpus)));
             }
+            if let Some(k) = vm.active_vcpus {
+                if k == 0 || k > vm.vcpus {
+                    return Err(bad(f("active_vcpus"), format!("{k} must be 1..={} (the VM's vcpus)", vm.vcpus)));
+                }
+                if vm.guest == GuestPolicy::Retention || vm.guest == GuestPolicy::Gleaner {
+                    return Err(bad(f("active_vcpus"), "a fixed cpuset conflicts with the policy's own; use guest none, haltpoll or hold".into()));
+                }
+            }
             if vm.weight == 0 {
                 return Err(bad(f("weight"), "must be > 0 (1024 is nice 0)".into()));
             }
-            let host_cpus = self.host_cpus(i).map_err(|p| bad(f("host_cpus"), p))?;
+            let host_cpus = self.host_cpus(i).map_err(|p| bad(f("host_cpus"), p.to_string()))?;
             if vm.pin_vcpus && host_cpus.len() < vm.vcpus {
                 return Err(bad(
                     f("pin_vcpus"),
@@ -464,19 +546,17 @@ impl Scenario {
     }
 
     /// The pCPUs VM `i` may use.
-    pub fn host_cpus(&self, i: usize) -> Result<Vec<usize>, String> {
+    pub fn host_cpus(&self, i: usize) -> Result<Vec<usize>, HostCpusError> {
         let all: Vec<usize> = (0..self.host.pcpus).collect();
         let Some(list) = &self.vms[i].host_cpus else { return Ok(all) };
-        let set: gleaner_policy::Cpuset = list.parse().map_err(|e| format!("{e}"))?;
+        let set: gleaner_policy::Cpuset =
+            list.parse().map_err(|e| HostCpusError::Syntax(format!("{e}")))?;
         let cpus: Vec<usize> = set.iter().collect();
-        if let Some(bad) = cpus.iter().find(|&&c| c >= self.host.pcpus) {
-            return Err(format!(
-                "host CPU {bad} does not exist (host.pcpus = {})",
-                self.host.pcpus
-            ));
+        if let Some(&cpu) = cpus.iter().find(|&&c| c >= self.host.pcpus) {
+            return Err(HostCpusError::NoSuchCpu { cpu, pcpus: self.host.pcpus });
         }
         if cpus.is_empty() {
-            return Err("empty CPU list".into());
+            return Err(HostCpusError::Empty);
         }
         Ok(cpus)
     }
@@ -510,24 +590,28 @@ impl Scenario {
     }
 }
 
-pub fn load_value(path: &Path) -> Result<toml::Value, ScenarioError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|source| ScenarioError::Read { path: path.to_path_buf(), source })?;
-    parse_value(&text, path)
+/// A scenario file's text.
+pub fn read_text(path: &Path) -> Result<String, ScenarioError> {
+    std::fs::read_to_string(path).map_err(|error| ScenarioError::Read { path: path.to_path_buf(), error })
 }
 
-fn parse_value(text: &str, path: &Path) -> Result<toml::Value, ScenarioError> {
-    text.parse::<toml::Table>().map(toml::Value::Table).map_err(|e| {
-        let (line, column) = match e.span() {
-            Some(span) => {
-                let before = &text[..span.start.min(text.len())];
-                let line = before.matches('\n').count() + 1;
-                let column = before.len() - before.rfind('\n').map_or(0, |p| p + 1) + 1;
-                (line, column)
-            }
-            None => (0, 0),
-        };
-        ScenarioError::Parse { path: path.to_path_buf(), line, column, message: one_line(e.message()) }
+pub fn load_value(path: &Path) -> Result<toml::Value, ScenarioError> {
+    parse_value(&read_text(path)?, path)
+}
+
+/// Line and column (both from 1) of byte offset `at` in `text`.
+fn position_of(text: &str, at: usize) -> (usize, usize) {
+    let before = &text[..at.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.chars().count() - before.rfind('\n').map_or(0, |p| before[..=p].chars().count()) + 1;
+    (line, column)
+}
+
+pub fn parse_value(text: &str, path: &Path) -> Result<toml::Value, ScenarioError> {
+    text.parse::<toml::Table>().map(toml::Value::Table).map_err(|e| ScenarioError::Parse {
+        path: path.to_path_buf(),
+        at: Position(e.span().map(|span| position_of(text, span.start))),
+        message: one_line(e.message()),
     })
 }
 
@@ -563,7 +647,7 @@ impl Sweep {
         for path in &self.paths {
             set_path(root, path, self.values[k].clone()).map_err(|problem| ScenarioError::Sweep {
                 spec: format!("{}={}", self.path, self.labels.join(",")),
-                problem,
+                problem: problem.to_string(),
             })?;
         }
         Ok(())
@@ -583,7 +667,7 @@ fn parse_scalar(raw: &str) -> toml::Value {
 /// Set `a.b.0.c` in a TOML tree: table keys by name, array elements by index. Missing tables
 /// and the last key are created, so optional fields and sections can be swept too (a wrong
 /// name is then reported by the scenario's own `unknown field` check).
-pub fn set_path(root: &mut toml::Value, path: &str, value: toml::Value) -> Result<(), String> {
+pub fn set_path(root: &mut toml::Value, path: &str, value: toml::Value) -> Result<(), SetPathError> {
     let parts: Vec<&str> = path.split('.').collect();
     let mut node = root;
     for (i, part) in parts.iter().enumerate() {
@@ -599,17 +683,16 @@ pub fn set_path(root: &mut toml::Value, path: &str, value: toml::Value) -> Resul
             }
             toml::Value::Array(a) => {
                 let idx: usize =
-                    part.parse().map_err(|_| format!("{part:?} must be an index into an array"))?;
+                    part.parse().map_err(|_| SetPathError::NotAnIndex { part: part.to_string() })?;
                 let len = a.len();
-                let slot =
-                    a.get_mut(idx).ok_or_else(|| format!("index {idx} out of range ({len} items)"))?;
+                let slot = a.get_mut(idx).ok_or(SetPathError::OutOfRange { index: idx, len })?;
                 if last {
                     *slot = value;
                     return Ok(());
                 }
                 slot
             }
-            _ => return Err(format!("{part:?} goes inside a value that is not a table")),
+            _ => return Err(SetPathError::NotATable { part: part.to_string() }),
         };
     }
     Ok(())
@@ -660,6 +743,35 @@ mod tests {
             assert!(!err.contains('\n'), "multi-line error: {err}");
             assert!(err.contains(needle), "{err:?} should mention {needle:?}");
         }
+    }
+
+    #[test]
+    fn type_errors_name_line_and_column_never_zero() {
+        // A field of the wrong type: the position of the field's value in the file.
+        let text = "[host]\npcpus = 2\n[[vm]]\nvcpus = \"x\"\nworkload = { preset = \"matmul\" }\n";
+        let err = parse(text).unwrap_err().to_string();
+        assert!(err.starts_with("t.toml:4:9: "), "{err}");
+        // An unknown field and a missing one: still positioned, never the old `:0:0:`.
+        for text in [
+            "[host]\npcpus = 2\nbogus = 1\n[[vm]]\nvcpus = 2\nworkload={preset=\"matmul\"}",
+            "[host]\npcpus = 2\n",
+        ] {
+            let err = parse(text).unwrap_err().to_string();
+            assert!(!err.contains(":0:0:"), "{err}");
+        }
+        // A tree changed by a sweep has no text: no position at all.
+        let value = parse_value(text, Path::new("t.toml")).unwrap();
+        let err = Scenario::from_value(value, Path::new("t.toml")).unwrap_err().to_string();
+        assert!(err.starts_with("t.toml: invalid type"), "{err}");
+    }
+
+    #[test]
+    fn a_missing_file_is_named_once_with_its_cause_once() {
+        let err = Scenario::load(Path::new("/nonexistent/scenario.toml")).unwrap_err();
+        // What `gleaner sim` prints: the error with its chain of causes.
+        let shown = format!("{:#}", anyhow::Error::from(err));
+        assert_eq!(shown.matches("No such file or directory").count(), 1, "{shown}");
+        assert!(shown.contains("/nonexistent/scenario.toml"), "{shown}");
     }
 
     #[test]

@@ -57,6 +57,46 @@ fn table2_wake_latencies_match_the_paper() {
 }
 
 #[test]
+fn policy_samples_split_wake_latency_by_wakee_state_and_count_progress() {
+    // The sleepy workload of the retention test: a timer wake on a halted vCPU costs
+    // halt_wake + vcpu_switch + guest_switch = 26 µs, on a vCPU held by retention 6 µs.
+    let s = inline(
+        r#"
+        [sim]
+        duration = "800ms"
+        [host]
+        pcpus = 2
+        [[vm]]
+        name = "sleepy"
+        vcpus = 2
+        guest = "retention"
+        [[vm.threads]]
+        count = 2
+        program = [{ compute = "20us" }, { sleep = "5us" }]
+        "#,
+    );
+    let (r, samples) = gleaner_sim::engine::Sim::new(&s).run_keeping_samples();
+    assert_eq!(samples.len(), 8, "one sample per 100 ms period");
+    let mut all = gleaner_policy::WakeLatencies::default();
+    for (vm_index, sample) in &samples {
+        assert_eq!(*vm_index, 0);
+        all.merge(sample.wake_latency.as_ref().expect("the simulator sees every wake-up"));
+    }
+    let bucket = gleaner_policy::LatencyHistogram::bucket_of;
+    assert!(all.halted.count > 0 && all.polling.count > 0, "{all:?}");
+    assert_eq!(all.halted.buckets[bucket(26_000)], all.halted.count, "halted wakes cost 26 µs");
+    assert_eq!(all.polling.buckets[bucket(6_000)], all.polling.count, "held wakes cost 6 µs");
+    assert_eq!(all.running.count, 0, "no thread wakes another here");
+    // Progress is the compute completed, in µs: 20 µs per iteration of each thread.
+    let progress: u64 = samples.iter().map(|(_, s)| s.progress.expect("the simulator counts work done")).sum();
+    let v = vm(&r, "sleepy");
+    // Each of the 2 threads may have finished its burst but not yet its sleep.
+    assert!((0..=2).contains(&((v.completed_work_ns - 20_000 * v.iterations) / 20_000)), "{v:?}");
+    let done_us = v.completed_work_ns / 1_000;
+    assert!(progress <= done_us && progress + 2 * 20 >= done_us, "{progress} of {done_us} µs");
+}
+
+#[test]
 fn two_vcpus_on_one_pcpu_switch_every_half_latency() {
     // CFS with two always-busy tasks: each runs sched_latency / 2 = 12 ms. Over 246 ms: the
     // first pick at 0, then a switch at 12, 24, ..., 240 ms: 21 switch-ins. A wakeup
@@ -263,7 +303,8 @@ fn cli_writes_json_and_reports_bad_files_in_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out.json");
     let args = SimArgs {
-        scenario: scenario_file("table2-c.toml"),
+        command: None,
+        scenario: Some(scenario_file("table2-c.toml")),
         sweep: Some("vm.0.workload.iterations=50,100".into()),
         out: Some(out.clone()),
         seed: Some(5),
@@ -282,14 +323,15 @@ fn cli_writes_json_and_reports_bad_files_in_one_line() {
         ("[host\npcpus = 1\n", "bad.toml:1:"),
     ] {
         std::fs::write(&bad, text).unwrap();
-        let args = SimArgs { scenario: bad.clone(), sweep: None, out: None, seed: None, json: true };
+        let args = SimArgs { command: None, scenario: Some(bad.clone()), sweep: None, out: None, seed: None, json: true };
         let err = format!("{:#}", run(args).unwrap_err());
         assert!(!err.contains('\n') && err.contains(needle), "{err}");
     }
-    let missing = SimArgs { scenario: dir.path().join("nope.toml"), sweep: None, out: None, seed: None, json: true };
+    let missing = SimArgs { command: None, scenario: Some(dir.path().join("nope.toml")), sweep: None, out: None, seed: None, json: true };
     assert!(format!("{:#}", run(missing).unwrap_err()).contains("cannot read scenario"));
     let bad_sweep = SimArgs {
-        scenario: scenario_file("table2-a.toml"),
+        command: None,
+        scenario: Some(scenario_file("table2-a.toml")),
         sweep: Some("host.pcpus".into()),
         out: None,
         seed: None,

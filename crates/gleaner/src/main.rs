@@ -7,7 +7,7 @@ use gleaner_sys::one_line;
 use gleaner_daemon::{config, daemon, probe, service, status};
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
@@ -76,6 +76,15 @@ enum Cmd {
     Sim(gleaner_sim::SimArgs),
     #[command(name = "__guard", hide = true)]
     Guard { journal: PathBuf },
+    /// Print idle entries per CPU as a JSON line now and after each line read on stdin, until
+    /// stdin closes (how the bench harness counts idle entries: bench/harness/idle.py)
+    #[command(name = "__idle-entries", hide = true)]
+    IdleEntries {
+        #[arg(long, value_name = "DIR", default_value = "/sys")]
+        sys_root: PathBuf,
+        #[arg(long, value_name = "DIR", default_value = "/proc")]
+        proc_root: PathBuf,
+    },
     /// Write the man pages (generated from these definitions) into DIR
     #[command(hide = true)]
     Man {
@@ -84,29 +93,26 @@ enum Cmd {
     },
 }
 
-fn init_logging(format: LogFormat, filter: Option<&str>) {
-    use tracing_subscriber::EnvFilter;
-    let filter = filter
-        .map(EnvFilter::new)
-        .or_else(|| std::env::var("GLEANER_LOG").ok().map(EnvFilter::new))
-        .unwrap_or_else(|| EnvFilter::new("info"));
-    // Colour only on a terminal: journald and the daemon's log forwarding get plain text.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).with_ansi(ansi);
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
-    };
+/// Where `gleaner sim lab` runs, for its results files: read through gleaner-linux's readers.
+fn lab_machine() -> gleaner_sim::lab::Machine {
+    let procfs = gleaner_linux::procfs::ProcFs::new("/proc");
+    let sysfs = gleaner_linux::sysfs::SysFs::new("/sys");
+    gleaner_sim::lab::Machine {
+        kernel: procfs.kernel_release().ok(),
+        cpuidle_driver: sysfs.cpuidle_driver().ok().map(|d| d.unwrap_or_else(|| "none".into())),
+        loadavg_at_start: procfs.loadavg().ok().map(|l| [l.one, l.five, l.fifteen]),
+        ..gleaner_sim::lab::Machine::here()
+    }
 }
 
 fn main() -> ExitCode {
     // A bug must not print a backtrace at a user; the restore paths still run on unwind.
     std::panic::set_hook(Box::new(|info| {
         let msg = info.payload().downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| info.payload().downcast_ref::<String>().cloned());
-        gleaner_daemon::errln!("gleaner: internal error: {} (please report this)", msg.unwrap_or_else(|| "panic".into()));
+        gleaner_daemon::logging::print_unstructured(&format!("gleaner: internal error: {} (please report this)", msg.unwrap_or_else(|| "panic".into())));
     }));
     let cli = Cli::parse();
-    init_logging(cli.log_format, cli.log.as_deref());
+    gleaner_daemon::logging::init(matches!(cli.log_format, LogFormat::Json), cli.log.as_deref());
     let result = match cli.command {
         Cmd::Run { flags, command } => daemon::manage(&flags, daemon::Target::Command(command)),
         Cmd::Attach { flags, pid, cgroup, system_process } => match (pid, cgroup) {
@@ -120,8 +126,9 @@ fn main() -> ExitCode {
         Cmd::Probe(args) => probe::run(args).map(|_| 0),
         Cmd::Workload(args) => gleaner_workloads::run(args).map(|_| 0),
         Cmd::Scale(args) => gleaner_scale::run(args).map(|_| 0),
-        Cmd::Sim(args) => gleaner_sim::run(args).map(|_| 0),
+        Cmd::Sim(args) => gleaner_sim::run_with_machine(args, lab_machine).map(|_| 0),
         Cmd::Guard { journal } => daemon::guard_main(&journal),
+        Cmd::IdleEntries { sys_root, proc_root } => idle_entries(&sys_root, &proc_root),
         Cmd::Man { out } => man::write_pages(Cli::command(), &out).map(|files| {
             for f in files {
                 gleaner_daemon::outln!("{}", f.display());
@@ -132,9 +139,32 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(e) => {
-            gleaner_daemon::errln!("gleaner: error: {}", one_line(&format!("{e:#}")));
+            gleaner_daemon::logging::report_error(&one_line(&format!("{e:#}")));
             ExitCode::from(2)
         }
     }
 }
 
+/// `gleaner __idle-entries`: the bench harness counts idle entries through this, so the
+/// kernel files behind them are parsed, and the best source chosen, only in
+/// `gleaner_linux::idle_entries`. One counter stays open between readings because the
+/// tracepoint source counts only while open.
+fn idle_entries(sys_root: &Path, proc_root: &Path) -> anyhow::Result<i32> {
+    use std::io::{BufRead, Write};
+    let cpus: Vec<usize> = gleaner_linux::SysFs::new(sys_root).online_cpus()?.iter().collect();
+    let mut counter = gleaner_linux::idle_entries::IdleEntryCounter::open(sys_root, proc_root, &cpus);
+    let mut stdin = std::io::stdin().lock();
+    let mut line = String::new();
+    loop {
+        let per_cpu: serde_json::Map<String, serde_json::Value> =
+            cpus.iter().zip(counter.read()).map(|(cpu, count)| (cpu.to_string(), count.into())).collect();
+        let reading = serde_json::json!({"source": counter.source(), "exact": counter.source().exact(), "per_cpu": per_cpu});
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "{reading}")?;
+        stdout.flush()?;
+        line.clear();
+        if stdin.read_line(&mut line)? == 0 {
+            return Ok(0);
+        }
+    }
+}

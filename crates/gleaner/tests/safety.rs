@@ -525,7 +525,7 @@ fn status_file_is_private_and_readable_through_status() {
     kill_pid(work);
     assert_eq!((file_mode, journal_mode, dir_mode), (0o600, 0o600, 0o700));
     let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(listed[0]["pid"].as_u64(), Some(gp as u64), "{listed}");
+    assert_eq!(listed["instances"][0]["pid"].as_u64(), Some(gp as u64), "{listed}");
     if let Some(other) = other {
         let err = stderr_of(&other);
         assert_eq!(other.status.code(), Some(2), "another user could read the status: {}", String::from_utf8_lossy(&other.stdout));

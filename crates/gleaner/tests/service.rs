@@ -29,7 +29,20 @@ struct Daemon {
 
 impl Daemon {
     fn start(config: &Path) -> Daemon {
-        let mut child = Command::new(GLEANER)
+        Daemon::start_as(&[], config)
+    }
+
+    /// Started through `wrapper` (e.g. `setpriv` with the unit's capabilities).
+    fn start_as(wrapper: &[String], config: &Path) -> Daemon {
+        let mut cmd = match wrapper.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(GLEANER);
+                c
+            }
+            None => Command::new(GLEANER),
+        };
+        let mut child = cmd
             .args(["daemon", "--config"])
             .arg(config)
             .env("GLEANER_LOG", "info")
@@ -222,6 +235,11 @@ struct TestCgroup {
 
 impl TestCgroup {
     fn create() -> Option<TestCgroup> {
+        TestCgroup::create_named("svc")
+    }
+
+    /// `gleaner-test-<what>-<pid>` in the v1 cpuset hierarchy, with all CPUs and memory nodes.
+    fn create_named(what: &str) -> Option<TestCgroup> {
         if unsafe { libc::geteuid() } != 0 {
             common::skipped("service cgroup test", "needs root to create a cgroup");
             return None;
@@ -236,7 +254,7 @@ impl TestCgroup {
             common::skipped("service cgroup test", &format!("needs at least 2 CPUs, have {}", cpus.trim()));
             return None;
         }
-        let dir = root.join(format!("gleaner-test-svc-{}", std::process::id()));
+        let dir = root.join(format!("gleaner-test-{what}-{}", std::process::id()));
         std::fs::create_dir(&dir).unwrap();
         let cg = TestCgroup { dir };
         std::fs::write(cg.dir.join("cpuset.cpus"), cpus.trim()).unwrap();
@@ -307,7 +325,9 @@ fn daemon_manages_a_real_cgroup_and_its_metrics_move_with_the_workload() {
     assert!(transitions.iter().all(|t| t.is_finite() && *t >= 0.0), "{busy:#?}");
     let later = scrape_until(addr, Duration::from_secs(10), "periods advancing", |m| m.get("gleaner_periods_total{target=\"svc\"}").is_some_and(|p| *p >= p0 + 10.0));
     assert!(later["gleaner_cpu_seconds_total{target=\"svc\"}"] > first["gleaner_cpu_seconds_total{target=\"svc\"}"]);
-    assert!(later["gleaner_uptime_seconds{target=\"svc\"}"] > first["gleaner_uptime_seconds{target=\"svc\"}"]);
+    assert_eq!(later["gleaner_instance_start_time_seconds{target=\"svc\"}"], first["gleaner_instance_start_time_seconds{target=\"svc\"}"]);
+    let idle_total = |m: &BTreeMap<String, f64>| m.iter().filter(|(k, _)| k.starts_with("gleaner_vcpu_idle_transitions_total{target=\"svc\"")).map(|(_, v)| *v).sum::<f64>();
+    assert!(idle_total(&later) >= idle_total(&first), "a counter never goes down: {first:#?} {later:#?}");
     assert_eq!(later["gleaner_allowed_vcpus{target=\"svc\"}"], original_cpus.trim().parse::<gleaner_policy::Cpuset>().unwrap().len() as f64);
     assert_eq!(later["gleaner_target_restarts_total{target=\"svc\"}"], 0.0);
     // When the pipeline ends (the workload then only sleeps), its CPU use falls back.
@@ -339,4 +359,189 @@ fn daemon_manages_a_real_cgroup_and_its_metrics_move_with_the_workload() {
     assert!(!textfile.exists(), "stale textfile removed on stop");
     let journals: Vec<_> = std::fs::read_dir(&state).unwrap().flatten().filter(|e| e.path().extension().is_some_and(|x| x == "json")).collect();
     assert!(journals.is_empty(), "journals left: {journals:?}");
+}
+
+/// `setpriv` arguments that give a process exactly what packaging/gleaner.service gives the
+/// daemon: the capability bounding set named there, no inheritable or ambient capabilities,
+/// no new privileges. Read from the unit file, so the test follows any change to it.
+fn unit_capabilities() -> Vec<String> {
+    let unit = include_str!("../../../packaging/gleaner.service");
+    let caps: Vec<String> = unit
+        .lines()
+        .filter_map(|l| l.strip_prefix("CapabilityBoundingSet="))
+        .flat_map(|l| l.split_whitespace())
+        .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase()))
+        .collect();
+    assert!(!caps.is_empty(), "the unit names no CapabilityBoundingSet");
+    assert!(unit.lines().any(|l| l == "NoNewPrivileges=yes"));
+    assert!(unit.lines().any(|l| l == "AmbientCapabilities="));
+    vec!["setpriv".into(), format!("--bounding-set=-all,{}", caps.join(",")), "--inh-caps=-all".into(), "--no-new-privs".into()]
+}
+
+fn setpriv_works() -> bool {
+    let mut c = unit_capabilities();
+    c.push("true".into());
+    Command::new(&c[0]).args(&c[1..]).status().is_ok_and(|s| s.success())
+}
+
+/// Issue 15 item 1: under the unit's capability set (no CAP_DAC_OVERRIDE, so the v1 cpuset
+/// root, mode 0555, is not writable) an existing cgroup v1 group must be managed, `--check`
+/// must say so, and a group whose cpuset.cpus cannot be written must be reported as failing
+/// by both `--check` and the running daemon (`gleaner status`), with the same reason.
+#[test]
+fn daemon_under_the_units_capabilities_manages_a_cgroup_v1_target() {
+    if unsafe { libc::geteuid() } == 0 && !setpriv_works() {
+        common::skipped("daemon_under_the_units_capabilities_manages_a_cgroup_v1_target", "setpriv (util-linux) is missing or cannot drop capabilities here");
+        return;
+    }
+    let Some(cg) = TestCgroup::create_named("caps") else { return };
+    let Some(ro) = TestCgroup::create_named("caps-ro") else { return };
+    let original_cpus = std::fs::read_to_string(cg.dir.join("cpuset.cpus")).unwrap();
+    // The read-only group: only its owner's write bit is off, as an operator might leave it.
+    std::fs::set_permissions(ro.dir.join("cpuset.cpus"), std::fs::Permissions::from_mode(0o444)).unwrap();
+    let workload = |dir: &Path| Reaped(Command::new("sh").arg("-c").arg(format!("echo $$ > {}/cgroup.procs && exec sleep 60", dir.display())).spawn().unwrap());
+    let _w1 = workload(&cg.dir);
+    let _w2 = workload(&ro.dir);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while [&cg.dir, &ro.dir].iter().any(|d| std::fs::read_to_string(d.join("cgroup.procs")).unwrap_or_default().trim().is_empty()) {
+        assert!(Instant::now() < deadline, "the workloads did not enter their cgroups");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let config = dir.path().join("gleaner.toml");
+    write_config(
+        &config,
+        &format!(
+            "state_dir = \"{}\"\nretention_timeout_us = 100\n[metrics]\nlisten = \"127.0.0.1:0\"\n[[target]]\nname = \"caps\"\ncgroup = \"{}\"\n[[target]]\nname = \"readonly\"\ncgroup = \"{}\"\n",
+            state.display(),
+            cg.dir.display(),
+            ro.dir.display()
+        ),
+    );
+    let caps = unit_capabilities();
+
+    // --check under the same capabilities: the writable group resolves, the other cannot be managed.
+    let out = Command::new(&caps[0]).args(&caps[1..]).arg(GLEANER).args(["daemon", "--check", "--config"]).arg(&config).output().unwrap();
+    let check = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{out:?}");
+    let line_of = |name: &str| check.lines().find(|l| l.contains(&format!("target {name}:"))).unwrap_or_default().to_string();
+    assert!(line_of("caps").ends_with(&format!("-> {}", cg.dir.display())), "{check}");
+    assert!(line_of("readonly").contains("cannot be managed") && line_of("readonly").contains("not writable"), "{check}");
+
+    let mut daemon = Daemon::start_as(&caps, &config);
+    let addr = daemon.metrics_addr();
+    let managed = scrape_until(addr, Duration::from_secs(20), "the v1 target managed under the unit's capabilities", |m| {
+        m.get("gleaner_periods_total{target=\"caps\"}").is_some_and(|p| *p >= 3.0)
+    });
+    assert_eq!(managed["gleaner_target_up{target=\"caps\"}"], 1.0);
+    assert_eq!(managed["gleaner_target_state{target=\"caps\",state=\"managed\"}"], 1.0);
+    assert_eq!(managed["gleaner_target_state{target=\"readonly\",state=\"failing\"}"], 1.0, "{managed:#?}");
+    assert_eq!(managed["gleaner_target_restarts_total{target=\"caps\"}"], 0.0, "log:\n{}", daemon.log_text());
+
+    // `gleaner status --config` finds the state directory from the config and shows both.
+    let out = Command::new(GLEANER).args(["status", "--config"]).arg(&config).output().unwrap();
+    let status = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{out:?}");
+    assert!(status.contains("target caps: managed by instance"), "{status}");
+    assert!(status.contains("target readonly: failing:") && status.contains("not writable"), "{status}");
+
+    assert_eq!(daemon.stop(), Some(0), "log:\n{}", daemon.log.join("\n"));
+    assert_eq!(std::fs::read_to_string(cg.dir.join("cpuset.cpus")).unwrap(), original_cpus, "CPUs given back");
+    assert!(!state.join("daemon.status").exists(), "the daemon's status file outlived it");
+}
+
+fn assert_all_json(lines: &[String]) {
+    for l in lines {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l:?}\nall lines:\n{}", lines.join("\n")));
+        assert!(v.get("fields").is_none(), "fields nested instead of flat: {l}");
+        assert!(v["level"].is_string() && v["timestamp"].is_string(), "{l}");
+    }
+}
+
+/// Issue 15 item 4: under `--log-format json` the daemon's lines, its instances' and their
+/// guards' are all JSON, flat, lists as arrays.
+#[test]
+fn json_logs_are_json_throughout() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let config = dir.path().join("gleaner.toml");
+    let cfg = |name: &str| {
+        format!(
+            "state_dir = \"{}\"\nretention_timeout_us = 100\n[metrics]\nlisten = \"127.0.0.1:0\"\n[[target]]\nname = \"{name}\"\ncgroup = \"{}\"\n",
+            state.display(),
+            dir.path().join("absent").display()
+        )
+    };
+    write_config(&config, &cfg("a"));
+    let mut child = Command::new(GLEANER)
+        .args(["--log-format", "json", "daemon", "--config"])
+        .arg(&config)
+        .env("GLEANER_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, lines) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut daemon = Daemon { child, lines, log: vec![] };
+    daemon.wait_log("waiting", Duration::from_secs(10));
+    write_config(&config, &cfg("b"));
+    daemon.signal(libc::SIGHUP);
+    let reloaded = daemon.wait_log("configuration reloaded", Duration::from_secs(10));
+    let v: serde_json::Value = serde_json::from_str(&reloaded).unwrap();
+    assert_eq!(v["added"], serde_json::json!(["b"]), "{reloaded}");
+    assert_eq!(v["removed"], serde_json::json!(["a"]), "{reloaded}");
+    assert_eq!(daemon.stop(), Some(0));
+    let log = daemon.log_text();
+    assert_all_json(&daemon.log);
+    assert!(!log.is_empty());
+
+    // An instance killed at once: its guard restores and says so, in JSON as well.
+    let run_state = dir.path().join("run");
+    let mut inst = Command::new(GLEANER)
+        .args(["--log-format", "json", "run", "--state-dir"])
+        .arg(&run_state)
+        .args(["--period-ms", "20", "--retention-timeout-us", "50", "--", "sleep", "30"])
+        .env("GLEANER_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = inst.id();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !run_state.join(format!("{pid}.status")).exists() {
+        assert!(Instant::now() < deadline, "the instance never wrote its status");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The workload (sleep) shares the stderr pipe: it is killed too, so the pipe closes
+    // once the guard has exited.
+    let workload: Vec<i32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
+        .filter(|p| {
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+            let after_comm = stat.rsplit_once(')').map(|(_, r)| r.to_string()).unwrap_or_default();
+            after_comm.split_whitespace().nth(1) == Some(&pid.to_string()) && stat.contains("(sleep)")
+        })
+        .collect();
+    let _ = inst.kill();
+    let _ = inst.wait();
+    for p in workload {
+        unsafe { libc::kill(p, libc::SIGKILL) };
+    }
+    let mut text = String::new();
+    inst.stderr.take().unwrap().read_to_string(&mut text).unwrap();
+    let lines: Vec<String> = text.lines().map(String::from).collect();
+    assert_all_json(&lines);
+    assert!(lines.iter().any(|l| l.contains("gleaner guard")), "no line from the guard:\n{text}");
 }

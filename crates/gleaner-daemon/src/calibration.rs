@@ -1,0 +1,249 @@
+//! How the retention hold is derived from wake-latency measurements, and when it is cached.
+//!
+//! Exists because one quick measurement is not to be trusted: on a loaded guest three starts
+//! within 90 s derived holds of 14, 6 and 416 µs, and the first was then cached for the whole
+//! boot. The policy here is pure (the measuring function is passed in) so it is tested with
+//! made-up runs:
+//!
+//! 1. a run that never saw the wakee's vCPU halt (halted ≈ busy: other work kept it busy)
+//!    measures nothing about halts and is set aside;
+//! 2. a run whose hold lies outside what the cost model allows (a halted wake costs a VM exit
+//!    and a host reschedule, tens of µs, not hundreds: more means the wake queued behind other
+//!    load, which holding a vCPU cannot buy back) is an outlier and set aside;
+//! 3. the rest must agree: at least two runs within 30 % of their median. Up to five runs are
+//!    taken to find two that agree;
+//! 4. only an agreed hold is cached for the boot; anything else is used for this run only
+//!    (the median of the plausible runs, else the default) and measured again next start;
+//! 5. the result says how it was obtained, for `gleaner status`.
+
+use gleaner_linux::wakeprobe::QuickCalibration;
+use gleaner_policy::retention::{RetentionTimeout, MIN_TIMEOUT_NS};
+use serde::{Deserialize, Serialize};
+
+/// The largest hold the cost model allows. The paper's Table 2 has 37 − 17 = 20 µs between a
+/// halted and a busy wake; this project's guests measure 17–65 µs for the 2 ms gap the
+/// calibration uses. Ten times the paper's figure leaves room for slower hosts and still
+/// rejects the 416 µs of a wake that waited for a physical CPU.
+pub const MODEL_MAX_HOLD_NS: u64 = 200_000;
+/// Runs within this fraction of their median agree.
+pub const AGREEMENT: f64 = 0.30;
+/// Runs taken first, and at most.
+pub const FIRST_RUNS: usize = 3;
+pub const MAX_RUNS: usize = 5;
+
+/// The hold and polling window Gleaner uses, and how they were obtained.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Calibrated {
+    pub timeout_ns: u64,
+    pub host_poll_ns: u64,
+    /// Whether the runs agreed: only then is the result cached for the boot.
+    pub trusted: bool,
+    /// One line for `status`: how the hold was obtained and, if not trusted, why.
+    pub source: String,
+}
+
+/// One run judged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Judged {
+    /// Usable: its hold (ns) and polling window.
+    Plausible { hold_ns: u64, host_poll_ns: u64 },
+    /// The wakee's vCPU never halted.
+    NoHalt,
+    /// Outside the cost model.
+    Outlier { hold_ns: u64 },
+}
+
+fn judge(c: &QuickCalibration) -> Judged {
+    if c.halted_p50_ns as f64 <= 1.5 * c.busy_p50_ns as f64 {
+        return Judged::NoHalt;
+    }
+    let hold_ns = RetentionTimeout::from_wake_costs(c.halted_p50_ns, c.busy_p50_ns).ns;
+    if hold_ns > MODEL_MAX_HOLD_NS {
+        return Judged::Outlier { hold_ns };
+    }
+    Judged::Plausible { hold_ns, host_poll_ns: c.host_poll_ns }
+}
+
+fn median(mut v: Vec<u64>) -> Option<u64> {
+    v.sort_unstable();
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2),
+    }
+}
+
+/// The runs that agree with the median of all plausible runs, if at least two do.
+fn agreeing(plausible: &[(u64, u64)]) -> Option<Vec<(u64, u64)>> {
+    let m = median(plausible.iter().map(|(h, _)| *h).collect())? as f64;
+    let agree: Vec<(u64, u64)> = plausible.iter().copied().filter(|(h, _)| (*h as f64 - m).abs() <= AGREEMENT * m).collect();
+    (agree.len() >= 2).then_some(agree)
+}
+
+fn us(ns: u64) -> String {
+    format!("{:.0}", ns as f64 / 1000.0)
+}
+
+/// Measures with `measure` (normally `wakeprobe::quick_calibration`) until two runs agree
+/// or [`MAX_RUNS`] were taken, and decides what to use.
+pub fn calibrate<E: std::fmt::Display>(mut measure: impl FnMut() -> Result<QuickCalibration, E>) -> Calibrated {
+    let mut judged: Vec<Judged> = Vec::new();
+    let mut errors: Vec<String> = Vec::new();
+    for run in 0..MAX_RUNS {
+        match measure() {
+            Ok(c) => judged.push(judge(&c)),
+            Err(e) => errors.push(e.to_string()),
+        }
+        let plausible: Vec<(u64, u64)> = plausible_runs(&judged);
+        if run + 1 >= FIRST_RUNS && agreeing(&plausible).is_some() {
+            break;
+        }
+        // A machine that cannot measure at all will not start measuring on the next try.
+        if errors.len() >= 2 && judged.is_empty() {
+            break;
+        }
+    }
+    decide(&judged, &errors)
+}
+
+fn plausible_runs(judged: &[Judged]) -> Vec<(u64, u64)> {
+    judged
+        .iter()
+        .filter_map(|j| match j {
+            Judged::Plausible { hold_ns, host_poll_ns } => Some((*hold_ns, *host_poll_ns)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn decide(judged: &[Judged], errors: &[String]) -> Calibrated {
+    let plausible = plausible_runs(judged);
+    let holds: Vec<String> = judged
+        .iter()
+        .map(|j| match j {
+            Judged::Plausible { hold_ns, .. } => us(*hold_ns),
+            Judged::NoHalt => "no halt".into(),
+            Judged::Outlier { hold_ns } => format!("{} (outlier)", us(*hold_ns)),
+        })
+        .collect();
+    let runs = format!("runs: {} µs", holds.join(", "));
+    if let Some(agree) = agreeing(&plausible) {
+        let timeout_ns = median(agree.iter().map(|(h, _)| *h).collect()).unwrap_or(MIN_TIMEOUT_NS);
+        let host_poll_ns = median(agree.iter().map(|(_, p)| *p).collect()).unwrap_or(0);
+        return Calibrated {
+            timeout_ns,
+            host_poll_ns,
+            trusted: true,
+            source: format!("measured: {} of {} runs agreed within {:.0} % ({runs})", agree.len(), judged.len() + errors.len(), AGREEMENT * 100.0),
+        };
+    }
+    if let Some(timeout_ns) = median(plausible.iter().map(|(h, _)| *h).collect()) {
+        let host_poll_ns = median(plausible.iter().map(|(_, p)| *p).collect()).unwrap_or(0);
+        return Calibrated {
+            timeout_ns,
+            host_poll_ns,
+            trusted: false,
+            source: format!("measured, not cached: the runs disagreed ({runs}); using the median of the plausible ones and measuring again at the next start"),
+        };
+    }
+    let why = if judged.is_empty() { format!("cannot measure wake costs ({})", errors.first().map(String::as_str).unwrap_or("no run")) } else { format!("no plausible run ({runs})") };
+    Calibrated {
+        timeout_ns: RetentionTimeout::default().ns,
+        host_poll_ns: 0,
+        trusted: false,
+        source: format!("default 20 µs (the paper's Table 2): {why}; measuring again at the next start"),
+    }
+}
+
+/// What is cached per boot in `calibration.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheEntry {
+    pub boot_id: String,
+    pub timeout_ns: u64,
+    pub host_poll_ns: u64,
+    /// How it was measured (the [`Calibrated::source`] of the run that cached it).
+    #[serde(default)]
+    pub source: String,
+}
+
+impl CacheEntry {
+    /// A cached value is used only on the boot it was measured on and only if the cost model
+    /// allows it (a cache written by an older Gleaner, which cached single runs, may hold an
+    /// outlier).
+    pub fn usable_on(&self, boot_id: &str) -> bool {
+        self.boot_id == boot_id && !boot_id.is_empty() && (MIN_TIMEOUT_NS..=MODEL_MAX_HOLD_NS).contains(&self.timeout_ns)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(busy_us: u64, halted_us: u64) -> QuickCalibration {
+        QuickCalibration {
+            busy_p50_ns: busy_us * 1000,
+            halted_p50_ns: halted_us * 1000,
+            timeout: RetentionTimeout::from_wake_costs(halted_us * 1000, busy_us * 1000),
+            host_poll_ns: 100_000,
+        }
+    }
+
+    fn scripted(runs: Vec<QuickCalibration>) -> impl FnMut() -> Result<QuickCalibration, String> {
+        let mut it = runs.into_iter();
+        move || it.next().ok_or_else(|| "no more runs".to_string())
+    }
+
+    #[test]
+    fn agreeing_runs_are_trusted_and_the_median_is_used() {
+        let c = calibrate(scripted(vec![run(10, 40), run(10, 44), run(10, 36)]));
+        assert!(c.trusted, "{c:?}");
+        assert_eq!(c.timeout_ns, 30_000);
+        assert!(c.source.starts_with("measured: 3 of 3 runs agreed"), "{}", c.source);
+    }
+
+    #[test]
+    fn the_outlier_of_the_issue_is_rejected_and_never_trusted_alone() {
+        // The issue's three starts: 14, 6 and 416 µs. 416 is outside the cost model; 14 and 6
+        // disagree; two more runs are taken, and only if two agree is the result trusted.
+        let c = calibrate(scripted(vec![run(10, 24), run(10, 16), run(10, 426), run(10, 25), run(10, 23)]));
+        assert!(c.trusted, "{c:?}");
+        assert!((13_000..=15_000).contains(&c.timeout_ns), "{c:?}");
+        assert!(c.source.contains("416 (outlier)"), "{}", c.source);
+
+        let c = calibrate(scripted(vec![run(10, 24), run(10, 16), run(10, 426), run(10, 900), run(10, 80)]));
+        assert!(!c.trusted, "runs that disagree must not be cached: {c:?}");
+        assert!(c.timeout_ns <= MODEL_MAX_HOLD_NS);
+        assert!(c.source.contains("not cached"), "{}", c.source);
+    }
+
+    #[test]
+    fn no_halt_and_failures_fall_back_to_the_default_uncached() {
+        let c = calibrate(scripted(vec![run(10, 12); 5]));
+        assert!(!c.trusted);
+        assert_eq!(c.timeout_ns, RetentionTimeout::default().ns);
+        assert!(c.source.contains("no plausible run"), "{}", c.source);
+        let c = calibrate(|| Err::<QuickCalibration, _>("needs 2 CPUs"));
+        assert!(!c.trusted && c.source.contains("needs 2 CPUs"), "{c:?}");
+    }
+
+    #[test]
+    fn stops_after_three_runs_when_they_agree() {
+        let mut calls = 0;
+        let c = calibrate(|| {
+            calls += 1;
+            Ok::<_, String>(run(10, 40))
+        });
+        assert!(c.trusted);
+        assert_eq!(calls, FIRST_RUNS);
+    }
+
+    #[test]
+    fn a_cached_outlier_or_another_boots_value_is_not_used() {
+        let e = |ns| CacheEntry { boot_id: "b".into(), timeout_ns: ns, host_poll_ns: 0, source: String::new() };
+        assert!(e(30_000).usable_on("b"));
+        assert!(!e(30_000).usable_on("other"));
+        assert!(!e(416_000).usable_on("b"));
+        assert!(!e(30_000).usable_on(""));
+    }
+}

@@ -1,0 +1,463 @@
+//! The policy lab (`gleaner sim lab`): a population of scenarios, each run with every guest
+//! policy and every static setting, scored against the best static choice.
+//!
+//! It exists because a policy tuned on a handful of hand-picked scenarios overfits them; the
+//! lab scores Gleaner on a grid it was not shaped around, in two sets (tuning, held-out; see
+//! [`population`] for the rule), and reports the losses as plainly as the gains.
+//!
+//! **Scoring.** Every VM's throughput is the compute it completed per second (its useful work,
+//! whatever its kind). Each VM is also simulated alone on the same host as the user
+//! configured it (all vCPUs, guest `none`); its speedup in a configuration is its throughput
+//! there over that solo throughput. The benchmark VM's speedup and the system's weighted
+//! speedup (the sum over VMs) are therefore comparable across vCPU counts, unlike
+//! `sim.weighted_speedup`, which compares each run with a solo run of the same configuration.
+//! Regret = 1 − Gleaner's system speedup / the best static setting's.
+
+pub mod output;
+pub mod population;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use serde::Serialize;
+
+use crate::engine::Sim;
+use crate::report::SimReport;
+use crate::scenario::GuestPolicy;
+use population::{population, GuestChoice, LabScenario, LabSet};
+
+use gleaner_policy::PeriodSample;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct LabArgs {
+    /// Which set to run (default both: a result on the tuning set alone proves little)
+    #[arg(long, value_enum)]
+    pub set: Option<LabSet>,
+    /// Simulated time per scenario in ms (phase-changing scenarios run twice as long)
+    #[arg(long, default_value_t = 2000)]
+    pub duration_ms: u64,
+    /// Only the first N scenarios of each set (a quick check)
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Worker threads [default: the machine's CPUs]
+    #[arg(long)]
+    pub jobs: Option<usize>,
+    /// Write lab-NAME.json, .md and -regret-cdf.png into this directory
+    #[arg(long, value_name = "DIR")]
+    pub out_dir: Option<PathBuf>,
+    /// Name of the result files
+    #[arg(long, default_value = "lab")]
+    pub name: String,
+}
+
+/// Where the lab ran, for the results files (filled in by the caller, which owns the machine
+/// readers).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Machine {
+    pub commit: Option<String>,
+    pub kernel: Option<String>,
+    pub cpuidle_driver: Option<String>,
+    pub loadavg_at_start: Option<[f64; 3]>,
+    pub cpus: usize,
+}
+
+impl Machine {
+    /// What can be known without reading kernel files: the CPU count and the commit (from
+    /// `git`, when run inside the repository). The `gleaner` binary adds kernel, cpuidle
+    /// driver and load through gleaner-linux's readers.
+    pub fn here() -> Machine {
+        let commit = std::process::Command::new("git")
+            .args(["rev-parse", "--short=12", "HEAD"])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .map(|s| s.trim().to_string());
+        let dirty = std::process::Command::new("git")
+            .args(["status", "--porcelain", "--untracked-files=no"])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .is_some_and(|o| !o.stdout.is_empty());
+        Machine {
+            commit: commit.map(|c| if dirty { format!("{c}+uncommitted") } else { c }),
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            ..Machine::default()
+        }
+    }
+}
+
+/// One configuration's outcome in one scenario.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConfigResult {
+    pub config: String,
+    /// The benchmark VM's throughput over its solo throughput.
+    pub bench_speedup: f64,
+    /// Sum over VMs of throughput over solo throughput.
+    pub system_speedup: f64,
+    /// Gleaner's active vCPUs after each period (gleaner and retention only).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub active_vcpus: Vec<usize>,
+    /// Per-period signals of the benchmark VM, averaged over the run: what a policy sees.
+    /// Workload utilization (vCPUs' worth of work).
+    pub mean_total_util: f64,
+    /// The signal Gleaner judges by when the application gives no progress count
+    /// (`gleaner_policy::progress_signal` of the sample without `progress`).
+    pub mean_fallback_signal: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ScenarioResult {
+    pub scenario: LabScenario,
+    pub configs: Vec<ConfigResult>,
+    pub best_static: String,
+    pub best_static_system: f64,
+    pub gleaner_system: f64,
+    pub gleaner_bench: f64,
+    pub none_system: f64,
+    pub none_bench: f64,
+    /// 1 − gleaner / best static (system speedup).
+    pub regret: f64,
+    /// Gleaner's benchmark-VM speedup relative to `none`'s, minus 1 (negative: a loss).
+    pub bench_vs_none: f64,
+    pub system_vs_none: f64,
+    pub events: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SetSummary {
+    pub set: LabSet,
+    pub scenarios: usize,
+    pub median_regret: f64,
+    pub p90_regret: f64,
+    pub worst_regret: f64,
+    pub worst_regret_scenario: String,
+    /// Scenarios where Gleaner's benchmark VM is more than 3 % below `none`'s.
+    pub bench_loss_over_3pct: usize,
+    /// Scenarios where Gleaner's system speedup is below `none`'s.
+    pub system_below_none: usize,
+    /// Phase-changing scenarios: Gleaner's system speedup over the best static one, minus 1.
+    pub phased_gain_over_best_static: Vec<(String, f64)>,
+    /// Spearman rank correlation, over every scenario's configurations, between a period
+    /// signal and the benchmark VM's throughput (both relative to the scenario's `none`).
+    pub correlation_util_vs_throughput: f64,
+    /// The same for Gleaner's signal without an application progress count.
+    pub correlation_fallback_signal_vs_throughput: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LabReport {
+    pub machine: Machine,
+    pub duration_ms: u64,
+    pub wall_s: f64,
+    pub events: u64,
+    pub summaries: Vec<SetSummary>,
+    pub scenarios: Vec<ScenarioResult>,
+}
+
+/// One simulation to run: a scenario in one configuration, or one VM's solo baseline.
+#[derive(Debug, Clone)]
+enum Job {
+    Config { scenario: usize, choice: GuestChoice },
+    Solo { scenario: usize, vm: usize },
+}
+
+/// The signal the policy judges by on a machine where the application reports no progress.
+fn fallback_signal(sample: &PeriodSample) -> f64 {
+    let mut s = sample.clone();
+    s.progress = None;
+    gleaner_policy::progress_signal(&s)
+}
+
+struct Outcome {
+    report: SimReport,
+    samples: Vec<(usize, PeriodSample)>,
+}
+
+/// Run every job on `jobs` threads; results in job order.
+fn run_jobs(scenarios: &[LabScenario], jobs: &[Job], threads: usize) -> anyhow::Result<Vec<Outcome>> {
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<anyhow::Result<Outcome>>>> = Mutex::new((0..jobs.len()).map(|_| None).collect());
+    std::thread::scope(|scope| {
+        for _ in 0..threads.max(1) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(job) = jobs.get(i) else { break };
+                let outcome = (|| -> anyhow::Result<Outcome> {
+                    let scenario = match job {
+                        Job::Config { scenario, choice } => scenarios[*scenario].build(*choice, None)?,
+                        Job::Solo { scenario, vm } => scenarios[*scenario]
+                            .build(GuestChoice { guest: GuestPolicy::None, active_vcpus: None }, Some(*vm))?,
+                    };
+                    let (report, samples) = Sim::new(&scenario).run_keeping_samples();
+                    Ok(Outcome { report, samples })
+                })();
+                if let Ok(mut r) = results.lock() {
+                    r[i] = Some(outcome);
+                }
+            });
+        }
+    });
+    let results = results.into_inner().map_err(|_| anyhow::anyhow!("a lab worker panicked"))?;
+    results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(anyhow::anyhow!("a lab job did not run"))))
+        .collect()
+}
+
+fn rate(report: &SimReport, vm: usize) -> f64 {
+    let v = &report.vms[vm];
+    v.completed_work_ns as f64 / report.simulated_ns.max(1) as f64
+}
+
+fn mean(xs: impl Iterator<Item = f64>) -> f64 {
+    let (sum, n) = xs.fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));
+    if n == 0 {
+        0.0
+    } else {
+        sum / n as f64
+    }
+}
+
+/// The q-quantile of `xs` (nearest rank).
+pub fn quantile(xs: &[f64], q: f64) -> f64 {
+    if xs.is_empty() {
+        return 0.0;
+    }
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    v[rank - 1]
+}
+
+/// Spearman's rank correlation of paired values.
+pub fn spearman(pairs: &[(f64, f64)]) -> f64 {
+    fn ranks(xs: &[f64]) -> Vec<f64> {
+        let mut idx: Vec<usize> = (0..xs.len()).collect();
+        idx.sort_by(|&a, &b| xs[a].total_cmp(&xs[b]));
+        let mut r = vec![0.0; xs.len()];
+        let mut i = 0;
+        while i < idx.len() {
+            let mut j = i;
+            while j + 1 < idx.len() && xs[idx[j + 1]] == xs[idx[i]] {
+                j += 1;
+            }
+            let avg = (i + j) as f64 / 2.0;
+            for k in i..=j {
+                r[idx[k]] = avg;
+            }
+            i = j + 1;
+        }
+        r
+    }
+    if pairs.len() < 3 {
+        return 0.0;
+    }
+    let a = ranks(&pairs.iter().map(|p| p.0).collect::<Vec<_>>());
+    let b = ranks(&pairs.iter().map(|p| p.1).collect::<Vec<_>>());
+    let (ma, mb) = (mean(a.iter().copied()), mean(b.iter().copied()));
+    let cov: f64 = a.iter().zip(&b).map(|(x, y)| (x - ma) * (y - mb)).sum();
+    let va: f64 = a.iter().map(|x| (x - ma).powi(2)).sum();
+    let vb: f64 = b.iter().map(|y| (y - mb).powi(2)).sum();
+    if va == 0.0 || vb == 0.0 {
+        0.0
+    } else {
+        cov / (va * vb).sqrt()
+    }
+}
+
+/// Run the lab and return its report (files are written by [`output`]).
+pub fn run_lab(args: &LabArgs, machine: Machine) -> anyhow::Result<LabReport> {
+    let started = std::time::Instant::now();
+    let sets: Vec<LabSet> = match args.set {
+        Some(s) => vec![s],
+        None => vec![LabSet::Tuning, LabSet::HeldOut],
+    };
+    let mut scenarios = Vec::new();
+    for set in &sets {
+        let mut pop = population(*set, args.duration_ms * crate::time::MS);
+        if let Some(n) = args.limit {
+            pop.truncate(n);
+        }
+        scenarios.extend(pop);
+    }
+    let mut jobs = Vec::new();
+    for (i, s) in scenarios.iter().enumerate() {
+        for choice in s.choices() {
+            jobs.push(Job::Config { scenario: i, choice });
+        }
+        for vm in 0..s.vm_count() {
+            jobs.push(Job::Solo { scenario: i, vm });
+        }
+    }
+    // Longest first, so that the last jobs are short and both workers finish together.
+    let mut order: Vec<usize> = (0..jobs.len()).collect();
+    order.sort_by_key(|&j| {
+        let s = match &jobs[j] {
+            Job::Config { scenario, .. } | Job::Solo { scenario, .. } => &scenarios[*scenario],
+        };
+        std::cmp::Reverse(s.duration_ns / s.grain_ns.max(1) * s.vcpus as u64)
+    });
+    let ordered: Vec<Job> = order.iter().map(|&j| jobs[j].clone()).collect();
+    let threads = args.jobs.unwrap_or(machine.cpus.max(1));
+    eprintln!("policy lab: {} scenarios, {} simulations on {threads} threads", scenarios.len(), jobs.len());
+    let outcomes_ordered = run_jobs(&scenarios, &ordered, threads)?;
+    let mut outcomes: Vec<Option<Outcome>> = (0..jobs.len()).map(|_| None).collect();
+    for (o, &j) in outcomes_ordered.into_iter().zip(&order) {
+        outcomes[j] = Some(o);
+    }
+    let mut results = Vec::new();
+    let mut total_events = 0u64;
+    let mut j = 0;
+    for s in &scenarios {
+        let choices = s.choices();
+        let n_vms = s.vm_count();
+        let config_outcomes: Vec<&Outcome> = (j..j + choices.len()).filter_map(|k| outcomes[k].as_ref()).collect();
+        let solo: Vec<f64> = (j + choices.len()..j + choices.len() + n_vms)
+            .filter_map(|k| outcomes[k].as_ref())
+            .map(|o| rate(&o.report, 0))
+            .collect();
+        j += choices.len() + n_vms;
+        anyhow::ensure!(config_outcomes.len() == choices.len() && solo.len() == n_vms, "lab results are incomplete");
+        total_events += config_outcomes.iter().map(|o| o.report.events).sum::<u64>();
+        let configs: Vec<ConfigResult> = choices
+            .iter()
+            .zip(&config_outcomes)
+            .map(|(choice, o)| {
+                let speed = |vm: usize| if solo[vm] > 0.0 { rate(&o.report, vm) / solo[vm] } else { 0.0 };
+                let bench_samples = o.samples.iter().filter(|(vm, _)| *vm == 0).map(|(_, s)| s);
+                let util = mean(bench_samples.clone().map(|s| {
+                    s.vcpus.iter().map(|v| v.work_ns).sum::<u64>() as f64 / s.period_ns.max(1) as f64
+                }));
+                ConfigResult {
+                    config: choice.label(),
+                    bench_speedup: speed(0),
+                    system_speedup: (0..n_vms).map(speed).sum(),
+                    active_vcpus: o.report.vms[0].active_vcpus.clone(),
+                    mean_total_util: util,
+                    mean_fallback_signal: mean(bench_samples.map(fallback_signal)),
+                }
+            })
+            .collect();
+        let find = |label: &str| configs.iter().find(|c| c.config == label);
+        let (Some(none), Some(gleaner)) = (find("none"), find("gleaner")) else {
+            anyhow::bail!("lab configurations none and gleaner missing");
+        };
+        let best = configs
+            .iter()
+            .filter(|c| c.config.starts_with("static-") || c.config == "none")
+            .max_by(|a, b| a.system_speedup.total_cmp(&b.system_speedup))
+            .unwrap_or(none);
+        results.push(ScenarioResult {
+            scenario: s.clone(),
+            best_static: best.config.clone(),
+            best_static_system: best.system_speedup,
+            gleaner_system: gleaner.system_speedup,
+            gleaner_bench: gleaner.bench_speedup,
+            none_system: none.system_speedup,
+            none_bench: none.bench_speedup,
+            regret: 1.0 - gleaner.system_speedup / best.system_speedup.max(1e-12),
+            bench_vs_none: gleaner.bench_speedup / none.bench_speedup.max(1e-12) - 1.0,
+            system_vs_none: gleaner.system_speedup / none.system_speedup.max(1e-12) - 1.0,
+            events: config_outcomes.iter().map(|o| o.report.events).sum(),
+            configs,
+        });
+    }
+    let summaries = sets.iter().map(|&set| summarize(set, &results)).collect();
+    Ok(LabReport {
+        machine,
+        duration_ms: args.duration_ms,
+        wall_s: started.elapsed().as_secs_f64(),
+        events: total_events,
+        summaries,
+        scenarios: results,
+    })
+}
+
+fn summarize(set: LabSet, results: &[ScenarioResult]) -> SetSummary {
+    let rs: Vec<&ScenarioResult> = results.iter().filter(|r| r.scenario.set == set).collect();
+    let regrets: Vec<f64> = rs.iter().map(|r| r.regret).collect();
+    let worst = rs.iter().max_by(|a, b| a.regret.total_cmp(&b.regret));
+    let mut util_pairs = Vec::new();
+    let mut signal_pairs = Vec::new();
+    for r in &rs {
+        let Some(none) = r.configs.iter().find(|c| c.config == "none") else { continue };
+        for c in &r.configs {
+            let tput = c.bench_speedup / none.bench_speedup.max(1e-12);
+            if none.mean_total_util > 0.0 {
+                util_pairs.push((c.mean_total_util / none.mean_total_util, tput));
+            }
+            if none.mean_fallback_signal > 0.0 {
+                signal_pairs.push((c.mean_fallback_signal / none.mean_fallback_signal, tput));
+            }
+        }
+    }
+    SetSummary {
+        set,
+        scenarios: rs.len(),
+        median_regret: quantile(&regrets, 0.5),
+        p90_regret: quantile(&regrets, 0.9),
+        worst_regret: worst.map_or(0.0, |r| r.regret),
+        worst_regret_scenario: worst.map_or(String::new(), |r| r.scenario.name.clone()),
+        bench_loss_over_3pct: rs.iter().filter(|r| r.bench_vs_none < -0.03).count(),
+        system_below_none: rs.iter().filter(|r| r.system_vs_none < -1e-9).count(),
+        phased_gain_over_best_static: rs
+            .iter()
+            .filter(|r| r.scenario.kind.is_phased())
+            .map(|r| (r.scenario.name.clone(), r.gleaner_system / r.best_static_system.max(1e-12) - 1.0))
+            .collect(),
+        correlation_util_vs_throughput: spearman(&util_pairs),
+        correlation_fallback_signal_vs_throughput: spearman(&signal_pairs),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_and_rank_correlation() {
+        let xs = [0.5, 0.1, 0.3, 0.2, 0.4];
+        assert_eq!(quantile(&xs, 0.5), 0.3);
+        assert_eq!(quantile(&xs, 0.9), 0.5);
+        let up: Vec<(f64, f64)> = (0..10).map(|i| (i as f64, (i * i) as f64)).collect();
+        assert!((spearman(&up) - 1.0).abs() < 1e-12);
+        let down: Vec<(f64, f64)> = (0..10).map(|i| (i as f64, -(i as f64))).collect();
+        assert!((spearman(&down) + 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn sets_differ_in_seeds_and_parameter_values() {
+        let a = population(LabSet::Tuning, 1_000_000_000);
+        let b = population(LabSet::HeldOut, 1_000_000_000);
+        assert_eq!(a.len(), b.len());
+        for x in &a {
+            assert!(b.iter().all(|y| y.seed != x.seed && y.grain_ns != x.grain_ns), "{}", x.name);
+        }
+        // Every size and every contention level appears in each set.
+        for set in [&a, &b] {
+            for n in population::SIZES {
+                assert!(set.iter().any(|s| s.vcpus == n));
+            }
+            for c in population::CONTENTIONS {
+                assert!(set.iter().any(|s| s.contention == c));
+            }
+            assert!(set.iter().any(|s| s.host_policy != crate::scenario::HostPolicy::Cfs));
+        }
+    }
+
+    #[test]
+    fn every_configuration_of_every_scenario_builds() {
+        for set in [LabSet::Tuning, LabSet::HeldOut] {
+            for s in population(set, 100_000_000) {
+                for choice in s.choices() {
+                    s.build(choice, None).unwrap();
+                }
+                for vm in 0..s.vm_count() {
+                    s.build(GuestChoice { guest: GuestPolicy::None, active_vcpus: None }, Some(vm)).unwrap();
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,442 @@
+//! The lab's population: scenarios generated from a grid of workload kind × synchronization
+//! granularity × VM size × host contention × host policy, in two disjoint sets.
+//!
+//! A full factorial grid (10 kinds × 3 grains × 3 sizes × 4 contentions) is 360 scenarios,
+//! too many to simulate with every policy in minutes on two cores, so each set takes a
+//! Latin-square slice of it: every (kind, grain) pair once, with the VM size and the
+//! contention rotating so that every size and every contention level meets every kind.
+//!
+//! **The split rule** (tuning vs held-out), fixed here and in the README:
+//! * grains: tuning uses 10 µs, 100 µs and 1 ms; held-out uses twice those (20 µs, 200 µs,
+//!   2 ms), so no held-out scenario has a parameter value a tuning scenario had;
+//! * rotation: scenario `k` (kind index `w`, grain index `g`) gets size `SIZES[(w + g) % 3]`
+//!   and contention `CONTENTIONS[(w + 2g + offset) % 4]` with offset 0 (tuning) or 1
+//!   (held-out), so the (kind, size, contention) combinations differ too;
+//! * seeds: tuning `1000 + k`, held-out `2000 + k`;
+//! * host policy: CFS, except every scenario with `k % 5 == 4` whose host is shared, which
+//!   runs BAL (tuning) or SBCO (held-out).
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::scenario::{GuestPolicy, HostPolicy, Scenario, VmConfig};
+use crate::time::{Dur, Ns, MS, US};
+use crate::workload::{Dist, Op, ThreadGroup};
+
+/// Which half of the population.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum LabSet {
+    Tuning,
+    HeldOut,
+}
+
+impl LabSet {
+    pub fn name(self) -> &'static str {
+        match self {
+            LabSet::Tuning => "tuning",
+            LabSet::HeldOut => "held-out",
+        }
+    }
+    fn grain_factor(self) -> u64 {
+        match self {
+            LabSet::Tuning => 1,
+            LabSet::HeldOut => 2,
+        }
+    }
+    fn rotation(self) -> usize {
+        match self {
+            LabSet::Tuning => 0,
+            LabSet::HeldOut => 1,
+        }
+    }
+    fn seed_base(self) -> u64 {
+        match self {
+            LabSet::Tuning => 1000,
+            LabSet::HeldOut => 2000,
+        }
+    }
+}
+
+/// The benchmark VM's workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kind {
+    /// dedup-like: a 3-stage pipeline over bounded queues with an allocator lock.
+    Pipeline,
+    /// streamcluster-like: parallel compute, then a barrier.
+    Barrier,
+    /// OLTP-like: 2 connections per vCPU: compute, a global lock, a client round trip.
+    Oltp,
+    /// Ping-pong pairs handing a token through one-slot queues.
+    Pingpong,
+    /// Producers and consumers over one bounded queue.
+    ProducerConsumer,
+    /// Every thread takes one hot lock for a quarter of its work.
+    LockHeavy,
+    /// Independent compute: nothing to gain from consolidation.
+    CpuBound,
+    /// Compute then sleep (timer wake-ups on the thread's own vCPU).
+    TimerHeavy,
+    /// Barrier rounds whose grain switches between fine (the set's first grain) and coarse
+    /// (100x) every phase.
+    PhaseGrain,
+    /// Barrier rounds at the grain, with a quarter of the threads working in one phase and all
+    /// of them in the next.
+    PhaseThreads,
+}
+
+pub const KINDS: [Kind; 10] = [
+    Kind::Pipeline,
+    Kind::Barrier,
+    Kind::Oltp,
+    Kind::Pingpong,
+    Kind::ProducerConsumer,
+    Kind::LockHeavy,
+    Kind::CpuBound,
+    Kind::TimerHeavy,
+    Kind::PhaseGrain,
+    Kind::PhaseThreads,
+];
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Pipeline => "pipeline",
+            Kind::Barrier => "barrier",
+            Kind::Oltp => "oltp",
+            Kind::Pingpong => "pingpong",
+            Kind::ProducerConsumer => "prodcons",
+            Kind::LockHeavy => "lock",
+            Kind::CpuBound => "cpu",
+            Kind::TimerHeavy => "timer",
+            Kind::PhaseGrain => "phase-grain",
+            Kind::PhaseThreads => "phase-threads",
+        }
+    }
+    pub fn is_phased(self) -> bool {
+        matches!(self, Kind::PhaseGrain | Kind::PhaseThreads)
+    }
+}
+
+/// What else runs on the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Contention {
+    /// The benchmark VM alone, one pCPU per vCPU.
+    Dedicated,
+    /// One CPU-bound co-runner VM of half the size.
+    OneCoRunner,
+    /// Two co-runners of half the size: CPU-bound, and a bursty one (compute, sleep).
+    TwoCoRunners,
+    /// A CPU-bound co-runner as large as the benchmark VM: twice as many vCPUs as pCPUs.
+    Oversubscribed,
+}
+
+pub const CONTENTIONS: [Contention; 4] =
+    [Contention::Dedicated, Contention::OneCoRunner, Contention::TwoCoRunners, Contention::Oversubscribed];
+pub const SIZES: [usize; 3] = [4, 8, 16];
+const GRAINS_NS: [Ns; 3] = [10 * US, 100 * US, MS];
+
+impl Contention {
+    pub fn name(self) -> &'static str {
+        match self {
+            Contention::Dedicated => "dedicated",
+            Contention::OneCoRunner => "1-co-runner",
+            Contention::TwoCoRunners => "2-co-runners",
+            Contention::Oversubscribed => "2:1",
+        }
+    }
+}
+
+/// One member of the population.
+#[derive(Debug, Clone, Serialize)]
+pub struct LabScenario {
+    pub name: String,
+    pub set: LabSet,
+    pub kind: Kind,
+    pub grain_ns: Ns,
+    pub vcpus: usize,
+    pub contention: Contention,
+    pub host_policy: HostPolicy,
+    pub seed: u64,
+    pub duration_ns: Ns,
+}
+
+/// The scenarios of one set, in a fixed order.
+pub fn population(set: LabSet, duration: Ns) -> Vec<LabScenario> {
+    let mut out = Vec::new();
+    for (w, &kind) in KINDS.iter().enumerate() {
+        for (g, &grain) in GRAINS_NS.iter().enumerate() {
+            let k = out.len();
+            let vcpus = SIZES[(w + g) % SIZES.len()];
+            let contention = CONTENTIONS[(w + 2 * g + set.rotation()) % CONTENTIONS.len()];
+            let host_policy = if k % 5 == 4 && contention != Contention::Dedicated {
+                match set {
+                    LabSet::Tuning => HostPolicy::Bal,
+                    LabSet::HeldOut => HostPolicy::Sbco,
+                }
+            } else {
+                HostPolicy::Cfs
+            };
+            let grain_ns = grain * set.grain_factor();
+            // Phases need time to show: twice the run, so each phase lasts several periods.
+            let duration_ns = if kind.is_phased() { 2 * duration } else { duration };
+            out.push(LabScenario {
+                name: format!(
+                    "{}-{}-{}v-{}-{}",
+                    kind.name(),
+                    format!("{}us", grain_ns / US),
+                    vcpus,
+                    contention.name(),
+                    host_policy.name()
+                ),
+                set,
+                kind,
+                grain_ns,
+                vcpus,
+                contention,
+                host_policy,
+                seed: set.seed_base() + k as u64,
+                duration_ns,
+            });
+        }
+    }
+    out
+}
+
+/// How the benchmark VM is run in one configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct GuestChoice {
+    pub guest: GuestPolicy,
+    /// A fixed cpuset of this many vCPUs (the static oracle's settings).
+    pub active_vcpus: Option<usize>,
+}
+
+impl GuestChoice {
+    pub fn label(&self) -> String {
+        match (self.active_vcpus, self.guest) {
+            (Some(k), GuestPolicy::Hold) => format!("static-{k}+retain"),
+            (Some(k), _) => format!("static-{k}"),
+            (None, g) => g.name().to_string(),
+        }
+    }
+}
+
+/// Phases of the phase-changing kinds last this long (in simulated time).
+const PHASE_NS: Ns = 500 * MS;
+
+fn c(d: Dist) -> Op {
+    Op::Compute(d)
+}
+fn jitter(grain: Ns) -> Dist {
+    Dist::Uniform(grain * 6 / 10, grain * 14 / 10)
+}
+fn name(s: &str) -> String {
+    s.to_string()
+}
+
+/// The benchmark workload: thread groups, queue capacities, barrier parties.
+fn workload(kind: Kind, grain: Ns, n: usize) -> (Vec<ThreadGroup>, BTreeMap<String, usize>, BTreeMap<String, usize>) {
+    let group = |count: usize, program: Vec<Op>| ThreadGroup { count, pin: None, iterations: None, program };
+    let mut queues = BTreeMap::new();
+    let mut barriers = BTreeMap::new();
+    let threads = match kind {
+        Kind::Pipeline => {
+            queues.insert(name("a"), 32);
+            queues.insert(name("b"), 32);
+            let lock = |hold: Ns| [Op::Lock(name("alloc")), c(Dist::Exp(hold.max(1))), Op::Unlock(name("alloc"))];
+            let mut first = vec![c(Dist::Exp(grain))];
+            first.extend(lock(grain / 4));
+            first.push(Op::Push(name("a")));
+            let mut mid = vec![Op::Pop(name("a")), c(Dist::Exp(2 * grain))];
+            mid.extend(lock(grain / 4));
+            mid.push(Op::Push(name("b")));
+            let last = vec![Op::Pop(name("b")), c(Dist::Exp(grain))];
+            vec![group(1.max(n / 4), first), group(n, mid), group(1.max(n / 4), last)]
+        }
+        Kind::Barrier => vec![group(n, vec![c(jitter(grain)), Op::Barrier(name("round"))])],
+        Kind::Oltp => vec![group(
+            2 * n,
+            vec![
+                c(Dist::Exp(grain)),
+                Op::Lock(name("global")),
+                c(Dist::Exp((grain / 10).max(1))),
+                Op::Unlock(name("global")),
+                c(Dist::Exp(grain)),
+                Op::Sleep(Dist::Exp(2 * grain)),
+            ],
+        )],
+        Kind::Pingpong => {
+            let mut out = Vec::new();
+            for p in 0..(n / 2).max(1) {
+                let (ping, pong) = (format!("ping{p}"), format!("pong{p}"));
+                queues.insert(ping.clone(), 1);
+                queues.insert(pong.clone(), 1);
+                out.push(group(1, vec![c(jitter(grain)), Op::Push(ping.clone()), Op::Pop(pong.clone())]));
+                out.push(group(1, vec![Op::Pop(ping), c(jitter(grain)), Op::Push(pong)]));
+            }
+            out
+        }
+        Kind::ProducerConsumer => {
+            queues.insert(name("q"), 16);
+            vec![
+                group((n / 2).max(1), vec![c(Dist::Exp(grain)), Op::Push(name("q"))]),
+                group((n / 2).max(1), vec![Op::Pop(name("q")), c(Dist::Exp(grain))]),
+            ]
+        }
+        Kind::LockHeavy => vec![group(
+            n,
+            vec![c(Dist::Exp(grain)), Op::Lock(name("hot")), c(Dist::Exp((grain / 4).max(1))), Op::Unlock(name("hot"))],
+        )],
+        Kind::CpuBound => vec![group(n, vec![c(Dist::Const(grain.max(100 * US)))])],
+        Kind::TimerHeavy => vec![group(n, vec![c(jitter(grain)), Op::Sleep(Dist::Exp(grain))])],
+        Kind::PhaseGrain => {
+            // One loop = a fine phase then a coarse phase, each about PHASE_NS long.
+            let coarse = grain * 100;
+            let fine_rounds = (PHASE_NS / (grain + 40 * US)).max(1);
+            let coarse_rounds = (PHASE_NS / coarse).max(1);
+            let mut program = Vec::new();
+            for _ in 0..fine_rounds {
+                program.push(c(jitter(grain)));
+                program.push(Op::Barrier(name("round")));
+            }
+            for _ in 0..coarse_rounds {
+                program.push(c(jitter(coarse)));
+                program.push(Op::Barrier(name("round")));
+            }
+            vec![group(n, program)]
+        }
+        Kind::PhaseThreads => {
+            // A quarter of the threads synchronize at the grain all the time; the others join
+            // them for one phase and sleep through the next.
+            let few = (n / 4).max(1);
+            let rounds = (PHASE_NS / (grain + 40 * US)).max(1);
+            let mut program = Vec::new();
+            for _ in 0..rounds {
+                program.push(c(jitter(grain)));
+                program.push(Op::Barrier(name("all")));
+            }
+            barriers.insert(name("all"), n);
+            let mut sleepers = program.clone();
+            sleepers.push(Op::Sleep(Dist::Const(PHASE_NS)));
+            // The steady quarter also waits for the others' phase at the barrier, and then
+            // keeps a private pace in their sleep: model it as its own fine loop.
+            let mut steady = program;
+            for _ in 0..rounds {
+                steady.push(c(jitter(grain)));
+                steady.push(Op::Barrier(name("few")));
+            }
+            barriers.insert(name("few"), few);
+            vec![group(few, steady), group(n - few, sleepers)]
+        }
+    };
+    (threads, queues, barriers)
+}
+
+fn vm(name: &str, vcpus: usize, threads: Vec<ThreadGroup>) -> VmConfig {
+    VmConfig {
+        name: name.to_string(),
+        vcpus,
+        guest: GuestPolicy::None,
+        weight: 1024,
+        host_cpus: None,
+        pin_vcpus: false,
+        active_vcpus: None,
+        retention_timeout: None,
+        gleaner: None,
+        workload: None,
+        threads,
+        queues: BTreeMap::new(),
+        barriers: BTreeMap::new(),
+    }
+}
+
+/// The co-runner VMs of a contention level.
+fn co_runners(contention: Contention, n: usize) -> Vec<VmConfig> {
+    let cpu = |count| vec![ThreadGroup { count, pin: None, iterations: None, program: vec![c(Dist::Const(MS))] }];
+    let half = (n / 2).max(1);
+    match contention {
+        Contention::Dedicated => vec![],
+        Contention::OneCoRunner => vec![vm("co-cpu", half, cpu(half))],
+        Contention::TwoCoRunners => vec![
+            vm("co-cpu", half, cpu(half)),
+            vm(
+                "co-bursty",
+                half,
+                vec![ThreadGroup {
+                    count: half,
+                    pin: None,
+                    iterations: None,
+                    program: vec![c(Dist::Exp(200 * US)), Op::Sleep(Dist::Exp(200 * US))],
+                }],
+            ),
+        ],
+        Contention::Oversubscribed => vec![vm("co-cpu", n, cpu(n))],
+    }
+}
+
+impl LabScenario {
+    /// The scenario with the benchmark VM (VM 0) run as `choice`; `solo` = that VM alone.
+    pub fn build(&self, choice: GuestChoice, only: Option<usize>) -> Result<Scenario, crate::ScenarioError> {
+        let base = format!(
+            "name = \"{}\"\nseed = {}\n[sim]\nduration = \"{}ns\"\n[host]\npcpus = {}\npolicy = \"{}\"\n[[vm]]\nvcpus = 1\nworkload = {{ preset = \"matmul\" }}\n",
+            self.name,
+            self.seed,
+            self.duration_ns,
+            self.vcpus,
+            self.host_policy.name()
+        );
+        let path = std::path::Path::new(&self.name);
+        let mut s = Scenario::from_str(&base, path)?;
+        let (threads, queues, barriers) = workload(self.kind, self.grain_ns, self.vcpus);
+        let mut bench = vm("bench", self.vcpus, threads);
+        bench.queues = queues;
+        bench.barriers = barriers;
+        bench.guest = choice.guest;
+        bench.active_vcpus = choice.active_vcpus;
+        let mut vms = vec![bench];
+        vms.extend(co_runners(self.contention, self.vcpus));
+        if let Some(i) = only {
+            vms = vec![vms.swap_remove(i)];
+        }
+        s.vms = vms;
+        s.sim.duration = Dur(self.duration_ns);
+        s.validated(path)
+    }
+
+    /// Number of VMs in the scenario.
+    pub fn vm_count(&self) -> usize {
+        1 + co_runners(self.contention, self.vcpus).len()
+    }
+
+    /// The static oracle's vCPU counts: every count up to 4, then steps (a 16-vCPU VM would
+    /// otherwise need 32 static runs).
+    pub fn static_counts(&self) -> Vec<usize> {
+        let n = self.vcpus;
+        let mut out: Vec<usize> = [1, 2, 3, 4, 6, 8, 12, 16].into_iter().filter(|&k| k <= n).collect();
+        if !out.contains(&n) {
+            out.push(n);
+        }
+        out
+    }
+
+    /// Every configuration the benchmark VM is run in.
+    pub fn choices(&self) -> Vec<GuestChoice> {
+        let mut out: Vec<GuestChoice> = [GuestPolicy::None, GuestPolicy::Haltpoll, GuestPolicy::Retention, GuestPolicy::Gleaner]
+            .into_iter()
+            .map(|guest| GuestChoice { guest, active_vcpus: None })
+            .collect();
+        for k in self.static_counts() {
+            for guest in [GuestPolicy::None, GuestPolicy::Hold] {
+                // All vCPUs without retention is `none`, run above.
+                if k == self.vcpus && guest == GuestPolicy::None {
+                    continue;
+                }
+                out.push(GuestChoice { guest, active_vcpus: Some(k) });
+            }
+        }
+        out
+    }
+}
