@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use gleaner_policy::{Mode, PolicyConfig};
+use gleaner_policy::{Mode, PolicyConfig, RetentionTimeout};
 use serde::{Deserialize, Serialize};
 
 /// Where the workload's allowed CPUs are changed.
@@ -79,7 +79,9 @@ pub struct DaemonConfig {
     /// Directory for the crash journal and status file; unset means /run/gleaner as root,
     /// else $XDG_RUNTIME_DIR/gleaner.
     pub state_dir: Option<PathBuf>,
-    /// The policy's tunables (mode, rho, eta, ...).
+    /// The policy's tunables (mode, rho, eta, ...). Written without `retention_timeout_ns`,
+    /// which the daemon sets and `parse` refuses, so a written config reads back.
+    #[serde(serialize_with = "serialize_policy")]
     pub policy: PolicyConfig,
     /// Per-period JSON lines go here (command line only).
     #[serde(skip)]
@@ -100,6 +102,12 @@ impl Default for DaemonConfig {
             timeline: None,
         }
     }
+}
+
+fn serialize_policy<S: serde::Serializer>(policy: &PolicyConfig, s: S) -> std::result::Result<S::Ok, S::Error> {
+    let mut table = toml::Table::try_from(policy).map_err(serde::ser::Error::custom)?;
+    table.remove("retention_timeout_ns");
+    table.serialize(s)
 }
 
 /// Flags shared by `run` and `attach`; each overrides the config file.
@@ -191,6 +199,11 @@ impl DaemonFlags {
 }
 
 impl DaemonConfig {
+    /// The configured retention hold; `None` means derive it from a wake-latency measurement.
+    pub fn retention_timeout(&self) -> Option<RetentionTimeout> {
+        self.retention_timeout_us.map(RetentionTimeout::from_us)
+    }
+
     pub fn validate(&self) -> Result<()> {
         if !(10..=60_000).contains(&self.period_ms) {
             bail!("period_ms = {} is out of range: use 10 to 60000 (default 100)", self.period_ms);
@@ -231,6 +244,12 @@ pub fn parse(text: &str) -> Result<DaemonConfig> {
         let what = if e.message().starts_with("unknown field") { "unknown key" } else { "malformed TOML" };
         anyhow::anyhow!("{what}{at}: {}", one_line(e.message()))
     })?;
+    // The policy's hold is set by the daemon (measured, or retention_timeout_us), so a value
+    // here would be silently replaced; refuse it, as the simulator does.
+    let table: toml::Table = toml::from_str(text).unwrap_or_default();
+    if table.get("policy").and_then(|p| p.get("retention_timeout_ns")).is_some() {
+        bail!("[policy] retention_timeout_ns is not a setting here: the daemon sets the hold; use the top-level retention_timeout_us = MICROSECONDS instead, or leave it unset to derive it");
+    }
     cfg.validate()?;
     Ok(cfg)
 }
@@ -262,6 +281,9 @@ mod tests {
         assert_eq!(cfg.backend, BackendChoice::Affinity);
         assert_eq!(cfg.policy.mode, Mode::Retention);
         assert_eq!(cfg.policy.rho, 0.8);
+        assert_eq!(cfg.retention_timeout(), None);
+        let cfg = parse("retention_timeout_us = 30\n").unwrap();
+        assert_eq!(cfg.retention_timeout(), Some(RetentionTimeout { ns: 30_000 }));
     }
 
     #[test]
@@ -274,6 +296,8 @@ mod tests {
             ("period_ms = 100\n[policy]\nrhoo = 1", "unknown key at line 3"),
             ("period_ms = 1", "out of range"),
             ("[policy\n", "malformed TOML"),
+            // Set by the daemon: accepting it would silently replace it (the simulator refuses it too).
+            ("[policy]\nretention_timeout_ns = 30000", "use the top-level retention_timeout_us"),
         ] {
             let err = format!("{:#}", parse(text).unwrap_err());
             assert!(err.contains(needle), "{text}: {err}");

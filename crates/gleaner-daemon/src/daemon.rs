@@ -19,13 +19,13 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use gleaner_linux::cgroup::{enter_cgroup_pre_exec, v1::V1Mounts, AffinityPlacement, CgroupV1, CgroupV2};
 use gleaner_linux::controller::{Controller, ControllerOptions, Retainer, StopReason};
-use gleaner_linux::journal::{self, Journal, UndoAction};
+use gleaner_linux::journal::{self, Journal};
+use gleaner_linux::restore;
 use gleaner_linux::pmqos::PollRetention;
 use gleaner_linux::retention::{RetentionPool, YielderParams};
 use gleaner_linux::sampler::Sampler;
 use gleaner_linux::status::status_path;
-use gleaner_linux::sysfs::PmQosLatency;
-use gleaner_linux::{detect, Placement, PlacementEnv, PlacementKind, ProcFs, SharedJournal};
+use gleaner_linux::{detect, Placement, PlacementEnv, PlacementKind, ProcFs, SharedJournal, SysFs};
 use gleaner_policy::{Gleaner, Mode, RetentionTimeout};
 
 use crate::calibration::{calibrate, CacheEntry};
@@ -214,7 +214,7 @@ fn manage_inner(cfg: &DaemonConfig, target: Target, timeline: Option<std::fs::Fi
         }
     };
     let allowed = placement.allowed().clone();
-    tracing::info!(placement = %placement.kind(), allowed = %allowed, timeout_us = timeout.ns / 1000, "managing workload");
+    tracing::info!(placement = %placement.kind(), allowed = %allowed, timeout_us = timeout.as_us_f64(), "managing workload");
 
     let mut policy_cfg = cfg.policy.clone();
     policy_cfg.retention_timeout_ns = timeout.ns;
@@ -429,19 +429,8 @@ fn choose_retention(choice: RetentionBackendChoice, cpus: &gleaner_policy::Cpuse
     if choice == RetentionBackendChoice::Yield {
         return Ok(Err("asked for".into()));
     }
-    let j = journal.clone();
-    let hook: gleaner_linux::pmqos::OriginalHook = Box::new(move |path: &Path, original: &str| {
-        let cpu = path
-            .components()
-            .filter_map(|c| c.as_os_str().to_str()?.strip_prefix("cpu")?.parse::<usize>().ok())
-            .next()
-            .unwrap_or(usize::MAX);
-        let original: PmQosLatency = original.parse().map_err(|e: String| e)?;
-        let mut j = j.lock().map_err(|_| "journal lock poisoned")?;
-        j.record(UndoAction::PmQos { cpu, file: path.to_path_buf(), original })?;
-        Ok(())
-    });
-    match PollRetention::new(Path::new("/sys"), cpus, hook) {
+    let hook: gleaner_linux::pmqos::OriginalHook = Box::new(journal::pm_qos_recorder(journal.clone()));
+    match PollRetention::new(&SysFs::new("/sys"), cpus, hook) {
         Ok(p) => Ok(Ok(p)),
         Err(e) if choice == RetentionBackendChoice::Poll => bail!("--retention-backend poll cannot be used here: {e}; use --retention-backend auto"),
         Err(e) => Ok(Err(e.to_string())),
@@ -460,13 +449,14 @@ struct WakeCosts {
 /// The configured hold, or one derived from repeated wake-latency measurements (see
 /// [`crate::calibration`]); an agreed measurement is cached for the boot.
 fn wake_costs(cfg: &DaemonConfig, state_dir: &Path) -> WakeCosts {
-    if let Some(us) = cfg.retention_timeout_us {
-        return WakeCosts { timeout: RetentionTimeout { ns: us * 1000 }, host_poll_ns: 0, source: "configured (retention_timeout_us)".into() };
+    if let Some(timeout) = cfg.retention_timeout() {
+        return WakeCosts { timeout, host_poll_ns: 0, source: "configured (retention_timeout_us)".into() };
     }
     if !matches!(cfg.policy.mode, Mode::Full | Mode::Retention) {
         return WakeCosts { timeout: RetentionTimeout::default(), host_poll_ns: 0, source: "default (no retention in this mode)".into() };
     }
-    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default().trim().to_string();
+    // Without a boot id (a /proc without it) the cache never matches, so it is measured anew.
+    let boot = ProcFs::new("/proc").boot_id().unwrap_or_default();
     let cache = state_dir.join("calibration.json");
     if let Some(c) = std::fs::read_to_string(&cache).ok().and_then(|t| serde_json::from_str::<CacheEntry>(&t).ok()).filter(|c| c.usable_on(&boot)) {
         return WakeCosts { timeout: RetentionTimeout { ns: c.timeout_ns }, host_poll_ns: c.host_poll_ns, source: format!("cached for this boot; {}", c.source) };
@@ -491,7 +481,7 @@ fn wake_costs(cfg: &DaemonConfig, state_dir: &Path) -> WakeCosts {
 fn finish_journal(journal: &SharedJournal, proc: &ProcFs) -> Result<()> {
     let mut j = journal.lock().map_err(|_| anyhow!("journal lock poisoned"))?;
     if !j.entries().is_empty() {
-        journal::undo(&mut j, proc).context("could not undo every change; run `gleaner recover`")?;
+        restore::undo(&mut j, proc).context("could not undo every change; run `gleaner recover`")?;
     }
     std::fs::remove_file(j.path()).or_else(|e| if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) }).context("cannot remove the journal")?;
     Ok(())
@@ -537,8 +527,8 @@ pub fn guard_main(journal_path: &Path) -> Result<i32> {
         // SAFETY: ignoring a signal installs no handler code.
         let _ = unsafe { signal(sig, SigHandler::SigIgn) };
     }
-    // SAFETY: getppid has no preconditions; our parent is the instance we guard.
-    let owner = unsafe { libc::getppid() };
+    // Our parent is the instance we guard.
+    let owner = std::os::unix::process::parent_id();
     // The guard sleeps until it must restore, and then it must not queue behind the load it
     // is restoring from (the kill test measured > 1 s on a busy 2-vCPU VM). Raising its own
     // priority needs CAP_SYS_NICE; without it the guard runs at the normal priority.
@@ -561,11 +551,11 @@ pub fn guard_main(journal_path: &Path) -> Result<i32> {
         // run (measured by tests/kill_test.sh). Its threads run no more user code once the
         // kill is pending, so undo now; the journal is kept, and undone again after the pipe
         // closes, for a system call that was already in flight when the kill came.
-        if !restored_early && owner_is_dying(owner) {
-            hasten_exit(owner);
+        if !restored_early && owner_is_dying(&proc, owner) {
+            hasten_exit(&proc, owner);
             if let Ok(j) = Journal::load(journal_path) {
                 for e in j.entries().iter().rev() {
-                    let _ = journal::undo_action(&e.action, &proc, &gleaner_linux::cgroup::SchedAffinity);
+                    let _ = restore::undo_action(&e.action, &proc, &gleaner_linux::cgroup::SchedAffinity);
                 }
             }
             restored_early = true;
@@ -573,14 +563,14 @@ pub fn guard_main(journal_path: &Path) -> Result<i32> {
     }
     // Not while `gleaner recover` is restoring this journal too (see RestoreLock). Without
     // the lock the guard still restores; it just may race a concurrent recover.
-    let _restoring = journal_path.parent().map(journal::RestoreLock::acquire);
+    let _restoring = journal_path.parent().map(restore::RestoreLock::acquire);
     let _ = std::fs::remove_file(journal_path.with_extension("json.tmp")); // killed mid-write
     if !journal_path.exists() {
         return Ok(0); // clean exit, or killed before the journal existed: nothing to undo
     }
     let mut j = Journal::load(journal_path)?;
     let n = j.entries().len();
-    journal::undo(&mut j, &proc).context("guard could not undo every change; run `gleaner recover`")?;
+    restore::undo(&mut j, &proc).context("guard could not undo every change; run `gleaner recover`")?;
     // The dead instance could not remove its status file either; `status` would skip it, but
     // a stale file is clutter that outlives the pid. Removed before the journal, so that a
     // missing journal means the guard is done.
@@ -594,25 +584,18 @@ pub fn guard_main(journal_path: &Path) -> Result<i32> {
 
 /// Moves the dying instance's SCHED_IDLE retention threads back to SCHED_OTHER, so that they
 /// get a CPU to finish exiting on instead of lingering behind a busy workload.
-fn hasten_exit(pid: libc::pid_t) {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return };
-    for tid in tasks.flatten().filter_map(|t| t.file_name().to_str()?.parse::<libc::pid_t>().ok()) {
+fn hasten_exit(proc: &ProcFs, pid: u32) {
+    let Ok(tids) = proc.threads(pid) else { return };
+    for tid in tids {
         // Best effort: a thread that already exited has nothing left to hasten.
-        let _ = gleaner_sys::sched::set_thread_sched_policy(tid, libc::SCHED_OTHER);
+        let _ = gleaner_sys::sched::set_thread_sched_policy(tid as libc::pid_t, libc::SCHED_OTHER);
     }
 }
 
-/// Whether `pid` has a SIGKILL pending (it is being killed) or has exited already.
-fn owner_is_dying(pid: libc::pid_t) -> bool {
-    const SIGKILL_BIT: u64 = 1 << (libc::SIGKILL - 1);
-    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return true };
-    text.lines().any(|line| {
-        if let Some(state) = line.strip_prefix("State:") {
-            return matches!(state.trim_start().chars().next(), Some('Z' | 'X'));
-        }
-        let pending = line.strip_prefix("SigPnd:").or_else(|| line.strip_prefix("ShdPnd:"));
-        pending.and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok()).is_some_and(|mask| mask & SIGKILL_BIT != 0)
-    })
+/// Whether `pid` has a SIGKILL pending (it is being killed) or has exited already; a status
+/// that cannot be read means it is gone.
+fn owner_is_dying(proc: &ProcFs, pid: u32) -> bool {
+    proc.process_status(pid).map_or(true, |st| st.is_dying())
 }
 
 /// `gleaner recover`: undo what instances that died with their guard left behind.
@@ -623,7 +606,7 @@ pub fn recover(state_dir: Option<PathBuf>) -> Result<i32> {
     let mut done = 0;
     // A guard finishing its own restore holds this until it is done; its journal is then gone.
     // No state directory: nothing to lock, and nothing to recover (said below).
-    let _restoring = match journal::RestoreLock::acquire(&dir) {
+    let _restoring = match restore::RestoreLock::acquire(&dir) {
         Err(e) if e.is_not_found() => None,
         lock => Some(lock?),
     };
@@ -632,7 +615,7 @@ pub fn recover(state_dir: Option<PathBuf>) -> Result<i32> {
             Ok(mut j) => {
                 let path = j.path().to_path_buf();
                 let n = j.entries().len();
-                match journal::undo(&mut j, &proc) {
+                match restore::undo(&mut j, &proc) {
                     Ok(()) => {
                         let _ = j.remove();
                         crate::outln!("recovered {}: undid {n} change(s)", path.display());

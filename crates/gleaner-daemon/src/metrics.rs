@@ -343,7 +343,7 @@ pub fn render(s: &Snapshot) -> String {
     per_target(&mut out, s, "gleaner_slow_periods_total", "counter", "Periods whose end-of-period work took longer than a sub-sample slice.", |st| st.slow_periods as f64);
     per_target(&mut out, s, "gleaner_rho", "gauge", "Load factor rho of condition (1) in force.", |st| st.rho);
     per_target(&mut out, s, "gleaner_eta", "gauge", "Granularity factor eta of condition (2) in force.", |st| st.eta);
-    per_target(&mut out, s, "gleaner_retention_timeout_seconds", "gauge", "How long an idle vCPU is held before it may halt.", |st| st.retention_timeout_us / 1e6);
+    per_target(&mut out, s, "gleaner_retention_timeout_seconds", "gauge", "How long an idle vCPU is held before it may halt.", |st| st.retention_timeout.as_secs_f64());
     per_target(&mut out, s, "gleaner_l_comp_seconds", "gauge", "l_comp: mean computation on a vCPU between two idle periods, last period.", |st| st.characteristics.l_comp_ns / 1e9);
     per_target(&mut out, s, "gleaner_g_comp_seconds", "gauge", "g_comp: mean computation in a thread between two synchronization points, last period.", |st| {
         st.characteristics.g_comp_ns / 1e9
@@ -516,7 +516,7 @@ mod tests {
             active: "0-1".into(),
             rho: 0.9,
             eta: 1.0,
-            retention_timeout_us: 250.0,
+            retention_timeout: gleaner_policy::RetentionTimeout { ns: 250_000 },
             characteristics: Characteristics {
                 l_comp_ns: 40_000.0,
                 g_comp_ns: 80_000.0,

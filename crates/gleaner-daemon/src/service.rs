@@ -317,8 +317,7 @@ fn resolve_in(target: &CgroupRef, det: &Detection) -> std::result::Result<PathBu
 /// Whether any cgroup in the subtree at `dir` holds a process (an empty one would make its
 /// instance exit at once: nothing to manage).
 fn has_tasks(dir: &Path) -> bool {
-    let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
-    if procs.split_whitespace().next().is_some() {
+    if gleaner_linux::cgroup::read_procs(dir).is_ok_and(|pids| !pids.is_empty()) {
         return true;
     }
     std::fs::read_dir(dir).map(|rd| rd.flatten().any(|e| e.file_type().is_ok_and(|t| t.is_dir()) && has_tasks(&e.path()))).unwrap_or(false)

@@ -314,10 +314,10 @@ pub fn render(s: &InstanceStatus) -> String {
         s.periods
     );
     // A hold that never times out (always-yield) is stored as u64::MAX ns.
-    let hold = if s.retention_timeout_us >= gleaner_policy::FOREVER_NS as f64 / 1e3 {
+    let hold = if s.retention_timeout.ns == gleaner_policy::FOREVER_NS {
         "none (held until work arrives)".to_string()
     } else {
-        format!("{:.1} µs", s.retention_timeout_us)
+        format!("{:.1} µs", s.retention_timeout.as_us_f64())
     };
     out += &format!("  active vCPUs {} of {}   rho {:.3}  eta {:.3}  retention timeout {hold}\n", s.active, s.allowed, s.rho, s.eta);
     out += &format!(
@@ -363,6 +363,20 @@ pub fn render(s: &InstanceStatus) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn always_yield_shows_its_mode_name_and_no_timeout() {
+        let s = InstanceStatus {
+            mode: gleaner_policy::Mode::AlwaysYield.to_string(),
+            retention_timeout: gleaner_policy::RetentionTimeout { ns: gleaner_policy::FOREVER_NS },
+            ..InstanceStatus::default()
+        };
+        let text = render(&s);
+        assert!(text.contains("mode always-yield"), "{text}");
+        assert!(text.contains("retention timeout none (held until work arrives)"), "{text}");
+        let s = InstanceStatus { retention_timeout: gleaner_policy::RetentionTimeout { ns: 18_000 }, ..s };
+        assert!(render(&s).contains("retention timeout 18.0 µs"));
+    }
 
     fn daemon_with(targets: Vec<TargetStatus>) -> DaemonStatus {
         DaemonStatus { pid: std::process::id(), config: "/etc/gleaner/gleaner.toml".into(), targets }
@@ -427,19 +441,5 @@ mod tests {
         std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o600)).unwrap();
         let args = StatusArgs { json: false, state_dir: None, config: Some(cfg), watch: false };
         assert_eq!(state_dir_of(&args).unwrap(), Path::new("/srv/gleaner-state"));
-    }
-
-    #[test]
-    fn always_yield_shows_its_mode_name_and_no_timeout() {
-        let s = InstanceStatus {
-            mode: gleaner_policy::Mode::AlwaysYield.to_string(),
-            retention_timeout_us: gleaner_policy::FOREVER_NS as f64 / 1e3,
-            ..InstanceStatus::default()
-        };
-        let text = render(&s);
-        assert!(text.contains("mode always-yield"), "{text}");
-        assert!(text.contains("retention timeout none (held until work arrives)"), "{text}");
-        let s = InstanceStatus { retention_timeout_us: 18.0, ..s };
-        assert!(render(&s).contains("retention timeout 18.0 µs"));
     }
 }

@@ -468,7 +468,7 @@ impl<'a> Controller<'a> {
         st.active = d.active.to_string();
         st.rho = d.rho;
         st.eta = d.eta;
-        st.retention_timeout_us = d.retention_timeout_ns as f64 / 1e3;
+        st.retention_timeout = gleaner_policy::RetentionTimeout { ns: d.retention_timeout_ns };
         st.characteristics = d.characteristics;
         st.vcpus = sample
             .vcpus

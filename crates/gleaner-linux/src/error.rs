@@ -1,7 +1,12 @@
-//! One error type for every Linux reader and writer in this crate.
+//! One error type for every Linux file reader and writer in this crate (procfs, sysfs,
+//! cgroupfs, the journal, PM QoS polling, restore) and the affinity calls behind them.
 //!
 //! Exists so that each failure names the file involved and, where there is one, the fix: a
 //! user who sees "permission denied" must also learn which file and what to do instead.
+//! Two other error types remain, on purpose: `retention::RetentionError` (a thread that
+//! cannot be pinned, made SCHED_IDLE or started names a CPU, not a file) and
+//! `wakeprobe::ProbeError` (an experiment's set-up: bad gaps, too few CPUs), which wraps this
+//! one for the files the probe reads.
 //! Also holds the two file helpers (`read_file`, `write_file`) that turn `io::Error`s into
 //! these variants, so every module maps errno values the same way.
 
@@ -15,6 +20,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// What to do when a write to a cgroup or sysfs file is refused.
 pub const FIX_PERMISSION: &str = "run as root or use --backend affinity";
+/// What to do when a PM QoS file may not be written.
+pub const FIX_PM_QOS: &str = "run as root or use --retention-backend yield";
 /// What to do when the cpuset controller is missing in a cgroup v2 tree.
 pub const FIX_CPUSET_V2: &str = "enable +cpuset in the parent's cgroup.subtree_control";
 
@@ -71,6 +78,15 @@ pub enum Error {
         path: PathBuf,
         source: serde_json::Error,
     },
+
+    #[error("poll-based retention is unavailable: {reason}")]
+    PollUnavailable { reason: String },
+
+    #[error("CPU {cpu} is not managed here (managed: {managed})")]
+    NotManaged { cpu: usize, managed: String },
+
+    #[error("could not record the original value of {path} before changing it: {source}")]
+    Unrecorded { path: PathBuf, source: Box<Error> },
 
     #[error("{}", RestoreList(.errors))]
     Restore { errors: Vec<Error> },
@@ -138,7 +154,7 @@ impl fmt::Display for RestoreList<'_> {
 }
 
 /// At most 80 characters of the offending content, so an error stays one line.
-fn snippet(content: &str) -> String {
+pub(crate) fn snippet(content: &str) -> String {
     let line = content.trim();
     let cut: String = line.chars().take(80).collect();
     if cut.len() < line.len() {

@@ -12,11 +12,14 @@
 //! 4. reschedule interrupts from `/proc/interrupts` (anyone; counts cross-vCPU wakes of
 //!    sleeping vCPUs, the closest proxy left).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use perf_event::events::Tracepoint;
 use perf_event::{Builder, Counter};
 use serde::Serialize;
+
+use crate::procfs::ProcFs;
+use crate::sysfs::SysFs;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -39,8 +42,8 @@ impl IdleEntrySource {
 pub struct IdleEntryCounter {
     source: IdleEntrySource,
     cpus: Vec<usize>,
-    sys_root: PathBuf,
-    proc_root: PathBuf,
+    sys: SysFs,
+    proc: ProcFs,
     counters: Vec<Counter>,
 }
 
@@ -49,18 +52,25 @@ impl IdleEntryCounter {
         let mut me = IdleEntryCounter {
             source: IdleEntrySource::Unavailable,
             cpus: cpus.to_vec(),
-            sys_root: sys_root.to_path_buf(),
-            proc_root: proc_root.to_path_buf(),
+            sys: SysFs::new(sys_root),
+            proc: ProcFs::new(proc_root),
             counters: Vec::new(),
         };
-        if cpus.iter().all(|&c| cpuidle_usage(sys_root, c).is_some()) && !cpus.is_empty() {
+        // A source that cannot be read now (absent, root-only, malformed) is not chosen.
+        if !cpus.is_empty() && cpus.iter().all(|&c| matches!(me.sys.cpuidle_usage(c), Ok(Some(_)))) {
             me.source = IdleEntrySource::Cpuidle;
-        } else if let Some(counters) = tracepoint_id(sys_root).and_then(|id| open_tracepoint(id, cpus).ok()) {
+        } else if let Some(counters) = me
+            .sys
+            .tracepoint_id("power", "cpu_idle")
+            .ok()
+            .flatten()
+            .and_then(|id| open_tracepoint(id, cpus).ok())
+        {
             me.counters = counters;
             me.source = IdleEntrySource::Tracepoint;
-        } else if read_timer_list_calls(proc_root).is_some_and(|m| cpus.iter().all(|c| m.iter().any(|(k, _)| k == c))) {
+        } else if me.timer_list_calls().is_some_and(|m| cpus.iter().all(|c| m.iter().any(|(k, _)| k == c))) {
             me.source = IdleEntrySource::TimerList;
-        } else if read_res(proc_root).is_some() {
+        } else if matches!(me.proc.reschedule_interrupts(), Ok(Some(_))) {
             me.source = IdleEntrySource::RescheduleInterrupts;
         }
         me
@@ -70,29 +80,30 @@ impl IdleEntryCounter {
         self.source
     }
 
-    /// Cumulative counts, one per CPU given to `open`, in that order.
+    /// Cumulative counts, one per CPU given to `open`, in that order. A read that fails
+    /// (a file gone since `open`) counts 0 for that CPU.
     pub fn read(&mut self) -> Vec<u64> {
         match self.source {
-            IdleEntrySource::Cpuidle => self.cpus.iter().map(|&c| cpuidle_usage(&self.sys_root, c).unwrap_or(0)).collect(),
+            IdleEntrySource::Cpuidle => self.cpus.iter().map(|&c| self.sys.cpuidle_usage(c).ok().flatten().unwrap_or(0)).collect(),
             // The tracepoint fires on idle entry and again on exit.
             IdleEntrySource::Tracepoint => self.counters.iter_mut().map(|c| c.read().unwrap_or(0) / 2).collect(),
             IdleEntrySource::TimerList => {
-                let m = read_timer_list_calls(&self.proc_root).unwrap_or_default();
+                let m = self.timer_list_calls().unwrap_or_default();
                 self.cpus.iter().map(|c| m.iter().find(|(k, _)| k == c).map_or(0, |(_, v)| *v)).collect()
             }
             IdleEntrySource::RescheduleInterrupts => {
-                let r = read_res(&self.proc_root).unwrap_or_default();
+                let r = self.proc.reschedule_interrupts().ok().flatten().unwrap_or_default();
                 self.cpus.iter().map(|&c| r.get(c).copied().unwrap_or(0)).collect()
             }
             IdleEntrySource::Unavailable => vec![0; self.cpus.len()],
         }
     }
-}
 
-fn tracepoint_id(sys: &Path) -> Option<u64> {
-    ["kernel/tracing", "kernel/debug/tracing"].iter().find_map(|t| {
-        std::fs::read_to_string(sys.join(t).join("events/power/cpu_idle/id")).ok()?.trim().parse().ok()
-    })
+    /// `(cpu, idle_calls)` pairs from `/proc/timer_list`; `None` when it cannot be read.
+    fn timer_list_calls(&self) -> Option<Vec<(usize, u64)>> {
+        let cpus = self.proc.timer_list().ok().flatten()?;
+        Some(cpus.iter().map(|c| (c.cpu, c.idle_calls)).collect())
+    }
 }
 
 /// One system-wide counter of the tracepoint per CPU, enabled at once.
@@ -107,71 +118,22 @@ fn open_tracepoint(id: u64, cpus: &[usize]) -> std::io::Result<Vec<Counter>> {
     Ok(counters)
 }
 
-/// Idle entries of one CPU summed over its cpuidle states; `None` without a cpuidle driver.
-pub fn cpuidle_usage(sys_root: &Path, cpu: usize) -> Option<u64> {
-    let dir = sys_root.join(format!("devices/system/cpu/cpu{cpu}/cpuidle"));
-    let mut total = None;
-    for entry in std::fs::read_dir(dir).ok()?.flatten() {
-        if !entry.file_name().to_string_lossy().starts_with("state") {
-            continue;
-        }
-        if let Some(n) = std::fs::read_to_string(entry.path().join("usage")).ok().and_then(|t| t.trim().parse::<u64>().ok()) {
-            total = Some(total.unwrap_or(0) + n);
-        }
-    }
-    total
-}
-
-fn read_timer_list_calls(proc_root: &Path) -> Option<Vec<(usize, u64)>> {
-    let text = std::fs::read_to_string(proc_root.join("timer_list")).ok()?;
-    Some(parse_timer_list_calls(&text))
-}
-
-/// `(cpu, idle_calls)` pairs from `/proc/timer_list`.
-pub fn parse_timer_list_calls(text: &str) -> Vec<(usize, u64)> {
-    let mut out = Vec::new();
-    let mut cpu = None;
-    for line in text.lines() {
-        let l = line.trim();
-        if let Some(rest) = l.strip_prefix("cpu:") {
-            cpu = rest.trim().parse().ok();
-        } else if let Some(rest) = l.strip_prefix(".idle_calls") {
-            if let (Some(c), Some(v)) = (cpu, rest.trim_start_matches([' ', ':']).trim().parse().ok()) {
-                out.push((c, v));
-            }
-        }
-    }
-    out
-}
-
-fn read_res(proc_root: &Path) -> Option<Vec<u64>> {
-    parse_reschedule_interrupts(&std::fs::read_to_string(proc_root.join("interrupts")).ok()?)
-}
-
-/// Per-CPU reschedule-IPI counts (the `RES:` row of `/proc/interrupts`).
-pub fn parse_reschedule_interrupts(text: &str) -> Option<Vec<u64>> {
-    let line = text.lines().find(|l| l.trim_start().starts_with("RES:"))?;
-    let counts = line.trim_start()["RES:".len()..].split_whitespace().map_while(|w| w.parse::<u64>().ok()).collect::<Vec<_>>();
-    (!counts.is_empty()).then_some(counts)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn parses_reschedule_interrupts() {
-        let text = "           CPU0       CPU1\n  LOC:       6089       7079   Local timer interrupts\n  RES:       2907       5804   Rescheduling interrupts\n";
-        assert_eq!(parse_reschedule_interrupts(text), Some(vec![2907, 5804]));
-        assert_eq!(parse_reschedule_interrupts("garbage"), None);
-        assert_eq!(parse_reschedule_interrupts("RES: x y"), None);
-    }
-
-    #[test]
-    fn parses_timer_list_idle_calls() {
-        let text = "cpu: 0\n  .idle_calls     : 3350\n  .idle_sleeps    : 1427\ncpu: 1\n  .idle_calls     : 2647\n";
-        assert_eq!(parse_timer_list_calls(text), vec![(0, 3350), (1, 2647)]);
-        assert!(parse_timer_list_calls("cpu: x\n.idle_calls: y").is_empty());
+    fn falls_back_to_timer_list_idle_calls() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = "cpu: 0\n  .idle_calls     : 3350\n  .idle_sleeps    : 1427\n  .idle_sleeptime : 5 nsecs\n  .iowait_sleeptime: 0 nsecs\n\
+                    cpu: 1\n  .idle_calls     : 2647\n  .idle_sleeps    : 1000\n  .idle_sleeptime : 7 nsecs\n  .iowait_sleeptime: 0 nsecs\n";
+        std::fs::write(dir.path().join("timer_list"), text).unwrap();
+        let mut c = IdleEntryCounter::open(&dir.path().join("nosys"), dir.path(), &[0, 1]);
+        assert_eq!(c.source(), IdleEntrySource::TimerList);
+        assert_eq!(c.read(), vec![3350, 2647]);
+        // A CPU the file does not list: the source is not used.
+        let c = IdleEntryCounter::open(&dir.path().join("nosys"), dir.path(), &[0, 2]);
+        assert_eq!(c.source(), IdleEntrySource::Unavailable);
     }
 
     #[test]

@@ -3,10 +3,10 @@
 //! Exists because Gleaner rewrites system state (cgroups, thread affinity, PM QoS, haltpoll
 //! parameters) and may be killed by SIGKILL or a crash, where no destructor runs. Every
 //! change is first appended to `<gleaner-pid>.json` (atomically: temp file + rename, mode
-//! 0600); `gleaner recover` finds journals whose owner is dead and undoes them. The same
-//! undo code serves the back ends' normal `restore()`, so the crash path is the tested path.
+//! 0600); `gleaner recover` finds journals whose owner is dead and has `restore` undo them.
+//! This module only records and finds records; it knows nothing of how a change is undone,
+//! so the back ends that record through it are not imported by it.
 
-use std::collections::BTreeMap;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -14,9 +14,7 @@ use std::sync::{Arc, Mutex};
 use gleaner_policy::Cpuset;
 use serde::{Deserialize, Serialize};
 
-use crate::cgroup::affinity::AffinityOps;
-use crate::cgroup::{move_process, remove_cgroup_dir, write_cgroup_value};
-use crate::error::{write_file, write_private_atomic, Durability, Error, Result};
+use crate::error::{write_private_atomic, Durability, Error, Result};
 use crate::procfs::ProcFs;
 use crate::sysfs::PmQosLatency;
 
@@ -188,78 +186,16 @@ impl Journal {
     }
 }
 
-/// A hook for [`crate::pmqos`]'s `OriginalHook`: journals a CPU's original
-/// `pm_qos_resume_latency_us` (file `.../cpuN/power/pm_qos_resume_latency_us`) before the
-/// first write to it.
-pub fn pm_qos_recorder(
-    journal: SharedJournal,
-) -> impl FnMut(&Path, &str) -> std::result::Result<(), Box<dyn std::error::Error + Send + Sync>>
-       + Send
-       + 'static {
-    move |file: &Path, original: &str| {
-        let cpu = file
-            .parent()
-            .and_then(Path::parent)
-            .and_then(|d| d.file_name()?.to_str()?.strip_prefix("cpu")?.parse().ok())
-            .ok_or_else(|| {
-                Error::parse(
-                    file,
-                    "cpuN directory in PM QoS path",
-                    &file.display().to_string(),
-                )
-            })?;
-        let original = original
-            .parse()
-            .map_err(|_| Error::parse(file, "PM QoS resume latency", original))?;
+/// A hook for [`crate::pmqos::PollRetention`] (its `OriginalHook`): journals a CPU's
+/// original `pm_qos_resume_latency_us` before the first write to it.
+pub fn pm_qos_recorder(journal: SharedJournal) -> impl FnMut(usize, &Path, PmQosLatency) -> Result<()> + Send + 'static {
+    move |cpu, file: &Path, original| {
         lock(&journal).record(UndoAction::PmQos {
             cpu,
             file: file.to_path_buf(),
             original,
         })?;
         Ok(())
-    }
-}
-
-/// Undoes every entry of `journal`, newest first, with real `sched_setaffinity`. Entries that
-/// were undone are removed from the file; the rest stay for a later retry and are reported.
-pub fn undo(journal: &mut Journal, proc: &ProcFs) -> Result<()> {
-    undo_with(journal, proc, &crate::cgroup::affinity::SchedAffinity)
-}
-
-pub fn undo_with(journal: &mut Journal, proc: &ProcFs, ops: &dyn AffinityOps) -> Result<()> {
-    let mut errors = vec![];
-    let mut done = vec![];
-    for entry in journal.state.entries.iter().rev() {
-        match undo_action(&entry.action, proc, ops) {
-            Ok(()) => done.push(entry.id),
-            Err(e) => errors.push(e),
-        }
-    }
-    if let Err(e) = journal.forget(&done) {
-        errors.push(e);
-    }
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        Err(Error::Restore { errors })
-    }
-}
-
-/// Held while journals in a state directory are undone and rewritten after their owner died,
-/// so that an instance's guard and `gleaner recover` never restore the same journal at once:
-/// both rewrite it through `<pid>.json.tmp`, so one's rename could fail, or bring the journal
-/// back after the other removed it. An advisory `flock` on the directory, released on drop or
-/// when the holder dies; the lock is held only for the few system calls of an undo.
-#[derive(Debug)]
-pub struct RestoreLock(#[allow(dead_code)] nix::fcntl::Flock<std::fs::File>);
-
-impl RestoreLock {
-    /// Waits for the lock on `dir` (a directory that exists).
-    pub fn acquire(dir: &Path) -> Result<Self> {
-        let file = std::fs::File::open(dir).map_err(|e| Error::io(dir, e))?;
-        nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
-            .map(Self)
-            .map_err(|(_, errno)| Error::io(dir, std::io::Error::from(errno)))
     }
 }
 
@@ -311,67 +247,6 @@ fn is_journal_name(path: &Path) -> bool {
             .is_some_and(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
 }
 
-/// Undoes one change. Things that are already gone (an exited thread, a removed cgroup, a
-/// reused pid) count as undone: there is nothing left to give back.
-pub fn undo_action(action: &UndoAction, proc: &ProcFs, ops: &dyn AffinityOps) -> Result<()> {
-    match action {
-        UndoAction::CreatedCgroup { dir, fallback } => {
-            let procs = dir.join("cgroup.procs");
-            // Missing: the directory is gone already (or, in a fake tree, never held a task).
-            let text = match std::fs::read_to_string(&procs) {
-                Ok(t) => t,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-                Err(e) => return Err(Error::io(&procs, e)),
-            };
-            for word in text.split_whitespace() {
-                let pid = word
-                    .parse()
-                    .map_err(|_| Error::parse(&procs, "pid", word))?;
-                move_process(&fallback.join("cgroup.procs"), pid)?;
-            }
-            remove_cgroup_dir(dir)
-        }
-        UndoAction::MovedProcess {
-            pid,
-            start_ticks,
-            from,
-        } => {
-            if !same_task(proc.process_start_time(*pid), *start_ticks)? {
-                return Ok(());
-            }
-            move_process(&from.join("cgroup.procs"), *pid).map(|_| ())
-        }
-        UndoAction::EnabledController {
-            subtree_control,
-            controller,
-        } => write_file(subtree_control, &format!("-{controller}")),
-        UndoAction::CgroupFile { file, original } => write_cgroup_value(file, original),
-        UndoAction::ThreadAffinity {
-            pid,
-            tid,
-            start_ticks,
-            original,
-        } => {
-            let start = proc.task_stat(*pid, *tid).map(|s| s.start_ticks);
-            if !same_task(start, *start_ticks)? {
-                return Ok(());
-            }
-            ops.set(*tid, original).map(|_| ())
-        }
-        UndoAction::PmQos { file, original, .. } => write_file(file, &original.to_string()),
-        UndoAction::HaltpollParam { file, original, .. } => write_file(file, original),
-    }
-}
-
-/// Whether the task read now is the one recorded (it exists and started at the same tick).
-fn same_task(start_now: Result<u64>, recorded: u64) -> Result<bool> {
-    match start_now {
-        Ok(s) => Ok(s == recorded),
-        Err(e) if e.is_not_found() => Ok(false),
-        Err(e) => Err(e),
-    }
-}
-
 /// The undo log of one back end: its own entries, each mirrored to the shared journal
 /// (when there is one) before the change is made.
 #[derive(Debug, Default)]
@@ -412,17 +287,15 @@ impl UndoLog {
         self.entries.is_empty()
     }
 
-    pub fn actions(&self) -> impl Iterator<Item = &UndoAction> {
-        self.entries.iter().map(|(_, a)| a)
-    }
-
-    /// Undoes all entries newest first; failed ones stay for a retry. Idempotent.
-    pub fn undo_all(&mut self, proc: &ProcFs, ops: &dyn AffinityOps) -> Result<()> {
+    /// Undoes all entries newest first with `undo` (see `restore::undo_log`); failed ones
+    /// stay for a retry. Idempotent. The log only keeps the books: how a change is undone is
+    /// `restore`'s business.
+    pub fn undo_all(&mut self, mut undo: impl FnMut(&UndoAction) -> Result<()>) -> Result<()> {
         let mut errors = vec![];
         let mut kept = vec![];
         let mut done_ids = vec![];
         while let Some((id, action)) = self.entries.pop() {
-            match undo_action(&action, proc, ops) {
+            match undo(&action) {
                 Ok(()) => done_ids.extend(id),
                 Err(e) => {
                     errors.push(e);
@@ -451,28 +324,9 @@ fn lock(j: &SharedJournal) -> std::sync::MutexGuard<'_, Journal> {
     j.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Counts of entries by kind, for `gleaner recover` to print.
-pub fn summarize(journal: &Journal) -> BTreeMap<&'static str, usize> {
-    let mut counts = BTreeMap::new();
-    for e in journal.entries() {
-        let kind = match e.action {
-            UndoAction::CreatedCgroup { .. } => "created cgroups",
-            UndoAction::MovedProcess { .. } => "moved processes",
-            UndoAction::EnabledController { .. } => "enabled controllers",
-            UndoAction::CgroupFile { .. } => "cgroup files",
-            UndoAction::ThreadAffinity { .. } => "thread affinities",
-            UndoAction::PmQos { .. } => "PM QoS values",
-            UndoAction::HaltpollParam { .. } => "haltpoll parameters",
-        };
-        *counts.entry(kind).or_insert(0) += 1;
-    }
-    counts
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cgroup::affinity::tests::FakeAffinity;
     use std::fs;
     use std::os::unix::fs::PermissionsExt;
 
@@ -514,75 +368,6 @@ mod tests {
     }
 
     #[test]
-    fn undo_restores_files_and_affinity_newest_first() {
-        let dir = tempfile::tempdir().unwrap();
-        let r = dir.path();
-        let proc = fake_proc(
-            &r.join("proc"),
-            &[(1, 1, 500), (10, 10, 1000), (10, 11, 1001)],
-        );
-        let file = r.join("guest_halt_poll_ns");
-        fs::write(&file, "50000").unwrap();
-        let qos = r.join("pm_qos_resume_latency_us");
-        fs::write(&qos, "20").unwrap();
-        let mut j = Journal::create(&r.join("run"), &ProcFs::new("/proc")).unwrap();
-        // The same file changed twice: undo must leave the first original in place.
-        j.record(UndoAction::HaltpollParam {
-            name: "n".into(),
-            file: file.clone(),
-            original: "200000".into(),
-        })
-        .unwrap();
-        j.record(UndoAction::HaltpollParam {
-            name: "n".into(),
-            file: file.clone(),
-            original: "100000".into(),
-        })
-        .unwrap();
-        j.record(UndoAction::PmQos {
-            cpu: 0,
-            file: qos.clone(),
-            original: PmQosLatency::NoConstraint,
-        })
-        .unwrap();
-        let all: Cpuset = "0-1".parse().unwrap();
-        j.record(UndoAction::ThreadAffinity {
-            pid: 10,
-            tid: 11,
-            start_ticks: 1001,
-            original: all.clone(),
-        })
-        .unwrap();
-        // tid 12 exited; tid 10's record is from an older task that had the same tid.
-        j.record(UndoAction::ThreadAffinity {
-            pid: 10,
-            tid: 12,
-            start_ticks: 1002,
-            original: all.clone(),
-        })
-        .unwrap();
-        j.record(UndoAction::ThreadAffinity {
-            pid: 10,
-            tid: 10,
-            start_ticks: 7,
-            original: all.clone(),
-        })
-        .unwrap();
-        let ops = FakeAffinity::new(&[(10, "0"), (11, "0")]);
-        undo_with(&mut j, &proc, &ops).unwrap();
-        assert_eq!(fs::read_to_string(&file).unwrap(), "200000");
-        assert_eq!(fs::read_to_string(&qos).unwrap(), "0");
-        assert_eq!(ops.mask(11), Some(all));
-        assert_eq!(
-            ops.mask(10).unwrap().to_string(),
-            "0",
-            "reused tid must not be touched"
-        );
-        assert!(j.entries().is_empty());
-        assert!(Journal::load(j.path()).unwrap().entries().is_empty());
-    }
-
-    #[test]
     fn pm_qos_recorder_journals_cpu_and_value() {
         let dir = tempfile::tempdir().unwrap();
         let j = Journal::create(dir.path(), &ProcFs::new("/proc"))
@@ -590,9 +375,11 @@ mod tests {
             .into_shared();
         let mut hook = pm_qos_recorder(j.clone());
         let file = Path::new("/sys/devices/system/cpu/cpu3/power/pm_qos_resume_latency_us");
-        hook(file, "0\n").unwrap();
-        assert!(hook(file, "fast").is_err());
-        assert!(hook(Path::new("/x/pm_qos_resume_latency_us"), "0").is_err());
+        hook(3, file, PmQosLatency::NoConstraint).unwrap();
+        // A journal that can no longer be written refuses, so the change is not made.
+        let path = j.lock().unwrap().path().to_path_buf();
+        fs::remove_dir_all(dir.path()).unwrap();
+        assert!(hook(4, file, PmQosLatency::Us(20)).is_err());
         let j = j.lock().unwrap();
         assert_eq!(j.entries().len(), 1);
         assert_eq!(
@@ -603,39 +390,7 @@ mod tests {
                 original: PmQosLatency::NoConstraint
             }
         );
-        assert_eq!(summarize(&j).get("PM QoS values"), Some(&1));
-    }
-
-    #[test]
-    fn failed_undo_keeps_the_entry_for_retry() {
-        let dir = tempfile::tempdir().unwrap();
-        let r = dir.path();
-        let mut j = Journal::create(&r.join("run"), &ProcFs::new("/proc")).unwrap();
-        let missing_dir = r.join("no/such/dir/param");
-        j.record(UndoAction::HaltpollParam {
-            name: "p".into(),
-            file: missing_dir,
-            original: "1".into(),
-        })
-        .unwrap();
-        let err = undo_with(&mut j, &ProcFs::new("/proc"), &FakeAffinity::new(&[])).unwrap_err();
-        assert!(
-            matches!(&err, Error::Restore { errors } if errors.len() == 1),
-            "{err}"
-        );
-        assert_eq!(Journal::load(j.path()).unwrap().entries().len(), 1);
-    }
-
-    #[test]
-    fn restore_lock_excludes_a_second_restorer_until_dropped() {
-        use nix::fcntl::{Flock, FlockArg};
-        let dir = tempfile::tempdir().unwrap();
-        let try_other = || Flock::lock(fs::File::open(dir.path()).unwrap(), FlockArg::LockExclusiveNonblock).is_ok();
-        let held = RestoreLock::acquire(dir.path()).unwrap();
-        assert!(!try_other(), "a second restorer got the lock while the first held it");
-        drop(held);
-        assert!(try_other());
-        assert!(RestoreLock::acquire(&dir.path().join("absent")).unwrap_err().to_string().contains("absent"));
+        assert!(!path.exists());
     }
 
     #[test]

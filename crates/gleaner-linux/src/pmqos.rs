@@ -9,60 +9,28 @@
 //! `default_idle` and ignores the QoS value, so [`PollRetention::new`] reports it unavailable.
 //!
 //! The file is system state: the original value of every file is handed to a caller hook
-//! (the crash journal) before the first write, and written back by [`PollRetention::restore`]
-//! and on drop.
+//! (the crash journal, see `journal::pm_qos_recorder`) before the first write, and written
+//! back by [`PollRetention::restore`] and on drop. The files are read and written through
+//! [`SysFs`], the one place that knows their format.
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::fs;
-use std::io;
 use std::path::{Path, PathBuf};
 
 use gleaner_policy::Cpuset;
 
-/// The value that forbids every idle state but polling.
-pub const NO_LATENCY: &str = "n/a";
+use crate::error::{snippet, Error, Result};
+use crate::sysfs::{PmQosLatency, SysFs};
 
-/// Receives (file, original content) before that file is first written. An error aborts the
-/// write: without a journal entry a crash could leave the CPU polling forever.
-pub type OriginalHook =
-    Box<dyn FnMut(&Path, &str) -> Result<(), Box<dyn std::error::Error + Send + Sync>> + Send>;
+/// Receives (CPU, its QoS file, original value) before that file is first written. An error
+/// aborts the write: without a journal entry a crash could leave the CPU polling forever.
+pub type OriginalHook = Box<dyn FnMut(usize, &Path, PmQosLatency) -> Result<()> + Send>;
 
-#[derive(Debug, thiserror::Error)]
-pub enum PmQosError {
-    #[error("poll-based retention is unavailable: {reason}")]
-    Unavailable { reason: String },
-    #[error("cannot read {path}: {source}")]
-    Read { path: PathBuf, source: io::Error },
-    #[error("cannot write {value:?} to {path}: {source} (run as root?)")]
-    Write {
-        path: PathBuf,
-        value: String,
-        source: io::Error,
-    },
-    #[error(
-        "unexpected content {content:?} in {path} (expected a number of microseconds or \"n/a\")"
-    )]
-    Malformed { path: PathBuf, content: String },
-    #[error("could not record the original value of {path} before changing it: {source}")]
-    Journal {
-        path: PathBuf,
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
-    #[error("CPU {cpu} is not managed by this poll retention (managed: {managed})")]
-    NotManaged { cpu: usize, managed: String },
-    #[error("could not restore {failed} of the pm_qos files; first: {first}")]
-    Restore {
-        failed: usize,
-        first: Box<PmQosError>,
-    },
-}
-
-/// One managed CPU: its QoS file, the content found there at start, and whether we have
+/// One managed CPU: its QoS file, the value found there at start, and whether we have
 /// changed it (and reported the original) yet.
 struct QosFile {
     path: PathBuf,
-    original: String,
+    original: PmQosLatency,
     reported: bool,
     polling: bool,
     dirty: bool,
@@ -70,6 +38,7 @@ struct QosFile {
 
 /// Poll-instead-of-halt retention for a set of CPUs.
 pub struct PollRetention {
+    sys: SysFs,
     files: BTreeMap<usize, QosFile>,
     on_original: OriginalHook,
 }
@@ -89,66 +58,32 @@ impl fmt::Debug for PollRetention {
 }
 
 impl PollRetention {
-    /// Checks that polling can work on every CPU of `cpus` under `sysfs_root` (normally
-    /// `/sys`) and reads the original QoS values. Nothing is written yet.
-    pub fn new(
-        sysfs_root: &Path,
-        cpus: &Cpuset,
-        on_original: OriginalHook,
-    ) -> Result<Self, PmQosError> {
-        let cpu_dir = sysfs_root.join("devices/system/cpu");
-        let driver_path = cpu_dir.join("cpuidle/current_driver");
-        let driver = match fs::read_to_string(&driver_path) {
-            Ok(s) => s.trim().to_string(),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(unavailable(format!(
-                    "{} does not exist (kernel without cpuidle)",
-                    driver_path.display()
-                )))
-            }
-            Err(source) => {
-                return Err(PmQosError::Read {
-                    path: driver_path,
-                    source,
-                })
-            }
-        };
-        if driver.is_empty() || driver == "none" {
+    /// Checks that polling can work on every CPU of `cpus` under `sys` (normally `/sys`) and
+    /// reads the original QoS values. Nothing is written yet.
+    pub fn new(sys: &SysFs, cpus: &Cpuset, on_original: OriginalHook) -> Result<Self> {
+        let Some(driver) = sys.cpuidle_driver()? else {
             return Err(unavailable(format!(
-                "no cpuidle driver is active ({} is {:?}); idle vCPUs halt via default_idle and ignore PM QoS",
-                driver_path.display(),
-                driver
+                "no cpuidle driver is active ({} is absent, empty or \"none\"); idle vCPUs halt via default_idle and ignore PM QoS",
+                sys.root().join("devices/system/cpu/cpuidle/current_driver").display()
             )));
-        }
+        };
         let mut files = BTreeMap::new();
         for cpu in cpus.iter() {
-            let state0 = cpu_dir.join(format!("cpu{cpu}/cpuidle/state0/name"));
-            let name = fs::read_to_string(&state0).map_err(|e| {
-                unavailable(format!(
-                    "cpuidle driver {driver:?} exposes no state0 for CPU {cpu} ({}: {e})",
-                    state0.display()
-                ))
+            let name = sys.cpuidle_state_name(cpu, 0).map_err(|e| {
+                unavailable(format!("cpuidle driver {:?} exposes no state0 for CPU {cpu} ({e})", snippet(&driver)))
             })?;
-            if name.trim() != "POLL" {
+            if name != "POLL" {
                 return Err(unavailable(format!(
-                    "CPU {cpu}'s first idle state is {:?}, not POLL ({})",
-                    name.trim(),
-                    state0.display()
+                    "CPU {cpu}'s first idle state is {:?}, not POLL (cpuidle driver {:?})",
+                    snippet(&name),
+                    snippet(&driver)
                 )));
             }
-            let path = cpu_dir.join(format!("cpu{cpu}/power/pm_qos_resume_latency_us"));
-            let raw = fs::read_to_string(&path).map_err(|source| PmQosError::Read {
-                path: path.clone(),
-                source,
-            })?;
-            let original = raw.trim().to_string();
-            if !is_valid_latency(&original) {
-                return Err(PmQosError::Malformed { path, content: raw });
-            }
+            let original = sys.pm_qos_resume_latency(cpu)?;
             files.insert(
                 cpu,
                 QosFile {
-                    path,
+                    path: sys.pm_qos_path(cpu),
                     original,
                     reported: false,
                     polling: false,
@@ -156,7 +91,11 @@ impl PollRetention {
                 },
             );
         }
-        Ok(Self { files, on_original })
+        Ok(Self {
+            sys: sys.clone(),
+            files,
+            on_original,
+        })
     }
 
     /// CPUs under management.
@@ -165,56 +104,53 @@ impl PollRetention {
     }
 
     /// `on`: the CPU polls when idle. `off`: its original QoS value is back.
-    pub fn set(&mut self, cpu: usize, on: bool) -> Result<(), PmQosError> {
+    pub fn set(&mut self, cpu: usize, on: bool) -> Result<()> {
         let managed = self.cpus().to_string();
         let file = self
             .files
             .get_mut(&cpu)
-            .ok_or(PmQosError::NotManaged { cpu, managed })?;
+            .ok_or(Error::NotManaged { cpu, managed })?;
         if file.polling == on {
             return Ok(());
         }
         if !file.reported {
-            (self.on_original)(&file.path, &file.original).map_err(|source| {
-                PmQosError::Journal {
+            (self.on_original)(cpu, &file.path, file.original).map_err(|source| {
+                Error::Unrecorded {
                     path: file.path.clone(),
-                    source,
+                    source: Box::new(source),
                 }
             })?;
             file.reported = true;
         }
         let value = if on {
-            NO_LATENCY.to_string()
+            PmQosLatency::ZeroLatency
         } else {
-            file.original.clone()
+            file.original
         };
         // Marked dirty before the write: a failed write may still have changed the file.
         file.dirty = true;
-        write_value(&file.path, &value)?;
+        self.sys.set_pm_qos_resume_latency(cpu, value)?;
         file.polling = on;
         Ok(())
     }
 
     /// Writes every changed file back to its original value. All files are attempted even if
-    /// one fails; the first failure is returned.
-    pub fn restore(&mut self) -> Result<(), PmQosError> {
-        let mut failures = Vec::new();
-        for file in self.files.values_mut().filter(|f| f.dirty) {
-            match write_value(&file.path, &file.original) {
+    /// one fails; every failure is reported.
+    pub fn restore(&mut self) -> Result<()> {
+        let mut errors = Vec::new();
+        for (&cpu, file) in self.files.iter_mut().filter(|(_, f)| f.dirty) {
+            match self.sys.set_pm_qos_resume_latency(cpu, file.original) {
                 Ok(()) => {
                     file.dirty = false;
                     file.polling = false;
                 }
-                Err(e) => failures.push(e),
+                Err(e) => errors.push(e),
             }
         }
-        let failed = failures.len();
-        match failures.into_iter().next() {
-            None => Ok(()),
-            Some(first) => Err(PmQosError::Restore {
-                failed,
-                first: Box::new(first),
-            }),
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Restore { errors })
         }
     }
 }
@@ -227,26 +163,14 @@ impl Drop for PollRetention {
     }
 }
 
-fn unavailable(reason: String) -> PmQosError {
-    PmQosError::Unavailable { reason }
-}
-
-/// The kernel shows either a non-negative number of microseconds or `n/a`.
-fn is_valid_latency(s: &str) -> bool {
-    s == NO_LATENCY || (!s.is_empty() && s.len() <= 10 && s.bytes().all(|b| b.is_ascii_digit()))
-}
-
-fn write_value(path: &Path, value: &str) -> Result<(), PmQosError> {
-    fs::write(path, value).map_err(|source| PmQosError::Write {
-        path: path.to_path_buf(),
-        value: value.to_string(),
-        source,
-    })
+fn unavailable(reason: String) -> Error {
+    Error::PollUnavailable { reason }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
     use std::sync::{Arc, Mutex};
 
     type Journal = Arc<Mutex<Vec<(PathBuf, String)>>>;
@@ -282,13 +206,17 @@ mod tests {
     fn recording_hook() -> (OriginalHook, Journal) {
         let journal: Journal = Arc::default();
         let j = Arc::clone(&journal);
-        let hook: OriginalHook = Box::new(move |path: &Path, original: &str| {
+        let hook: OriginalHook = Box::new(move |_cpu, path: &Path, original| {
             j.lock()
                 .unwrap()
                 .push((path.to_path_buf(), original.to_string()));
             Ok(())
         });
         (hook, journal)
+    }
+
+    fn new(root: &Path, cpus: &Cpuset, hook: OriginalHook) -> Result<PollRetention> {
+        PollRetention::new(&SysFs::new(root), cpus, hook)
     }
 
     fn cpus(s: &str) -> Cpuset {
@@ -300,7 +228,7 @@ mod tests {
         let root = fake_sysfs(2, "haltpoll");
         fs::write(qos(root.path(), 1), "25\n").unwrap();
         let (hook, journal) = recording_hook();
-        let mut p = PollRetention::new(root.path(), &cpus("0-1"), hook).unwrap();
+        let mut p = new(root.path(), &cpus("0-1"), hook).unwrap();
         assert!(
             journal.lock().unwrap().is_empty(),
             "nothing reported before a write"
@@ -336,7 +264,7 @@ mod tests {
         let root = fake_sysfs(2, "haltpoll");
         {
             let (hook, _journal) = recording_hook();
-            let mut p = PollRetention::new(root.path(), &cpus("0-1"), hook).unwrap();
+            let mut p = new(root.path(), &cpus("0-1"), hook).unwrap();
             p.set(0, true).unwrap();
             p.set(1, true).unwrap();
             assert_eq!(read(root.path(), 0), "n/a");
@@ -352,14 +280,14 @@ mod tests {
         for driver in ["none", ""] {
             let root = fake_sysfs(2, driver);
             let (hook, _) = recording_hook();
-            let err = PollRetention::new(root.path(), &cpus("0-1"), hook).unwrap_err();
-            assert!(matches!(err, PmQosError::Unavailable { .. }), "{err}");
+            let err = new(root.path(), &cpus("0-1"), hook).unwrap_err();
+            assert!(matches!(err, Error::PollUnavailable { .. }), "{err}");
         }
         // No cpuidle directory at all.
         let empty = tempfile::tempdir().unwrap();
         let (hook, _) = recording_hook();
-        let err = PollRetention::new(empty.path(), &cpus("0"), hook).unwrap_err();
-        assert!(matches!(err, PmQosError::Unavailable { .. }), "{err}");
+        let err = new(empty.path(), &cpus("0"), hook).unwrap_err();
+        assert!(matches!(err, Error::PollUnavailable { .. }), "{err}");
         // A driver whose first state is not POLL.
         let root = fake_sysfs(2, "acpi_idle");
         fs::write(
@@ -369,12 +297,12 @@ mod tests {
         )
         .unwrap();
         let (hook, _) = recording_hook();
-        let err = PollRetention::new(root.path(), &cpus("0-1"), hook).unwrap_err();
+        let err = new(root.path(), &cpus("0-1"), hook).unwrap_err();
         assert!(err.to_string().contains("not POLL"), "{err}");
         // A CPU that does not exist.
         let (hook, _) = recording_hook();
-        let err = PollRetention::new(root.path(), &cpus("0,7"), hook).unwrap_err();
-        assert!(matches!(err, PmQosError::Unavailable { .. }), "{err}");
+        let err = new(root.path(), &cpus("0,7"), hook).unwrap_err();
+        assert!(matches!(err, Error::PollUnavailable { .. }), "{err}");
     }
 
     #[test]
@@ -383,32 +311,32 @@ mod tests {
             let root = fake_sysfs(1, "haltpoll");
             fs::write(qos(root.path(), 0), bad).unwrap();
             let (hook, _) = recording_hook();
-            let err = PollRetention::new(root.path(), &cpus("0"), hook).unwrap_err();
+            let err = new(root.path(), &cpus("0"), hook).unwrap_err();
             assert!(
-                matches!(err, PmQosError::Malformed { .. }),
+                matches!(err, Error::Parse { .. }),
                 "{bad:?}: {err}"
             );
         }
         let root = fake_sysfs(1, "haltpoll");
         fs::write(qos(root.path(), 0), "n/a\n").unwrap();
         let (hook, _) = recording_hook();
-        assert!(PollRetention::new(root.path(), &cpus("0"), hook).is_ok());
+        assert!(new(root.path(), &cpus("0"), hook).is_ok());
     }
 
     #[test]
     fn failed_write_still_restores_the_others() {
         let root = fake_sysfs(2, "haltpoll");
         let (hook, _) = recording_hook();
-        let mut p = PollRetention::new(root.path(), &cpus("0-1"), hook).unwrap();
+        let mut p = new(root.path(), &cpus("0-1"), hook).unwrap();
         p.set(0, true).unwrap();
         // CPU 1's file turns into a directory: its write fails.
         fs::remove_file(qos(root.path(), 1)).unwrap();
         fs::create_dir(qos(root.path(), 1)).unwrap();
         let err = p.set(1, true).unwrap_err();
-        assert!(matches!(err, PmQosError::Write { .. }), "{err}");
+        assert!(matches!(err, Error::Io { .. }), "{err}");
         let err = p.restore().unwrap_err();
         assert!(
-            matches!(err, PmQosError::Restore { failed: 1, .. }),
+            matches!(&err, Error::Restore { errors } if errors.len() == 1),
             "{err}"
         );
         assert_eq!(read(root.path(), 0), "0", "the healthy CPU is restored");
@@ -419,14 +347,18 @@ mod tests {
     #[test]
     fn journal_failure_prevents_the_write() {
         let root = fake_sysfs(1, "haltpoll");
-        let hook: OriginalHook = Box::new(|_: &Path, _: &str| Err("journal disk full".into()));
-        let mut p = PollRetention::new(root.path(), &cpus("0"), hook).unwrap();
+        let hook: OriginalHook = Box::new(|_, _: &Path, _| {
+            Err(Error::NotFound {
+                path: "/run/gleaner/1.json".into(),
+            })
+        });
+        let mut p = new(root.path(), &cpus("0"), hook).unwrap();
         let err = p.set(0, true).unwrap_err();
-        assert!(matches!(err, PmQosError::Journal { .. }), "{err}");
+        assert!(matches!(err, Error::Unrecorded { .. }), "{err}");
         assert_eq!(read(root.path(), 0), "0");
         let err = p.set(3, true).unwrap_err();
         assert!(
-            matches!(err, PmQosError::NotManaged { cpu: 3, .. }),
+            matches!(err, Error::NotManaged { cpu: 3, .. }),
             "{err}"
         );
     }
@@ -435,8 +367,8 @@ mod tests {
     fn this_machine_reports_unavailable_or_works() {
         // Reads the real /sys but writes nothing: `new` only checks and reads.
         let (hook, journal) = recording_hook();
-        match PollRetention::new(Path::new("/sys"), &cpus("0"), hook) {
-            Err(PmQosError::Unavailable { reason }) => assert!(!reason.is_empty()),
+        match new(Path::new("/sys"), &cpus("0"), hook) {
+            Err(Error::PollUnavailable { reason }) => assert!(!reason.is_empty()),
             Err(e) => panic!("unexpected error: {e}"),
             Ok(p) => assert_eq!(p.cpus(), cpus("0")),
         }

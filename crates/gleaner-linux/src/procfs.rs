@@ -43,6 +43,26 @@ impl CpuTimes {
     pub fn total_ns(&self) -> u64 {
         self.busy_ns() + self.idle_ns + self.iowait_ns + self.steal_ns
     }
+
+    /// Share of the time since `before` that was not idle or iowait (0..1); stolen time
+    /// counts as busy, since the vCPU wanted to run.
+    pub fn busy_fraction_since(&self, before: &CpuTimes) -> f64 {
+        let total = self.total_ns().saturating_sub(before.total_ns());
+        if total == 0 {
+            return 0.0;
+        }
+        let idle = (self.idle_ns + self.iowait_ns).saturating_sub(before.idle_ns + before.iowait_ns);
+        (1.0 - idle as f64 / total as f64).clamp(0.0, 1.0)
+    }
+
+    /// Share of the time since `before` that the hypervisor took from this CPU (0..1).
+    pub fn steal_fraction_since(&self, before: &CpuTimes) -> f64 {
+        let total = self.total_ns().saturating_sub(before.total_ns());
+        if total == 0 {
+            return 0.0;
+        }
+        self.steal_ns.saturating_sub(before.steal_ns) as f64 / total as f64
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,13 +129,26 @@ pub struct TaskStat {
     pub processor: usize,
 }
 
-/// The fields of `/proc/PID/task/TID/status` Gleaner uses.
+/// The fields of `/proc/PID/task/TID/status` (or `/proc/PID/status`) Gleaner uses.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TaskStatus {
     pub tgid: u32,
     pub voluntary_ctxt_switches: u64,
     pub nonvoluntary_ctxt_switches: u64,
     pub cpus_allowed: Cpuset,
+    /// The one-letter state (`R`, `S`, `Z`, ...), when the `State:` line is there.
+    pub state: Option<char>,
+    /// Signals pending for the thread or its whole process (`SigPnd | ShdPnd`), bit `n - 1`
+    /// for signal `n`; 0 when the lines are absent.
+    pub pending_signals: u64,
+}
+
+impl TaskStatus {
+    /// Whether the task has exited or has a SIGKILL pending: it runs no more user code.
+    pub fn is_dying(&self) -> bool {
+        const SIGKILL_BIT: u64 = 1 << (libc::SIGKILL - 1);
+        matches!(self.state, Some('Z' | 'X')) || self.pending_signals & SIGKILL_BIT != 0
+    }
 }
 
 /// One line of `/proc/PID/cgroup`.
@@ -216,27 +249,43 @@ impl ProcFs {
         }
     }
 
-    pub fn pressure_cpu(&self) -> Result<Pressure> {
-        read_pressure(&self.path("pressure/cpu"))
+    /// Whether `/proc/cpuinfo` has the x86 `hypervisor` flag (we run in a VM); `None` when it
+    /// has no `flags` line (other architectures).
+    pub fn hypervisor_flag(&self) -> Result<Option<bool>> {
+        let text = read_file(&self.path("cpuinfo"))?;
+        let mut flags = text.lines().filter(|l| l.starts_with("flags")).peekable();
+        if flags.peek().is_none() {
+            return Ok(None);
+        }
+        Ok(Some(flags.any(|l| l.split_whitespace().any(|w| w == "hypervisor"))))
     }
 
-    /// The running kernel's release, e.g. `6.1.0-18-amd64`.
+    /// The running kernel's release (`sys/kernel/osrelease`), e.g. `6.1.102`.
     pub fn kernel_release(&self) -> Result<String> {
-        Ok(read_file(&self.path("sys/kernel/osrelease"))?.trim().to_string())
+        read_word(&self.path("sys/kernel/osrelease"), "kernel release")
     }
 
+    /// This boot's random id (`sys/kernel/random/boot_id`): what is measured once per boot is
+    /// cached under it.
+    pub fn boot_id(&self) -> Result<String> {
+        read_word(&self.path("sys/kernel/random/boot_id"), "boot id")
+    }
+
+    /// Per-CPU reschedule-IPI counts (the `RES:` row of `/proc/interrupts`, x86); `Ok(None)`
+    /// when the file or the row is absent.
+    pub fn reschedule_interrupts(&self) -> Result<Option<Vec<u64>>> {
+        let path = self.path("interrupts");
+        match read_file(&path) {
+            Ok(text) => parse_reschedule_interrupts(&path, &text),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Load averages and task counts (`/proc/loadavg`), recorded with measurements.
     pub fn loadavg(&self) -> Result<LoadAvg> {
         let path = self.path("loadavg");
         parse_loadavg(&path, &read_file(&path)?)
-    }
-
-    /// Whether `/proc/cpuinfo` has the x86 `hypervisor` flag (we run in a VM).
-    pub fn cpuinfo_has_hypervisor(&self) -> Result<bool> {
-        let text = read_file(&self.path("cpuinfo"))?;
-        Ok(text
-            .lines()
-            .filter(|l| l.starts_with("flags"))
-            .any(|l| l.split_whitespace().any(|w| w == "hypervisor")))
     }
 
     pub fn mountinfo(&self) -> Result<Vec<Mount>> {
@@ -261,6 +310,12 @@ impl ProcFs {
 
     pub fn task_status(&self, pid: u32, tid: u32) -> Result<TaskStatus> {
         let path = self.task_dir(pid, tid).join("status");
+        parse_task_status(&path, &read_file(&path)?)
+    }
+
+    /// `/proc/PID/status`: the process's main thread, with signals pending for the process.
+    pub fn process_status(&self, pid: u32) -> Result<TaskStatus> {
+        let path = self.path(format!("{pid}/status"));
         parse_task_status(&path, &read_file(&path)?)
     }
 
@@ -335,6 +390,16 @@ impl ProcFs {
         let path = self.path("self/cgroup");
         parse_proc_cgroup(&path, &read_file(&path)?)
     }
+}
+
+/// A file holding one word (or line) that must not be empty.
+fn read_word(path: &Path, what: &str) -> Result<String> {
+    let text = read_file(path)?;
+    let word = text.trim();
+    if word.is_empty() || word.contains('\n') {
+        return Err(Error::parse(path, what, &text));
+    }
+    Ok(word.to_string())
 }
 
 fn numeric_entries(dir: &Path) -> Result<Vec<u32>> {
@@ -565,8 +630,22 @@ fn parse_task_stat(path: &Path, text: &str, proc: &ProcFs) -> Result<TaskStat> {
     })
 }
 
+/// The `RES:` row: counts per CPU, up to the first word that is not a number (the legend).
+fn parse_reschedule_interrupts(path: &Path, text: &str) -> Result<Option<Vec<u64>>> {
+    let Some(line) = text.lines().find(|l| l.trim_start().starts_with("RES:")) else {
+        return Ok(None);
+    };
+    let counts: Vec<u64> =
+        line.trim_start()["RES:".len()..].split_whitespace().map_while(|w| w.parse().ok()).collect();
+    if counts.is_empty() {
+        return Err(Error::parse(path, "reschedule interrupt counts", line));
+    }
+    Ok(Some(counts))
+}
+
 fn parse_task_status(path: &Path, text: &str) -> Result<TaskStatus> {
     let (mut tgid, mut vol, mut nonvol, mut allowed) = (None, None, None, None);
+    let (mut state, mut pending_signals) = (None, 0u64);
     for line in text.lines() {
         let Some((key, value)) = line.split_once(':') else {
             continue;
@@ -576,6 +655,11 @@ fn parse_task_status(path: &Path, text: &str) -> Result<TaskStatus> {
             "Tgid" => tgid = Some(parse_num(path, "Tgid", value)?),
             "voluntary_ctxt_switches" => vol = Some(parse_num(path, key, value)?),
             "nonvoluntary_ctxt_switches" => nonvol = Some(parse_num(path, key, value)?),
+            "State" => state = value.chars().next(),
+            "SigPnd" | "ShdPnd" => {
+                pending_signals |= u64::from_str_radix(value, 16)
+                    .map_err(|_| Error::parse(path, "pending signal mask", line))?
+            }
             "Cpus_allowed_list" => {
                 allowed = Some(
                     value
@@ -592,6 +676,8 @@ fn parse_task_status(path: &Path, text: &str) -> Result<TaskStatus> {
         voluntary_ctxt_switches: vol.ok_or_else(|| missing("voluntary_ctxt_switches"))?,
         nonvoluntary_ctxt_switches: nonvol.ok_or_else(|| missing("nonvoluntary_ctxt_switches"))?,
         cpus_allowed: allowed.ok_or_else(|| missing("Cpus_allowed_list"))?,
+        state,
+        pending_signals,
     })
 }
 
@@ -789,23 +875,68 @@ Clock Event Device: lapic-deadline
     }
 
     #[test]
-    fn pressure_and_loadavg() {
+    fn pressure() {
         let dir = tempfile::tempdir().unwrap();
-        fs::create_dir(dir.path().join("pressure")).unwrap();
+        let path = dir.path().join("cpu.pressure");
         fs::write(
-            dir.path().join("pressure/cpu"),
+            &path,
             "some avg10=2.68 avg60=0.82 avg300=0.73 total=4992723\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n",
         )
         .unwrap();
-        fs::write(dir.path().join("loadavg"), "0.07 0.21 0.11 1/89 6822\n").unwrap();
-        let p = proc100(dir.path());
-        let psi = p.pressure_cpu().unwrap();
+        let psi = read_pressure(&path).unwrap();
         assert_eq!(psi.some_total_us, 4_992_723);
         assert_eq!(psi.full_total_us, Some(0));
         assert!((psi.some_avg10 - 2.68).abs() < 1e-9);
-        let la = p.loadavg().unwrap();
-        assert_eq!((la.runnable, la.total_tasks), (1, 89));
         assert!(parse_pressure(Path::new("x"), "full total=3\n").is_err());
+        fs::write(dir.path().join("loadavg"), "0.07 0.21 0.11 1/89 6822\n").unwrap();
+        let la = proc100(dir.path()).loadavg().unwrap();
+        assert_eq!((la.runnable, la.total_tasks), (1, 89));
+    }
+
+    #[test]
+    fn reschedule_interrupts_and_kernel_words() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = proc100(dir.path());
+        assert_eq!(p.reschedule_interrupts().unwrap(), None, "absent file is None");
+        let text = "           CPU0       CPU1\n  LOC:       6089       7079   Local timer interrupts\n  RES:       2907       5804   Rescheduling interrupts\n";
+        fs::write(dir.path().join("interrupts"), text).unwrap();
+        assert_eq!(p.reschedule_interrupts().unwrap(), Some(vec![2907, 5804]));
+        fs::write(dir.path().join("interrupts"), "garbage").unwrap();
+        assert_eq!(p.reschedule_interrupts().unwrap(), None);
+        fs::write(dir.path().join("interrupts"), "RES: x y").unwrap();
+        assert!(matches!(p.reschedule_interrupts(), Err(Error::Parse { .. })));
+
+        fs::create_dir_all(dir.path().join("sys/kernel/random")).unwrap();
+        fs::write(dir.path().join("sys/kernel/random/boot_id"), "1f0e-77\n").unwrap();
+        fs::write(dir.path().join("sys/kernel/osrelease"), "\n").unwrap();
+        assert_eq!(p.boot_id().unwrap(), "1f0e-77");
+        assert!(matches!(p.kernel_release(), Err(Error::Parse { .. })));
+        fs::write(dir.path().join("cpuinfo"), "processor : 0\n").unwrap();
+        assert_eq!(p.hypervisor_flag().unwrap(), None);
+        fs::write(dir.path().join("cpuinfo"), "flags\t: fpu hypervisor\nflags\t: fpu hypervisor\n").unwrap();
+        assert_eq!(p.hypervisor_flag().unwrap(), Some(true));
+        fs::write(dir.path().join("cpuinfo"), "flags\t: fpu vme\n").unwrap();
+        assert_eq!(p.hypervisor_flag().unwrap(), Some(false));
+    }
+
+    #[test]
+    fn process_status_tells_a_dying_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = proc100(dir.path());
+        fs::create_dir_all(dir.path().join("9")).unwrap();
+        let write = |extra: &str| fs::write(dir.path().join("9/status"), format!("{STATUS}{extra}")).unwrap();
+        write("SigPnd:\t0000000000000000\nShdPnd:\t0000000000000000\n");
+        let st = p.process_status(9).unwrap();
+        assert_eq!((st.state, st.pending_signals, st.is_dying()), (Some('R'), 0, false));
+        write("ShdPnd:\t0000000000000100\n"); // signal 9
+        assert!(p.process_status(9).unwrap().is_dying());
+        write("SigPnd:\t0000000000004000\n"); // signal 15 only
+        assert!(!p.process_status(9).unwrap().is_dying());
+        fs::write(dir.path().join("9/status"), STATUS.replace("R (running)", "Z (zombie)")).unwrap();
+        assert!(p.process_status(9).unwrap().is_dying());
+        write("SigPnd:\tzz\n");
+        assert!(matches!(p.process_status(9), Err(Error::Parse { .. })));
+        assert!(p.process_status(10).unwrap_err().is_not_found());
     }
 
     #[test]
@@ -831,6 +962,7 @@ Clock Event Device: lapic-deadline
             (12, 3)
         );
         assert_eq!(st.cpus_allowed.to_string(), "0-1");
+        assert_eq!((st.state, st.pending_signals), (Some('R'), 0));
         let cg = parse_proc_cgroup(
             Path::new("c"),
             "9:name=systemd:/\n4:memory:/process_api/9a42\n3:cpuset:/gleaner-1\n2:cpu,cpuacct:/a:b\n0::/user.slice\n",
@@ -940,6 +1072,7 @@ Clock Event Device: lapic-deadline
             let _ = parse_loadavg(path, &text);
             let _ = parse_task_stat(path, &text, &p);
             let _ = parse_task_status(path, &text);
+            let _ = parse_reschedule_interrupts(path, &text);
             let _ = parse_proc_cgroup(path, &text);
             let _ = parse_mountinfo(path, &text);
         }

@@ -334,7 +334,8 @@ impl RetentionPool {
 
     /// Whether the thread of `cpu` has acted on an Off and is parked (it may lag a
     /// [`set_mode`](Self::set_mode) while a workload keeps its vCPU busy).
-    pub fn is_parked(&self, cpu: usize) -> Result<bool, RetentionError> {
+    #[cfg(test)]
+    fn is_parked(&self, cpu: usize) -> Result<bool, RetentionError> {
         Ok(self.slot(cpu)?.parked.load(Ordering::Acquire))
     }
 
@@ -609,28 +610,6 @@ mod tests {
             z.on_iteration(1, 0, not_asked),
             Step::Release { sleep_ns: 1 }
         );
-    }
-
-    #[test]
-    fn thread_sched_policy_is_set_on_the_caller_and_on_another_thread() {
-        // Fails with ENOSYS when built for musl through the libc wrapper (see
-        // set_thread_sched_policy); tests/musl_test.sh runs this for the musl target.
-        let (tid_tx, tid_rx) = mpsc::channel();
-        let (done_tx, done_rx) = mpsc::channel::<()>();
-        let worker = std::thread::spawn(move || {
-            let own = set_thread_sched_policy(0, libc::SCHED_IDLE);
-            let tid = unsafe { libc::syscall(libc::SYS_gettid) } as i32;
-            tid_tx.send((tid, own)).unwrap();
-            done_rx.recv().unwrap();
-        });
-        let (tid, own) = tid_rx.recv().unwrap();
-        own.unwrap();
-        assert_eq!(thread_sched_policy(tid).unwrap(), libc::SCHED_IDLE);
-        // Back to SCHED_OTHER from outside, as the guard does for a dying instance's threads.
-        set_thread_sched_policy(tid, libc::SCHED_OTHER).unwrap();
-        assert_eq!(thread_sched_policy(tid).unwrap(), libc::SCHED_OTHER);
-        done_tx.send(()).unwrap();
-        worker.join().unwrap();
     }
 
     #[test]

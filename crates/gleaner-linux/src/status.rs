@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use gleaner_policy::{Characteristics, PolicyEvent, WakeLatencies};
+use gleaner_policy::{Characteristics, PolicyEvent, RetentionTimeout, WakeLatencies};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{write_private_atomic, Durability, Error, Result};
@@ -78,7 +78,8 @@ pub struct InstanceStatus {
     pub active: String,
     pub rho: f64,
     pub eta: f64,
-    pub retention_timeout_us: f64,
+    /// The hold the policy decided on last (it adapts the measured one to steal).
+    pub retention_timeout: RetentionTimeout,
     pub characteristics: Characteristics,
     pub vcpus: Vec<VcpuStatus>,
     /// CPU time Gleaner's retention threads spent holding vCPUs, cumulative.

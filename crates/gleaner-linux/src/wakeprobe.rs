@@ -21,7 +21,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -32,7 +31,9 @@ use std::time::{Duration, Instant};
 use gleaner_policy::{Cpuset, RetentionTimeout};
 use serde::{Deserialize, Serialize};
 
-use crate::pmqos::{PmQosError, PollRetention};
+use crate::pmqos::PollRetention;
+use crate::procfs::{CpuTimes, ProcFs};
+use crate::sysfs::{PmQosLatency, SysFs};
 use crate::retention::{RetentionError, RetentionMode, RetentionPool, YielderParams};
 use gleaner_sys::affinity::{pin_current_thread, set_current_thread_affinity, thread_affinity};
 use gleaner_sys::clock::{monotonic_ns as now_ns, sleep_ns};
@@ -49,9 +50,9 @@ pub const MIN_GAP_NS: u64 = 1_000;
 /// Longest gap accepted: longer ones would make a run take hours without teaching more.
 pub const MAX_GAP_NS: u64 = 1_000_000_000;
 
-/// Receives a PM QoS file and its original content before the B-poll setting changes it.
-pub type PmQosHook =
-    Arc<dyn Fn(&Path, &str) -> Result<(), Box<dyn std::error::Error + Send + Sync>> + Send + Sync>;
+/// Receives a CPU, its PM QoS file and the original value before the B-poll setting changes
+/// it (see [`crate::journal::pm_qos_recorder`]).
+pub type PmQosHook = Arc<dyn Fn(usize, &Path, PmQosLatency) -> crate::Result<()> + Send + Sync>;
 
 #[derive(Clone)]
 pub struct ProbeConfig {
@@ -121,14 +122,10 @@ pub enum ProbeError {
         role: &'static str,
         source: io::Error,
     },
-    #[error("cannot read {path}: {source}")]
-    Read { path: PathBuf, source: io::Error },
-    #[error("{path} lacks the expected \"cpu\" line with eight numeric columns")]
-    MalformedStat { path: PathBuf },
     #[error(transparent)]
     Retention(#[from] RetentionError),
     #[error(transparent)]
-    PmQos(#[from] PmQosError),
+    Linux(#[from] crate::Error),
 }
 
 /// One of Table 2's settings.
@@ -271,7 +268,8 @@ pub struct ProbeReport {
 }
 
 impl ProbeReport {
-    pub fn point(&self, setting: Setting, gap_ns: u64) -> Option<&ProbePoint> {
+    #[cfg(test)]
+    fn point(&self, setting: Setting, gap_ns: u64) -> Option<&ProbePoint> {
         self.points
             .iter()
             .find(|p| p.setting == setting && p.gap_ns == gap_ns)
@@ -341,8 +339,8 @@ pub fn measure(
     let total = plan.len() as u64 * cfg.gaps_ns.len() as u64 * rounds;
     let mut done = 0u64;
     progress(0, total);
-    let stat_path = cfg.procfs_root.join("stat");
-    let steal_before = read_cpu_times(&stat_path, None).ok();
+    let proc = ProcFs::new(&cfg.procfs_root);
+    let steal_before = cpu_times(&proc, None).ok();
     let mut points = Vec::new();
     let mut wakee_load = Vec::new();
     for &setting in &plan {
@@ -352,7 +350,7 @@ pub fn measure(
             wakee_cpu.unwrap_or(waker_cpu)
         };
         let env = SettingEnv::enter(setting, wakee, cfg)?;
-        let load_before = read_cpu_times(&stat_path, Some(wakee)).ok();
+        let load_before = cpu_times(&proc, Some(wakee)).ok();
         for &gap_ns in &cfg.gaps_ns {
             let point = run_point(setting, waker_cpu, wakee, gap_ns, cfg, |d| {
                 progress(done + d, total)
@@ -360,7 +358,7 @@ pub fn measure(
             done += rounds;
             points.push(point);
         }
-        if let (Some(before), Ok(after)) = (load_before, read_cpu_times(&stat_path, Some(wakee))) {
+        if let (Some(before), Ok(after)) = (load_before, cpu_times(&proc, Some(wakee))) {
             wakee_load.push(WakeeLoad {
                 setting,
                 cpu: wakee,
@@ -370,7 +368,7 @@ pub fn measure(
         env.leave()?;
     }
     progress(total, total);
-    let steal = match (steal_before, read_cpu_times(&stat_path, None).ok()) {
+    let steal = match (steal_before, cpu_times(&proc, None).ok()) {
         (Some(before), Some(after)) => Some(StealReport {
             fraction: after.steal_fraction_since(&before),
             note: "setting D (another VM contending for the host CPUs) cannot be created from inside a guest; \
@@ -500,13 +498,13 @@ fn derive_timeout(points: &[ProbePoint]) -> Option<DerivedTimeout> {
     })
 }
 
-fn open_poll(cfg: &ProbeConfig, cpu: usize) -> Result<PollRetention, PmQosError> {
+fn open_poll(cfg: &ProbeConfig, cpu: usize) -> crate::Result<PollRetention> {
     let hook = cfg.on_pmqos_original.clone();
     PollRetention::new(
-        &cfg.sysfs_root,
+        &SysFs::new(&cfg.sysfs_root),
         &[cpu].into_iter().collect(),
-        Box::new(move |path: &Path, original: &str| match &hook {
-            Some(hook) => hook(path, original),
+        Box::new(move |cpu, path: &Path, original| match &hook {
+            Some(hook) => hook(cpu, path, original),
             None => Ok(()),
         }),
     )
@@ -775,120 +773,45 @@ fn futex_wake(word: &AtomicU32) {
     let _ = futex::wake(word, u32::MAX);
 }
 
-/// CPU times from one /proc/stat line, in USER_HZ ticks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct CpuTimes {
-    total: u64,
-    /// idle + iowait
-    idle: u64,
-    steal: u64,
-}
-
-impl CpuTimes {
-    fn busy_fraction_since(&self, before: &CpuTimes) -> f64 {
-        let total = self.total.saturating_sub(before.total);
-        if total == 0 {
-            return 0.0;
-        }
-        (1.0 - self.idle.saturating_sub(before.idle) as f64 / total as f64).clamp(0.0, 1.0)
-    }
-
-    fn steal_fraction_since(&self, before: &CpuTimes) -> f64 {
-        let total = self.total.saturating_sub(before.total);
-        if total == 0 {
-            return 0.0;
-        }
-        self.steal.saturating_sub(before.steal) as f64 / total as f64
+/// The aggregate times (`cpu: None`) or one CPU's times from /proc/stat.
+fn cpu_times(proc: &ProcFs, cpu: Option<usize>) -> crate::Result<CpuTimes> {
+    let stat = proc.stat()?;
+    match cpu {
+        None => Ok(stat.total),
+        Some(n) => stat
+            .per_cpu
+            .iter()
+            .find(|c| c.cpu == n)
+            .map(|c| c.times)
+            .ok_or_else(|| crate::Error::parse(proc.root().join("stat"), format!("cpu{n} line"), "")),
     }
 }
 
-/// The aggregate line (`cpu: None`) or one CPU's line of /proc/stat.
-fn read_cpu_times(path: &Path, cpu: Option<usize>) -> Result<CpuTimes, ProbeError> {
-    let text = fs::read_to_string(path).map_err(|source| ProbeError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    parse_cpu_times(&text, cpu).ok_or_else(|| ProbeError::MalformedStat {
-        path: path.to_path_buf(),
-    })
-}
-
-/// A `cpu`/`cpuN` line: user nice system idle iowait irq softirq steal [guest guest_nice].
-/// Guest time is already inside user/nice, so only the first eight columns add up.
-fn parse_cpu_times(stat: &str, cpu: Option<usize>) -> Option<CpuTimes> {
-    let name = match cpu {
-        None => "cpu".to_string(),
-        Some(n) => format!("cpu{n}"),
-    };
-    let line = stat
-        .lines()
-        .find(|l| l.split_whitespace().next() == Some(name.as_str()))?;
-    let fields: Vec<u64> = line
-        .split_whitespace()
-        .skip(1)
-        .take(8)
-        .map(|f| f.parse().ok())
-        .collect::<Option<_>>()?;
-    if fields.len() < 8 {
-        return None;
-    }
-    Some(CpuTimes {
-        total: fields.iter().sum(),
-        idle: fields[3] + fields[4],
-        steal: fields[7],
-    })
-}
-
-fn read_trimmed(path: &Path) -> Option<String> {
-    fs::read_to_string(path)
-        .ok()
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-}
-
-/// Reads the facts that explain the numbers; absent files become `None` or empty.
+/// Reads the facts that explain the numbers; absent or unreadable files become `None` or
+/// empty, since they only annotate the measurement.
 pub fn machine_facts(sysfs_root: &Path, procfs_root: &Path) -> Result<MachineFacts, ProbeError> {
     let allowed_cpus = thread_affinity(0).map_err(|source| ProbeError::Affinity { source })?;
-    let cpu_dir = sysfs_root.join("devices/system/cpu");
-    let vcpus = read_trimmed(&cpu_dir.join("online"))
-        .and_then(|s| s.parse::<Cpuset>().ok())
-        .map(|c| c.len())
-        .unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(allowed_cpus.len())
-        });
-    let hypervisor_flag = fs::read_to_string(procfs_root.join("cpuinfo"))
-        .ok()
-        .and_then(|info| {
-            info.lines()
-                .find(|l| l.starts_with("flags"))
-                .map(|l| l.split_whitespace().any(|flag| flag == "hypervisor"))
-        });
-    let cpuidle_governor = read_trimmed(&cpu_dir.join("cpuidle/current_governor_ro"))
-        .or_else(|| read_trimmed(&cpu_dir.join("cpuidle/current_governor")));
-    let mut haltpoll_params = BTreeMap::new();
-    if let Ok(entries) = fs::read_dir(sysfs_root.join("module/haltpoll/parameters")) {
-        for entry in entries.flatten() {
-            if let Some(value) = read_trimmed(&entry.path()) {
-                haltpoll_params.insert(entry.file_name().to_string_lossy().into_owned(), value);
-            }
-        }
-    }
+    let (sys, proc) = (SysFs::new(sysfs_root), ProcFs::new(procfs_root));
+    let vcpus = sys.online_cpus().map(|c| c.len()).unwrap_or_else(|_| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(allowed_cpus.len())
+    });
     Ok(MachineFacts {
-        kernel: read_trimmed(&procfs_root.join("sys/kernel/osrelease")),
+        kernel: proc.kernel_release().ok(),
         vcpus,
         allowed_cpus,
-        hypervisor_flag,
-        cpuidle_driver: read_trimmed(&cpu_dir.join("cpuidle/current_driver")),
-        cpuidle_governor,
-        haltpoll_params,
+        hypervisor_flag: proc.hypervisor_flag().ok().flatten(),
+        cpuidle_driver: sys.cpuidle_driver().ok().flatten(),
+        cpuidle_governor: sys.cpuidle_governor().ok().flatten(),
+        haltpoll_params: sys.haltpoll_params().unwrap_or_default(),
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     #[test]
     fn stats_use_nearest_rank() {
@@ -906,37 +829,25 @@ mod tests {
 
     #[test]
     fn steal_fraction_from_proc_stat() {
-        let before = parse_cpu_times(
-            "cpu  100 0 50 800 0 0 0 50 0 0\ncpu0 1 2 3 4 5 6 7 8\n",
-            None,
-        )
-        .unwrap();
-        let after = parse_cpu_times("cpu  200 0 100 1400 100 0 0 200 30 0\n", None).unwrap();
-        assert_eq!(
-            before,
-            CpuTimes {
-                total: 1000,
-                idle: 800,
-                steal: 50
-            }
-        );
+        let dir = tempfile::tempdir().unwrap();
+        let proc = ProcFs::with_clock_ticks(dir.path(), 100);
+        let rest = "ctxt 1\nprocs_running 1\nprocs_blocked 0\n";
+        fs::write(dir.path().join("stat"), format!("cpu  100 0 50 800 0 0 0 50 0 0\ncpu0 1 2 3 4 5 6 7 8\n{rest}")).unwrap();
+        let before = cpu_times(&proc, None).unwrap();
+        fs::write(dir.path().join("stat"), format!("cpu  200 0 100 1400 100 0 0 200 30 0\ncpu0 1 2 3 4 5 6 7 8\n{rest}")).unwrap();
+        let after = cpu_times(&proc, None).unwrap();
+        assert_eq!((before.total_ns(), before.idle_ns, before.steal_ns), (10_000_000_000, 8_000_000_000, 500_000_000));
         assert!((after.steal_fraction_since(&before) - 0.15).abs() < 1e-9);
         assert!((after.busy_fraction_since(&before) - 0.3).abs() < 1e-9);
         assert_eq!(after.steal_fraction_since(&after), 0.0);
-        let cpu1 =
-            parse_cpu_times("cpu  9 9 9 9 9 9 9 9\ncpu1 1 2 3 4 5 6 7 8\n", Some(1)).unwrap();
-        assert_eq!(
-            cpu1,
-            CpuTimes {
-                total: 36,
-                idle: 9,
-                steal: 8
-            }
-        );
-        assert!(parse_cpu_times("cpu0 1 2 3 4 5 6 7 8\n", None).is_none());
-        assert!(parse_cpu_times("cpu  1 2 3 4 5 6 7 8\n", Some(10)).is_none());
-        assert!(parse_cpu_times("cpu  1 2 3 x 5 6 7 8\n", None).is_none());
-        assert!(parse_cpu_times("cpu  1 2 3\n", None).is_none());
+        fs::write(dir.path().join("stat"), format!("cpu  9 9 9 9 9 9 9 9\ncpu1 1 2 3 4 5 6 7 8\n{rest}")).unwrap();
+        let cpu1 = cpu_times(&proc, Some(1)).unwrap();
+        assert_eq!((cpu1.total_ns(), cpu1.idle_ns + cpu1.iowait_ns, cpu1.steal_ns), (360_000_000, 90_000_000, 80_000_000));
+        assert!(cpu_times(&proc, Some(10)).is_err());
+        fs::write(dir.path().join("stat"), format!("cpu  1 2 3 x 5 6 7 8\ncpu0 1 2 3 4 5 6 7 8\n{rest}")).unwrap();
+        assert!(cpu_times(&proc, None).is_err());
+        fs::write(dir.path().join("stat"), format!("cpu  1 2 3\n{rest}")).unwrap();
+        assert!(cpu_times(&proc, None).is_err());
     }
 
     #[test]
@@ -1086,7 +997,7 @@ mod tests {
             samples: 5,
             warmup: 0,
             sysfs_root: sys.path().to_path_buf(),
-            on_pmqos_original: Some(Arc::new(move |path: &Path, original: &str| {
+            on_pmqos_original: Some(Arc::new(move |_cpu, path: &Path, original| {
                 j.lock()
                     .unwrap()
                     .push((path.to_path_buf(), original.to_string()));

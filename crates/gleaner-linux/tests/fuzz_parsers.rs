@@ -1,4 +1,6 @@
-//! Fuzzing every procfs / sysfs / cgroup / journal / status reader with hostile content.
+//! Fuzzing every procfs / sysfs / cgroup / journal / status reader with hostile content,
+//! through the readers and through the code that runs on what they return (placement
+//! detection, the idle-entry counter, PM QoS polling, the wake probe's machine facts).
 //!
 //! Exists because Gleaner runs as root and reads files whose content it does not control
 //! (another kernel's format, a half-written file, a tampered journal). Each reader must answer
@@ -16,10 +18,13 @@ use std::sync::Arc;
 
 use gleaner_linux::cgroup::v1::V1Mounts;
 use gleaner_linux::cgroup::{CgroupV1, Placement, PlacementEnv, SchedAffinity};
+use gleaner_linux::idle_entries::IdleEntryCounter;
 use gleaner_linux::journal::{stale_journals, Journal};
+use gleaner_linux::pmqos::{OriginalHook, PollRetention};
 use gleaner_linux::procfs::{parse_mountinfo, parse_pressure, parse_proc_cgroup};
 use gleaner_linux::status::read_statuses;
 use gleaner_linux::sysfs::PmQosLatency;
+use gleaner_linux::wakeprobe::machine_facts;
 use gleaner_linux::{ProcFs, SysFs};
 use gleaner_policy::Cpuset;
 use proptest::prelude::*;
@@ -43,10 +48,28 @@ fn msg<E: std::fmt::Display>(e: E) -> String {
 
 const TARGETS: &[Target] = &[
     Target { name: "proc_stat", path: "proc/stat", run: |r| proc_of(r).stat().map(drop).and(proc_of(r).online_cpus().map(drop)).map_err(msg) },
-    Target { name: "timer_list", path: "proc/timer_list", run: |r| proc_of(r).timer_list().map(drop).map_err(msg) },
-    Target { name: "pressure", path: "proc/pressure/cpu", run: |r| proc_of(r).pressure_cpu().map(drop).map_err(msg) },
+    Target {
+        name: "timer_list",
+        path: "proc/timer_list",
+        run: |r| {
+            IdleEntryCounter::open(&r.join("nosys"), &r.join("proc"), &[0, 1]).read();
+            proc_of(r).timer_list().map(drop).map_err(msg)
+        },
+    },
+    Target { name: "pressure", path: "proc/pressure/cpu", run: |r| gleaner_linux::procfs::read_pressure(&r.join("proc/pressure/cpu")).map(drop).map_err(msg) },
     Target { name: "loadavg", path: "proc/loadavg", run: |r| proc_of(r).loadavg().map(drop).map_err(msg) },
-    Target { name: "cpuinfo", path: "proc/cpuinfo", run: |r| proc_of(r).cpuinfo_has_hypervisor().map(drop).map_err(msg) },
+    Target { name: "cpuinfo", path: "proc/cpuinfo", run: |r| proc_of(r).hypervisor_flag().map(drop).map_err(msg) },
+    Target {
+        name: "interrupts",
+        path: "proc/interrupts",
+        // Through the reader and through the idle-entry counter that falls back to it.
+        run: |r| {
+            IdleEntryCounter::open(&r.join("nosys"), &r.join("proc"), &[0, 1]).read();
+            proc_of(r).reschedule_interrupts().map(drop).map_err(msg)
+        },
+    },
+    Target { name: "proc_status", path: "proc/7/status", run: |r| proc_of(r).process_status(7).map(|s| { let _ = s.is_dying(); }).map_err(msg) },
+    Target { name: "boot_id", path: "proc/sys/kernel/random/boot_id", run: |r| proc_of(r).boot_id().map(drop).map_err(msg) },
     Target {
         name: "mountinfo",
         path: "proc/self/mountinfo",
@@ -82,10 +105,33 @@ const TARGETS: &[Target] = &[
         run: |r| {
             let text = String::from_utf8_lossy(&fs::read(r.join("sys/devices/system/cpu/cpu0/power/pm_qos_resume_latency_us")).unwrap_or_default()).into_owned();
             let _ = text.parse::<PmQosLatency>();
-            SysFs::new(r.join("sys")).pm_qos_resume_latency(0).map(drop).map_err(msg)
+            SysFs::new(r.join("sys")).pm_qos_resume_latency(0).map(drop).map_err(msg).and(poll_retention(r))
         },
     },
-    Target { name: "cpuidle_usage", path: "sys/devices/system/cpu/cpu0/cpuidle/state0/usage", run: |r| SysFs::new(r.join("sys")).cpuidle_states(0).map(drop).map_err(msg) },
+    Target { name: "cpuidle_name", path: "sys/devices/system/cpu/cpu0/cpuidle/state0/name", run: poll_retention },
+    Target {
+        name: "cpuidle_usage",
+        path: "sys/devices/system/cpu/cpu0/cpuidle/state0/usage",
+        run: |r| {
+            IdleEntryCounter::open(&r.join("sys"), &r.join("noproc"), &[0]).read();
+            let sys = SysFs::new(r.join("sys"));
+            sys.cpuidle_usage(0).map(drop).and(sys.cpuidle_state_name(0, 0).map(drop)).map_err(msg)
+        },
+    },
+    Target {
+        name: "tracepoint_id",
+        path: "sys/kernel/tracing/events/power/cpu_idle/id",
+        run: |r| SysFs::new(r.join("sys")).tracepoint_id("power", "cpu_idle").map(drop).map_err(msg),
+    },
+    Target {
+        name: "haltpoll_param",
+        path: "sys/module/haltpoll/parameters/guest_halt_poll_ns",
+        // Through the reader and the wake probe's machine facts, which report them.
+        run: |r| {
+            machine_facts(&r.join("sys"), &r.join("proc")).map_err(msg)?;
+            SysFs::new(r.join("sys")).haltpoll_params().map(drop).map_err(msg)
+        },
+    },
     Target { name: "cgroup_procs", path: "cg/cpuset/work/cgroup.procs", run: |r| with_v1(r, |cg| cg.workload_tids().map(drop).map_err(msg)) },
     Target { name: "cpuacct_usage_percpu", path: "cg/cpuacct/work/cpuacct.usage_percpu", run: |r| with_v1(r, |cg| cg.per_cpu_work_ns().map(drop).map_err(msg)) },
     Target {
@@ -108,6 +154,23 @@ const TARGETS: &[Target] = &[
         },
     },
 ];
+
+/// Checks PM QoS polling against a fake sysfs whose file under test has been written and
+/// whose other files (driver, state name, QoS value) are sane; it writes nothing.
+fn poll_retention(root: &Path) -> Result<(), String> {
+    let cpu = root.join("sys/devices/system/cpu");
+    for (file, text) in [
+        (cpu.join("cpuidle/current_driver"), "haltpoll\n"),
+        (cpu.join("cpu0/cpuidle/state0/name"), "POLL\n"),
+        (cpu.join("cpu0/power/pm_qos_resume_latency_us"), "0\n"),
+    ] {
+        if !file.exists() {
+            put(&file, text.as_bytes());
+        }
+    }
+    let hook: OriginalHook = Box::new(|_, _: &Path, _| Ok(()));
+    PollRetention::new(&SysFs::new(root.join("sys")), &Cpuset::first_n(1), hook).map(drop).map_err(msg)
+}
 
 /// Attaches the v1 back end to a fake cpuset group `cg/cpuset/work` (with cpuacct twin);
 /// the file under test has already been written, the rest get sane content.

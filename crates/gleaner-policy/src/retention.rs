@@ -20,6 +20,21 @@ pub struct RetentionTimeout {
 }
 
 impl RetentionTimeout {
+    /// A hold given in microseconds, the unit of the `retention_timeout_us` setting.
+    pub fn from_us(us: u64) -> Self {
+        Self { ns: us.saturating_mul(1_000) }
+    }
+
+    /// In microseconds, as `gleaner status` prints it.
+    pub fn as_us_f64(self) -> f64 {
+        self.ns as f64 / 1e3
+    }
+
+    /// In seconds, the unit Prometheus metrics use.
+    pub fn as_secs_f64(self) -> f64 {
+        self.ns as f64 / 1e9
+    }
+
     /// Break-even hold from measured median wake latencies: waking a thread on a halted vCPU
     /// (`halted_ns`, Table 2 setting C) versus on a vCPU kept busy (`busy_ns`, setting B).
     pub fn from_wake_costs(halted_ns: u64, busy_ns: u64) -> Self {
@@ -65,6 +80,8 @@ mod tests {
 
     #[test]
     fn steal_shortens_the_hold() {
+        let us = RetentionTimeout::from_us(250);
+        assert_eq!((us.ns, us.as_us_f64(), us.as_secs_f64()), (250_000, 250.0, 0.00025));
         let t = RetentionTimeout { ns: 40_000 };
         assert_eq!(t.adapted(0.0).ns, 40_000);
         assert_eq!(t.adapted(0.1).ns, 20_000);

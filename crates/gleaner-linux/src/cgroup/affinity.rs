@@ -9,49 +9,10 @@
 use std::collections::HashMap;
 
 use gleaner_policy::Cpuset;
-use nix::errno::Errno;
 
 use super::{check_active, Placement, PlacementEnv, PlacementKind};
 use crate::error::{Error, Result};
 use crate::journal::{UndoAction, UndoLog};
-
-/// The two affinity syscalls, behind a trait so tests can run against fake threads.
-pub trait AffinityOps: Send + Sync {
-    /// The thread's mask; `None` if the thread no longer exists.
-    fn get(&self, tid: u32) -> Result<Option<Cpuset>>;
-    /// Sets the thread's mask; `false` if the thread no longer exists.
-    fn set(&self, tid: u32, cpus: &Cpuset) -> Result<bool>;
-}
-
-/// The real `sched_getaffinity` / `sched_setaffinity`.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SchedAffinity;
-
-impl AffinityOps for SchedAffinity {
-    fn get(&self, tid: u32) -> Result<Option<Cpuset>> {
-        match gleaner_sys::affinity::thread_affinity(raw_tid(tid)) {
-            Ok(set) => Ok(Some(set)),
-            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(None),
-            Err(e) => Err(affinity_error(tid, "sched_getaffinity", &e)),
-        }
-    }
-
-    fn set(&self, tid: u32, cpus: &Cpuset) -> Result<bool> {
-        match gleaner_sys::affinity::set_thread_affinity(raw_tid(tid), cpus) {
-            Ok(()) => Ok(true),
-            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(false),
-            Err(e) => Err(affinity_error(tid, "sched_setaffinity", &e)),
-        }
-    }
-}
-
-fn raw_tid(tid: u32) -> libc::pid_t {
-    libc::pid_t::try_from(tid).unwrap_or(libc::pid_t::MAX)
-}
-
-fn affinity_error(tid: u32, op: &'static str, e: &std::io::Error) -> Error {
-    Error::Affinity { tid, op, errno: Errno::from_raw(e.raw_os_error().unwrap_or(0)) }
-}
 
 /// Confines a process tree by per-thread affinity.
 pub struct AffinityPlacement {
@@ -164,9 +125,7 @@ impl Placement for AffinityPlacement {
     }
 
     fn restore(&mut self) -> Result<()> {
-        let result = self
-            .log
-            .undo_all(&self.env.proc, self.env.affinity.as_ref());
+        let result = crate::restore::undo_log(&mut self.log, &self.env.proc, self.env.affinity.as_ref());
         if self.log.is_empty() {
             self.recorded.clear();
         }
@@ -186,6 +145,7 @@ impl Drop for AffinityPlacement {
 pub(crate) mod tests {
     use super::*;
     use crate::cgroup::test_tree::{add_process, set_children};
+    use crate::affinity::AffinityOps;
     use crate::journal::Journal;
     use crate::procfs::ProcFs;
     use std::collections::BTreeMap;
@@ -321,20 +281,5 @@ pub(crate) mod tests {
             assert_eq!(ops.mask(100).unwrap().to_string(), "1");
         }
         assert_eq!(ops.mask(100).unwrap().to_string(), "0-1");
-    }
-
-    #[test]
-    fn real_syscalls_on_this_thread_round_trip() {
-        // Reads and rewrites our own mask unchanged: exercises the nix conversion both ways.
-        let me = nix::unistd::gettid().as_raw() as u32;
-        let mask = SchedAffinity.get(me).unwrap().unwrap();
-        assert!(!mask.is_empty());
-        assert!(SchedAffinity.set(me, &mask).unwrap());
-        assert_eq!(SchedAffinity.get(me).unwrap().unwrap(), mask);
-        assert_eq!(
-            SchedAffinity.get(i32::MAX as u32).unwrap(),
-            None,
-            "no such thread"
-        );
     }
 }

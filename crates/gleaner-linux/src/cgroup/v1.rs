@@ -14,7 +14,8 @@ use std::path::{Path, PathBuf};
 use gleaner_policy::Cpuset;
 
 use super::v2::{pids_in_subtree, threads_of};
-use super::{check_active, move_process, CgroupMounts, Placement, PlacementEnv, PlacementKind};
+use super::{check_active, CgroupMounts, Placement, PlacementEnv, PlacementKind};
+use crate::cgroupfs::move_process;
 use crate::error::{read_cpuset, read_file, write_file, Error, Result};
 use crate::journal::{UndoAction, UndoLog};
 
@@ -208,14 +209,6 @@ impl CgroupV1 {
             .collect()
     }
 
-    /// Total CPU time of the group's tasks in ns (`cpuacct.usage`), if there is a cpuacct group.
-    pub fn usage_ns(&self) -> Result<Option<u64>> {
-        let Some(dir) = &self.cpuacct_dir else {
-            return Ok(None);
-        };
-        let path = dir.join("cpuacct.usage");
-        crate::error::read_num(&path, "cpuacct.usage").map(Some)
-    }
 }
 
 impl Placement for CgroupV1 {
@@ -260,8 +253,7 @@ impl Placement for CgroupV1 {
     }
 
     fn restore(&mut self) -> Result<()> {
-        self.log
-            .undo_all(&self.env.proc, self.env.affinity.as_ref())
+        crate::restore::undo_log(&mut self.log, &self.env.proc, self.env.affinity.as_ref())
     }
 }
 
@@ -358,12 +350,10 @@ mod tests {
             &ca.join("cpuacct.usage_percpu"),
             "50691390922 60055701040 \n",
         );
-        put(&ca.join("cpuacct.usage"), "110747092962\n");
         assert_eq!(
             cg.per_cpu_work_ns().unwrap(),
             Some(vec![50_691_390_922, 60_055_701_040])
         );
-        assert_eq!(cg.usage_ns().unwrap(), Some(110_747_092_962));
 
         cg.set_active(&"1".parse().unwrap()).unwrap();
         assert_eq!(text(&cs.join("cpuset.cpus")), "1");

@@ -12,8 +12,9 @@ use std::path::{Path, PathBuf};
 
 use gleaner_policy::Cpuset;
 
+use crate::cgroupfs::{move_process, read_procs};
 use super::{
-    check_active, move_process, read_procs, CgroupMounts, Placement, PlacementEnv, PlacementKind,
+    check_active, CgroupMounts, Placement, PlacementEnv, PlacementKind,
 };
 use crate::error::{read_cpuset, read_file, write_file, Error, Result, FIX_CPUSET_V2};
 use crate::journal::{UndoAction, UndoLog};
@@ -148,20 +149,6 @@ impl CgroupV2 {
         self.dir.join("cgroup.procs")
     }
 
-    /// CPU time used by the cgroup's tasks, from `cpu.stat`.
-    pub fn usage_usec(&self) -> Result<u64> {
-        let path = self.dir.join("cpu.stat");
-        let text = read_file(&path)?;
-        let value = text
-            .lines()
-            .find_map(|l| l.strip_prefix("usage_usec "))
-            .ok_or_else(|| Error::parse(&path, "usage_usec line", &text))?;
-        value
-            .trim()
-            .parse()
-            .map_err(|_| Error::parse(&path, "usage_usec", value))
-    }
-
     pub fn pressure(&self) -> Result<Pressure> {
         read_pressure(&self.dir.join("cpu.pressure"))
     }
@@ -226,8 +213,7 @@ impl Placement for CgroupV2 {
     }
 
     fn restore(&mut self) -> Result<()> {
-        self.log
-            .undo_all(&self.env.proc, self.env.affinity.as_ref())
+        crate::restore::undo_log(&mut self.log, &self.env.proc, self.env.affinity.as_ref())
     }
 }
 
@@ -244,7 +230,8 @@ mod tests {
     use super::*;
     use crate::cgroup::affinity::tests::FakeAffinity;
     use crate::cgroup::test_tree::{add_process, put};
-    use crate::journal::{undo_with, Journal};
+    use crate::journal::Journal;
+    use crate::restore::undo_with;
     use crate::procfs::ProcFs;
     use std::fs;
     use std::sync::Arc;
@@ -384,7 +371,6 @@ mod tests {
         add_process(&t.proc, 200, 1, &[200], 60, "0::/user.slice/child\n");
         let mut cg = CgroupV2::attach(env(&t, None), &t.mount, &dir).unwrap();
         assert_eq!(cg.allowed().to_string(), "0-3");
-        assert_eq!(cg.usage_usec().unwrap(), 123_456);
         assert_eq!(cg.pressure().unwrap().some_total_us, 42);
         assert_eq!(
             cg.workload_tids().unwrap(),
