@@ -16,6 +16,8 @@ suite() {
 
 skip_log=target/tmp/skipped-tests.log
 mkdir -p target/tmp && : >"$skip_log"
+suite "rustfmt" cargo fmt --all --check
+suite "clippy (warnings are errors; unwrap/expect/panic denied outside tests)" cargo clippy --workspace --all-targets -- -D warnings
 suite "cargo test" cargo test --workspace --no-fail-fast
 # The test bed's guest runs a static musl gleaner; musl stubs some libc calls glibc has.
 if rustup target list --installed 2>/dev/null | grep -qx x86_64-unknown-linux-musl; then

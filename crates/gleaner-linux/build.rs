@@ -24,7 +24,11 @@ fn main() -> std::process::ExitCode {
     };
     if let Err(e) = SkeletonBuilder::new()
         .source(SRC)
-        .clang_args([format!("-D__TARGET_ARCH_{target_arch}"), "-Isrc/bpf".to_string(), "-O2".to_string()])
+        .clang_args([
+            format!("-D__TARGET_ARCH_{target_arch}"),
+            "-Isrc/bpf".to_string(),
+            "-O2".to_string(),
+        ])
         .build_and_generate(&out)
     {
         eprintln!("cannot build the BPF sampler {SRC} (is clang installed? Debian: apt-get install clang libelf-dev zlib1g-dev pkg-config make): {e:#}");

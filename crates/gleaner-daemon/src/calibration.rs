@@ -61,7 +61,10 @@ fn judge(c: &QuickCalibration) -> Judged {
     if hold_ns > MODEL_MAX_HOLD_NS {
         return Judged::Outlier { hold_ns };
     }
-    Judged::Plausible { hold_ns, host_poll_ns: c.host_poll_ns }
+    Judged::Plausible {
+        hold_ns,
+        host_poll_ns: c.host_poll_ns,
+    }
 }
 
 fn median(mut v: Vec<u64>) -> Option<u64> {
@@ -77,7 +80,11 @@ fn median(mut v: Vec<u64>) -> Option<u64> {
 /// The runs that agree with the median of all plausible runs, if at least two do.
 fn agreeing(plausible: &[(u64, u64)]) -> Option<Vec<(u64, u64)>> {
     let m = median(plausible.iter().map(|(h, _)| *h).collect())? as f64;
-    let agree: Vec<(u64, u64)> = plausible.iter().copied().filter(|(h, _)| (*h as f64 - m).abs() <= AGREEMENT * m).collect();
+    let agree: Vec<(u64, u64)> = plausible
+        .iter()
+        .copied()
+        .filter(|(h, _)| (*h as f64 - m).abs() <= AGREEMENT * m)
+        .collect();
     (agree.len() >= 2).then_some(agree)
 }
 
@@ -87,7 +94,9 @@ fn us(ns: u64) -> String {
 
 /// Measures with `measure` (normally `wakeprobe::quick_calibration`) until two runs agree
 /// or [`MAX_RUNS`] were taken, and decides what to use.
-pub fn calibrate<E: std::fmt::Display>(mut measure: impl FnMut() -> Result<QuickCalibration, E>) -> Calibrated {
+pub fn calibrate<E: std::fmt::Display>(
+    mut measure: impl FnMut() -> Result<QuickCalibration, E>,
+) -> Calibrated {
     let mut judged: Vec<Judged> = Vec::new();
     let mut errors: Vec<String> = Vec::new();
     for run in 0..MAX_RUNS {
@@ -111,7 +120,10 @@ fn plausible_runs(judged: &[Judged]) -> Vec<(u64, u64)> {
     judged
         .iter()
         .filter_map(|j| match j {
-            Judged::Plausible { hold_ns, host_poll_ns } => Some((*hold_ns, *host_poll_ns)),
+            Judged::Plausible {
+                hold_ns,
+                host_poll_ns,
+            } => Some((*hold_ns, *host_poll_ns)),
             _ => None,
         })
         .collect()
@@ -135,7 +147,12 @@ fn decide(judged: &[Judged], errors: &[String]) -> Calibrated {
             timeout_ns,
             host_poll_ns,
             trusted: true,
-            source: format!("measured: {} of {} runs agreed within {:.0} % ({runs})", agree.len(), judged.len() + errors.len(), AGREEMENT * 100.0),
+            source: format!(
+                "measured: {} of {} runs agreed within {:.0} % ({runs})",
+                agree.len(),
+                judged.len() + errors.len(),
+                AGREEMENT * 100.0
+            ),
         };
     }
     if let Some(timeout_ns) = median(plausible.iter().map(|(h, _)| *h).collect()) {
@@ -147,12 +164,21 @@ fn decide(judged: &[Judged], errors: &[String]) -> Calibrated {
             source: format!("measured, not cached: the runs disagreed ({runs}); using the median of the plausible ones and measuring again at the next start"),
         };
     }
-    let why = if judged.is_empty() { format!("cannot measure wake costs ({})", errors.first().map(String::as_str).unwrap_or("no run")) } else { format!("no plausible run ({runs})") };
+    let why = if judged.is_empty() {
+        format!(
+            "cannot measure wake costs ({})",
+            errors.first().map(String::as_str).unwrap_or("no run")
+        )
+    } else {
+        format!("no plausible run ({runs})")
+    };
     Calibrated {
         timeout_ns: RetentionTimeout::default().ns,
         host_poll_ns: 0,
         trusted: false,
-        source: format!("default 20 µs (the paper's Table 2): {why}; measuring again at the next start"),
+        source: format!(
+            "default 20 µs (the paper's Table 2): {why}; measuring again at the next start"
+        ),
     }
 }
 
@@ -172,7 +198,9 @@ impl CacheEntry {
     /// allows it (a cache written by an older Gleaner, which cached single runs, may hold an
     /// outlier).
     pub fn usable_on(&self, boot_id: &str) -> bool {
-        self.boot_id == boot_id && !boot_id.is_empty() && (MIN_TIMEOUT_NS..=MODEL_MAX_HOLD_NS).contains(&self.timeout_ns)
+        self.boot_id == boot_id
+            && !boot_id.is_empty()
+            && (MIN_TIMEOUT_NS..=MODEL_MAX_HOLD_NS).contains(&self.timeout_ns)
     }
 }
 
@@ -199,19 +227,35 @@ mod tests {
         let c = calibrate(scripted(vec![run(10, 40), run(10, 44), run(10, 36)]));
         assert!(c.trusted, "{c:?}");
         assert_eq!(c.timeout_ns, 30_000);
-        assert!(c.source.starts_with("measured: 3 of 3 runs agreed"), "{}", c.source);
+        assert!(
+            c.source.starts_with("measured: 3 of 3 runs agreed"),
+            "{}",
+            c.source
+        );
     }
 
     #[test]
     fn the_outlier_of_the_issue_is_rejected_and_never_trusted_alone() {
         // The issue's three starts: 14, 6 and 416 µs. 416 is outside the cost model; 14 and 6
         // disagree; two more runs are taken, and only if two agree is the result trusted.
-        let c = calibrate(scripted(vec![run(10, 24), run(10, 16), run(10, 426), run(10, 25), run(10, 23)]));
+        let c = calibrate(scripted(vec![
+            run(10, 24),
+            run(10, 16),
+            run(10, 426),
+            run(10, 25),
+            run(10, 23),
+        ]));
         assert!(c.trusted, "{c:?}");
         assert!((13_000..=15_000).contains(&c.timeout_ns), "{c:?}");
         assert!(c.source.contains("416 (outlier)"), "{}", c.source);
 
-        let c = calibrate(scripted(vec![run(10, 24), run(10, 16), run(10, 426), run(10, 900), run(10, 80)]));
+        let c = calibrate(scripted(vec![
+            run(10, 24),
+            run(10, 16),
+            run(10, 426),
+            run(10, 900),
+            run(10, 80),
+        ]));
         assert!(!c.trusted, "runs that disagree must not be cached: {c:?}");
         assert!(c.timeout_ns <= MODEL_MAX_HOLD_NS);
         assert!(c.source.contains("not cached"), "{}", c.source);
@@ -240,7 +284,12 @@ mod tests {
 
     #[test]
     fn a_cached_outlier_or_another_boots_value_is_not_used() {
-        let e = |ns| CacheEntry { boot_id: "b".into(), timeout_ns: ns, host_poll_ns: 0, source: String::new() };
+        let e = |ns| CacheEntry {
+            boot_id: "b".into(),
+            timeout_ns: ns,
+            host_poll_ns: 0,
+            source: String::new(),
+        };
         assert!(e(30_000).usable_on("b"));
         assert!(!e(30_000).usable_on("other"));
         assert!(!e(416_000).usable_on("b"));

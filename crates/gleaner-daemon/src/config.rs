@@ -104,7 +104,10 @@ impl Default for DaemonConfig {
     }
 }
 
-fn serialize_policy<S: serde::Serializer>(policy: &PolicyConfig, s: S) -> std::result::Result<S::Ok, S::Error> {
+fn serialize_policy<S: serde::Serializer>(
+    policy: &PolicyConfig,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
     let mut table = toml::Table::try_from(policy).map_err(serde::ser::Error::custom)?;
     table.remove("retention_timeout_ns");
     table.serialize(s)
@@ -206,7 +209,10 @@ impl DaemonConfig {
 
     pub fn validate(&self) -> Result<()> {
         if !(10..=60_000).contains(&self.period_ms) {
-            bail!("period_ms = {} is out of range: use 10 to 60000 (default 100)", self.period_ms);
+            bail!(
+                "period_ms = {} is out of range: use 10 to 60000 (default 100)",
+                self.period_ms
+            );
         }
         if let Some(t) = self.retention_timeout_us {
             if !(1..=1_000_000).contains(&t) {
@@ -221,10 +227,12 @@ impl DaemonConfig {
 /// Reads a TOML config file. When running as root, a file that other users can write is
 /// refused: whoever can write it could steer which CPUs a root daemon gives a workload.
 pub fn load_file(path: &Path) -> Result<DaemonConfig> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config file {}: check the path", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read config file {}: check the path", path.display()))?;
     if is_root() {
         use std::os::unix::fs::MetadataExt;
-        let meta = std::fs::metadata(path).with_context(|| format!("cannot stat {}", path.display()))?;
+        let meta =
+            std::fs::metadata(path).with_context(|| format!("cannot stat {}", path.display()))?;
         if meta.mode() & 0o022 != 0 {
             bail!(
                 "config file {} is writable by group or others: run `chmod go-w {}` (refused when running as root)",
@@ -238,16 +246,32 @@ pub fn load_file(path: &Path) -> Result<DaemonConfig> {
 
 pub fn parse(text: &str) -> Result<DaemonConfig> {
     let cfg: DaemonConfig = toml::from_str(text).map_err(|e| {
-        let at = e.span().map(|span| format!(" at line {}", text[..span.start.min(text.len())].matches('\n').count() + 1)).unwrap_or_default();
+        let at = e
+            .span()
+            .map(|span| {
+                format!(
+                    " at line {}",
+                    text[..span.start.min(text.len())].matches('\n').count() + 1
+                )
+            })
+            .unwrap_or_default();
         // A misspelt key is the commonest mistake; "malformed TOML" would send the user
         // looking for a syntax error.
-        let what = if e.message().starts_with("unknown field") { "unknown key" } else { "malformed TOML" };
+        let what = if e.message().starts_with("unknown field") {
+            "unknown key"
+        } else {
+            "malformed TOML"
+        };
         anyhow::anyhow!("{what}{at}: {}", one_line(e.message()))
     })?;
     // The policy's hold is set by the daemon (measured, or retention_timeout_us), so a value
     // here would be silently replaced; refuse it, as the simulator does.
     let table: toml::Table = toml::from_str(text).unwrap_or_default();
-    if table.get("policy").and_then(|p| p.get("retention_timeout_ns")).is_some() {
+    if table
+        .get("policy")
+        .and_then(|p| p.get("retention_timeout_ns"))
+        .is_some()
+    {
         bail!("[policy] retention_timeout_ns is not a setting here: the daemon sets the hold; use the top-level retention_timeout_us = MICROSECONDS instead, or leave it unset to derive it");
     }
     cfg.validate()?;
@@ -266,9 +290,15 @@ mod tests {
     #[test]
     fn sampler_is_chosen_in_the_file_or_on_the_command_line() {
         assert_eq!(parse("").unwrap().sampler, SamplerChoice::Auto);
-        assert_eq!(parse("sampler = \"procfs\"").unwrap().sampler, SamplerChoice::Procfs);
+        assert_eq!(
+            parse("sampler = \"procfs\"").unwrap().sampler,
+            SamplerChoice::Procfs
+        );
         assert!(parse("sampler = \"ebpf\"").is_err());
-        let flags = DaemonFlags { sampler: Some(SamplerChoice::Bpf), ..Default::default() };
+        let flags = DaemonFlags {
+            sampler: Some(SamplerChoice::Bpf),
+            ..Default::default()
+        };
         assert_eq!(flags.resolve().unwrap().sampler, SamplerChoice::Bpf);
     }
 
@@ -276,14 +306,20 @@ mod tests {
     fn defaults_are_valid_and_documented_keys_parse() {
         let cfg = parse("").unwrap();
         assert_eq!(cfg, DaemonConfig::default());
-        let cfg = parse("period_ms = 200\nbackend = \"affinity\"\n[policy]\nmode = \"retention\"\nrho = 0.8\n").unwrap();
+        let cfg = parse(
+            "period_ms = 200\nbackend = \"affinity\"\n[policy]\nmode = \"retention\"\nrho = 0.8\n",
+        )
+        .unwrap();
         assert_eq!(cfg.period_ms, 200);
         assert_eq!(cfg.backend, BackendChoice::Affinity);
         assert_eq!(cfg.policy.mode, Mode::Retention);
         assert_eq!(cfg.policy.rho, 0.8);
         assert_eq!(cfg.retention_timeout(), None);
         let cfg = parse("retention_timeout_us = 30\n").unwrap();
-        assert_eq!(cfg.retention_timeout(), Some(RetentionTimeout { ns: 30_000 }));
+        assert_eq!(
+            cfg.retention_timeout(),
+            Some(RetentionTimeout { ns: 30_000 })
+        );
     }
 
     #[test]
@@ -292,12 +328,21 @@ mod tests {
             ("period_ms = \"x\"", "malformed TOML"),
             ("[policy]\nrho = 1.5", "outside (0, 1]"),
             ("[policy]\neta = 0", "outside (0, 1]"),
-            ("nonsense = 1", "unknown key at line 1: unknown field `nonsense`"),
-            ("period_ms = 100\n[policy]\nrhoo = 1", "unknown key at line 3"),
+            (
+                "nonsense = 1",
+                "unknown key at line 1: unknown field `nonsense`",
+            ),
+            (
+                "period_ms = 100\n[policy]\nrhoo = 1",
+                "unknown key at line 3",
+            ),
             ("period_ms = 1", "out of range"),
             ("[policy\n", "malformed TOML"),
             // Set by the daemon: accepting it would silently replace it (the simulator refuses it too).
-            ("[policy]\nretention_timeout_ns = 30000", "use the top-level retention_timeout_us"),
+            (
+                "[policy]\nretention_timeout_ns = 30000",
+                "use the top-level retention_timeout_us",
+            ),
         ] {
             let err = format!("{:#}", parse(text).unwrap_err());
             assert!(err.contains(needle), "{text}: {err}");
@@ -312,7 +357,11 @@ mod tests {
         std::fs::write(&path, "period_ms = 300\n[policy]\nrho = 0.5\n").unwrap();
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
-        let flags = DaemonFlags { config: Some(path.clone()), rho: Some(0.7), ..Default::default() };
+        let flags = DaemonFlags {
+            config: Some(path.clone()),
+            rho: Some(0.7),
+            ..Default::default()
+        };
         let cfg = flags.resolve().unwrap();
         assert_eq!(cfg.period_ms, 300);
         assert_eq!(cfg.policy.rho, 0.7);

@@ -17,11 +17,13 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use gleaner_linux::cgroup::{enter_cgroup_pre_exec, v1::V1Mounts, AffinityPlacement, CgroupV1, CgroupV2};
+use gleaner_linux::cgroup::{
+    enter_cgroup_pre_exec, v1::V1Mounts, AffinityPlacement, CgroupV1, CgroupV2,
+};
 use gleaner_linux::controller::{Controller, ControllerOptions, Retainer, StopReason};
 use gleaner_linux::journal::{self, Journal};
-use gleaner_linux::restore;
 use gleaner_linux::pmqos::PollRetention;
+use gleaner_linux::restore;
 use gleaner_linux::retention::{RetentionPool, YielderParams};
 use gleaner_linux::sampler::Sampler;
 use gleaner_linux::status::status_path;
@@ -40,10 +42,15 @@ extern "C" fn on_stop_signal(sig: libc::c_int) {
 
 fn install_stop_handlers() -> Result<()> {
     use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
-    let action = SigAction::new(SigHandler::Handler(on_stop_signal), SaFlags::SA_RESTART, SigSet::empty());
+    let action = SigAction::new(
+        SigHandler::Handler(on_stop_signal),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
     for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
         // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-        unsafe { sigaction(sig, &action) }.with_context(|| format!("cannot install a {sig} handler"))?;
+        unsafe { sigaction(sig, &action) }
+            .with_context(|| format!("cannot install a {sig} handler"))?;
     }
     Ok(())
 }
@@ -53,7 +60,10 @@ pub enum Target {
     Command(Vec<OsString>),
     /// A running process tree; `system_ok` lets it be PID 1, a kernel thread or one of
     /// Gleaner's own ancestors (see [`refuse_system_process`]).
-    Pid { pid: u32, system_ok: bool },
+    Pid {
+        pid: u32,
+        system_ok: bool,
+    },
     Cgroup(PathBuf),
 }
 
@@ -65,10 +75,15 @@ pub fn refuse_system_process(proc: &ProcFs, pid: u32, own_pid: u32) -> Result<()
     if pid == 1 {
         bail!("PID 1 is init: managing it would confine every process on the machine; {FLAG}");
     }
-    let stat = proc.task_stat(pid, pid).with_context(|| format!("cannot read process {pid}"))?;
+    let stat = proc
+        .task_stat(pid, pid)
+        .with_context(|| format!("cannot read process {pid}"))?;
     // Kernel threads are kthreadd (PID 2) and its children.
     if pid == 2 || stat.ppid == 2 {
-        bail!("PID {pid} ({}) is a kernel thread, not a program Gleaner can manage; {FLAG}", stat.comm);
+        bail!(
+            "PID {pid} ({}) is a kernel thread, not a program Gleaner can manage; {FLAG}",
+            stat.comm
+        );
     }
     let mut p = own_pid;
     for _ in 0..4096 {
@@ -89,7 +104,9 @@ pub fn refuse_system_process(proc: &ProcFs, pid: u32, own_pid: u32) -> Result<()
 /// nothing.
 fn check_may_set_affinity(pid: u32) -> Result<()> {
     use gleaner_linux::cgroup::{AffinityOps, SchedAffinity};
-    let current = SchedAffinity.get(pid)?.ok_or_else(|| anyhow!("no process with PID {pid}: give the PID of a running process (see `ps`)"))?;
+    let current = SchedAffinity.get(pid)?.ok_or_else(|| {
+        anyhow!("no process with PID {pid}: give the PID of a running process (see `ps`)")
+    })?;
     match SchedAffinity.set(pid, &current) {
         Ok(_) => Ok(()),
         Err(gleaner_linux::Error::Affinity { errno: nix::errno::Errno::EPERM, .. }) => bail!(
@@ -125,7 +142,12 @@ pub fn manage(flags: &DaemonFlags, target: Target) -> Result<i32> {
                 .create(true)
                 .append(true)
                 .open(p)
-                .with_context(|| format!("cannot open the timeline file {}: give --timeline a path you can write", p.display()))?,
+                .with_context(|| {
+                    format!(
+                        "cannot open the timeline file {}: give --timeline a path you can write",
+                        p.display()
+                    )
+                })?,
         ),
         None => None,
     };
@@ -133,12 +155,18 @@ pub fn manage(flags: &DaemonFlags, target: Target) -> Result<i32> {
     // The guard starts first, so that a kill at any moment after this leaves no journal: it
     // deletes one that was created (empty or not) and ignores one that never was.
     let guard = spawn_guard(&state_dir.join(format!("{}.json", std::process::id())))?;
-    let journal = Journal::create(&state_dir, &proc)
-        .with_context(|| format!("cannot create the crash journal in {}: pass --state-dir DIR you can write", state_dir.display()))?;
+    let journal = Journal::create(&state_dir, &proc).with_context(|| {
+        format!(
+            "cannot create the crash journal in {}: pass --state-dir DIR you can write",
+            state_dir.display()
+        )
+    })?;
     let journal = journal.into_shared();
     install_stop_handlers()?;
 
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| manage_inner(&cfg, target, timeline, &proc, &journal, &state_dir)));
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        manage_inner(&cfg, target, timeline, &proc, &journal, &state_dir)
+    }));
     // Back ends restored on their way out (drop runs during unwinding too); what they could
     // not restore is still in the journal: try once more, then leave it to the guard.
     let leftovers = finish_journal(&journal, &proc);
@@ -146,18 +174,31 @@ pub fn manage(flags: &DaemonFlags, target: Target) -> Result<i32> {
     let _ = std::fs::remove_file(status_path(&state_dir, std::process::id()));
     let code = match outcome {
         Ok(r) => r?,
-        Err(_) => bail!("internal error (a bug, please report it); the workload's CPUs were restored"),
+        Err(_) => {
+            bail!("internal error (a bug, please report it); the workload's CPUs were restored")
+        }
     };
     leftovers?;
     Ok(code)
 }
 
-fn manage_inner(cfg: &DaemonConfig, target: Target, timeline: Option<std::fs::File>, proc: &ProcFs, journal: &SharedJournal, state_dir: &Path) -> Result<i32> {
+fn manage_inner(
+    cfg: &DaemonConfig,
+    target: Target,
+    timeline: Option<std::fs::File>,
+    proc: &ProcFs,
+    journal: &SharedJournal,
+    state_dir: &Path,
+) -> Result<i32> {
     let env = PlacementEnv::real(Some(journal.clone()));
     let detection = detect(proc, Path::new("/")).context("cannot read /proc/self/mountinfo")?;
     let kind = choose_backend(cfg.backend, &detection, &target)?;
     if kind == PlacementKind::Affinity && !crate::config::is_root() {
-        let why: Vec<String> = detection.skipped.iter().map(|(k, w)| format!("{k}: {w}")).collect();
+        let why: Vec<String> = detection
+            .skipped
+            .iter()
+            .map(|(k, w)| format!("{k}: {w}"))
+            .collect();
         tracing::warn!(
             "not running as root: CPUs are confined by thread affinity ({}); off without root: cgroup placement and cpuacct per-CPU work, PM QoS poll retention, exact idle-entry counts (tracepoint, /proc/timer_list); see docs/SAFETY.md",
             why.join("; ")
@@ -169,10 +210,20 @@ fn manage_inner(cfg: &DaemonConfig, target: Target, timeline: Option<std::fs::Fi
     let mut child: Option<Child> = None;
     let mut placement: Box<dyn Placement> = match (&target, kind) {
         (Target::Command(cmd), PlacementKind::CgroupV2) => {
-            let mount = detection.mounts.v2.clone().ok_or_else(|| anyhow!("no cgroup2 mount"))?;
+            let mount = detection
+                .mounts
+                .v2
+                .clone()
+                .ok_or_else(|| anyhow!("no cgroup2 mount"))?;
             let own = proc.own_cgroup()?.v2().unwrap_or("/").to_string();
             let parent = mount.join(own.trim_start_matches('/'));
-            match CgroupV2::create(env.clone(), &mount, &parent, &std::process::id().to_string(), &[]) {
+            match CgroupV2::create(
+                env.clone(),
+                &mount,
+                &parent,
+                &std::process::id().to_string(),
+                &[],
+            ) {
                 Ok(cg) => {
                     child = Some(spawn(cmd, Some(vec![cg.procs_file()]))?);
                     Box::new(cg)
@@ -181,19 +232,25 @@ fn manage_inner(cfg: &DaemonConfig, target: Target, timeline: Option<std::fs::Fi
                 // processes (a systemd session scope, say): with `--backend auto` the
                 // workload is confined by affinity instead, and the user is told why.
                 Err(e) if cfg.backend == BackendChoice::Auto => {
-                    tracing::warn!("cannot use a cgroup v2 cpuset here ({e}); using thread affinity");
+                    tracing::warn!(
+                        "cannot use a cgroup v2 cpuset here ({e}); using thread affinity"
+                    );
                     let c = spawn(cmd, None)?;
                     let pid = c.id();
                     child = Some(c);
                     Box::new(AffinityPlacement::new(env, pid)?)
                 }
-                Err(e) => return Err(anyhow::Error::new(e).context("cannot create the workload's cgroup")),
+                Err(e) => {
+                    return Err(anyhow::Error::new(e).context("cannot create the workload's cgroup"))
+                }
             }
         }
         (Target::Command(cmd), PlacementKind::CgroupV1) => {
-            let mounts = V1Mounts::from_detected(&detection.mounts).ok_or_else(|| anyhow!("no cgroup v1 cpuset mount"))?;
+            let mounts = V1Mounts::from_detected(&detection.mounts)
+                .ok_or_else(|| anyhow!("no cgroup v1 cpuset mount"))?;
             let own = proc.own_cgroup()?.v1("cpuset").unwrap_or("/").to_string();
-            let cg = CgroupV1::create(env, mounts, &own, &std::process::id().to_string(), &[]).context("cannot create the workload's cgroup")?;
+            let cg = CgroupV1::create(env, mounts, &own, &std::process::id().to_string(), &[])
+                .context("cannot create the workload's cgroup")?;
             child = Some(spawn(cmd, Some(cg.procs_files()))?);
             Box::new(cg)
         }
@@ -205,11 +262,16 @@ fn manage_inner(cfg: &DaemonConfig, target: Target, timeline: Option<std::fs::Fi
         }
         (Target::Pid { pid, .. }, _) => Box::new(AffinityPlacement::new(env, *pid)?),
         (Target::Cgroup(dir), PlacementKind::CgroupV2) => {
-            let mount = detection.mounts.v2.clone().ok_or_else(|| anyhow!("no cgroup2 mount"))?;
+            let mount = detection
+                .mounts
+                .v2
+                .clone()
+                .ok_or_else(|| anyhow!("no cgroup2 mount"))?;
             Box::new(CgroupV2::attach(env, &mount, dir)?)
         }
         (Target::Cgroup(dir), _) => {
-            let mounts = V1Mounts::from_detected(&detection.mounts).ok_or_else(|| anyhow!("no cgroup v1 cpuset mount"))?;
+            let mounts = V1Mounts::from_detected(&detection.mounts)
+                .ok_or_else(|| anyhow!("no cgroup v1 cpuset mount"))?;
             Box::new(CgroupV1::attach(env, mounts, dir)?)
         }
     };
@@ -222,7 +284,11 @@ fn manage_inner(cfg: &DaemonConfig, target: Target, timeline: Option<std::fs::Fi
         policy_cfg.min_retain_idle_ns = costs.host_poll_ns;
     }
     let policy = Gleaner::new(policy_cfg, allowed.clone()).map_err(|e| anyhow!("{e}"))?;
-    let wants_retention = !cfg.observe && matches!(cfg.policy.mode, Mode::Full | Mode::Retention | Mode::AlwaysYield);
+    let wants_retention = !cfg.observe
+        && matches!(
+            cfg.policy.mode,
+            Mode::Full | Mode::Retention | Mode::AlwaysYield
+        );
     let mut poll = None;
     let mut pool = None;
     let mut retention_name = "none".to_string();
@@ -234,7 +300,10 @@ fn manage_inner(cfg: &DaemonConfig, target: Target, timeline: Option<std::fs::Fi
             }
             Err(why) => {
                 tracing::info!("retention by yielding threads: {why}");
-                pool = Some(RetentionPool::start(&allowed, YielderParams::default()).context("cannot start retention threads")?);
+                pool = Some(
+                    RetentionPool::start(&allowed, YielderParams::default())
+                        .context("cannot start retention threads")?,
+                );
                 retention_name = "yield".into();
             }
         }
@@ -245,7 +314,11 @@ fn manage_inner(cfg: &DaemonConfig, target: Target, timeline: Option<std::fs::Fi
         _ => Retainer::None,
     };
     let command = match &target {
-        Target::Command(c) => c.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" "),
+        Target::Command(c) => c
+            .iter()
+            .map(|a| a.to_string_lossy())
+            .collect::<Vec<_>>()
+            .join(" "),
         Target::Pid { pid, .. } => format!("pid {pid}"),
         Target::Cgroup(d) => format!("cgroup {}", d.display()),
     };
@@ -260,7 +333,13 @@ fn manage_inner(cfg: &DaemonConfig, target: Target, timeline: Option<std::fs::Fi
         retention_backend: retention_name,
         retention_timeout_source: costs.source.clone(),
     };
-    let sampler = Sampler::open(ProcFs::new("/proc"), "/sys", allowed.clone(), cfg.sampler.preference()).map_err(|why| anyhow!("--sampler bpf: {why}; use --sampler auto to fall back to /proc"))?;
+    let sampler = Sampler::open(
+        ProcFs::new("/proc"),
+        "/sys",
+        allowed.clone(),
+        cfg.sampler.preference(),
+    )
+    .map_err(|why| anyhow!("--sampler bpf: {why}; use --sampler auto to fall back to /proc"))?;
 
     let exited: Cell<Option<ExitStatus>> = Cell::new(None);
     let child_cell = std::cell::RefCell::new(child);
@@ -284,7 +363,10 @@ fn manage_inner(cfg: &DaemonConfig, target: Target, timeline: Option<std::fs::Fi
     // What Gleaner did and why, or why it did nothing: the user's first question.
     crate::errln!("{}", summary.trim_end());
     if cfg.observe {
-        crate::errln!("{}", crate::status::wake_latency_report(&final_status).trim_end());
+        crate::errln!(
+            "{}",
+            crate::status::wake_latency_report(&final_status).trim_end()
+        );
     }
     // Give everything back before reporting anything, error or not.
     let restored = placement.restore();
@@ -297,11 +379,17 @@ fn manage_inner(cfg: &DaemonConfig, target: Target, timeline: Option<std::fs::Fi
     // One line that says both what stopped Gleaner and, if anything, what is still left.
     let reason = match (result, restored) {
         (Ok(reason), Ok(())) => reason,
-        (Err(e), Ok(())) => return Err(anyhow::Error::new(e).context("Gleaner stopped managing the workload; its CPUs were restored")),
+        (Err(e), Ok(())) => {
+            return Err(anyhow::Error::new(e)
+                .context("Gleaner stopped managing the workload; its CPUs were restored"))
+        }
         (Err(e), Err(left)) => {
             return Err(anyhow::Error::new(e).context(format!("Gleaner stopped managing the workload but could not undo everything ({left}); run `gleaner recover` once that is fixed")));
         }
-        (Ok(_), Err(left)) => return Err(anyhow::Error::new(left).context("could not restore every CPU setting; run `gleaner recover`")),
+        (Ok(_), Err(left)) => {
+            return Err(anyhow::Error::new(left)
+                .context("could not restore every CPU setting; run `gleaner recover`"))
+        }
     };
     let sig = STOP_SIGNAL.load(Ordering::SeqCst);
     let mut child = child_cell.into_inner();
@@ -322,7 +410,10 @@ fn manage_inner(cfg: &DaemonConfig, target: Target, timeline: Option<std::fs::Fi
         (None, StopReason::WorkloadGone) => 0,
         (None, StopReason::Requested) => {
             if child.is_some() {
-                tracing::warn!(signal = sig, "stopped by signal {sig}; the workload keeps running with all its CPUs");
+                tracing::warn!(
+                    signal = sig,
+                    "stopped by signal {sig}; the workload keeps running with all its CPUs"
+                );
             }
             128 + sig
         }
@@ -341,14 +432,24 @@ fn spawn(cmd: &[OsString], cgroup_procs: Option<Vec<PathBuf>>) -> Result<Child> 
         // SAFETY: the hook only calls open/write/close (async-signal-safe) on pre-built paths.
         unsafe { c.pre_exec(hook) };
     }
-    c.spawn().with_context(|| format!("cannot start {:?}: check the command exists and is executable", cmd[0]))
+    c.spawn().with_context(|| {
+        format!(
+            "cannot start {:?}: check the command exists and is executable",
+            cmd[0]
+        )
+    })
 }
 
-fn choose_backend(choice: BackendChoice, det: &gleaner_linux::Detection, target: &Target) -> Result<PlacementKind> {
+fn choose_backend(
+    choice: BackendChoice,
+    det: &gleaner_linux::Detection,
+    target: &Target,
+) -> Result<PlacementKind> {
     if let Target::Cgroup(dir) = target {
         // An existing cgroup is judged by its own files, not by whether a new cgroup could be
         // created at the hierarchy's root (see `cgroup_target_backend`).
-        let kind = cgroup_target_backend(&det.mounts, dir).map_err(|why| anyhow!("--cgroup {}: {why}", dir.display()))?;
+        let kind = cgroup_target_backend(&det.mounts, dir)
+            .map_err(|why| anyhow!("--cgroup {}: {why}", dir.display()))?;
         return match choice {
             BackendChoice::Auto => Ok(kind),
             BackendChoice::CgroupV2 if kind == PlacementKind::CgroupV2 => Ok(kind),
@@ -356,7 +457,12 @@ fn choose_backend(choice: BackendChoice, det: &gleaner_linux::Detection, target:
             _ => bail!("--cgroup {} is a {kind} cgroup, but the {} back end was asked for: use --backend auto", dir.display(), choice_name(choice)),
         };
     }
-    let why = |k: PlacementKind| det.skipped.iter().find(|(s, _)| *s == k).map(|(_, w)| w.clone());
+    let why = |k: PlacementKind| {
+        det.skipped
+            .iter()
+            .find(|(s, _)| *s == k)
+            .map(|(_, w)| w.clone())
+    };
     let want = match choice {
         BackendChoice::Auto => match target {
             // Another process's threads are confined by affinity: moving someone else's
@@ -391,15 +497,26 @@ fn choice_name(choice: BackendChoice) -> &'static str {
 /// service unit's capability set) cannot write, yet it can write the root-owned 0644 files
 /// of any cgroup. `gleaner daemon --check` and the daemon call this too, so the check
 /// says what running will do.
-pub fn cgroup_target_backend(mounts: &gleaner_linux::cgroup::CgroupMounts, dir: &Path) -> std::result::Result<PlacementKind, String> {
+pub fn cgroup_target_backend(
+    mounts: &gleaner_linux::cgroup::CgroupMounts,
+    dir: &Path,
+) -> std::result::Result<PlacementKind, String> {
     // The longest mount that contains `dir` (a v1 hierarchy may be mounted inside the v2 one).
-    let under = |m: &Option<PathBuf>| m.as_ref().filter(|m| dir.starts_with(m)).map(|m| m.components().count());
+    let under = |m: &Option<PathBuf>| {
+        m.as_ref()
+            .filter(|m| dir.starts_with(m))
+            .map(|m| m.components().count())
+    };
     let kind = match (under(&mounts.v2), under(&mounts.v1_cpuset)) {
         (Some(a), Some(b)) if b > a => PlacementKind::CgroupV1,
         (Some(_), _) => PlacementKind::CgroupV2,
         (None, Some(_)) => PlacementKind::CgroupV1,
         (None, None) => {
-            let shown = |m: &Option<PathBuf>| m.as_ref().map(|m| m.display().to_string()).unwrap_or_else(|| "none".into());
+            let shown = |m: &Option<PathBuf>| {
+                m.as_ref()
+                    .map(|m| m.display().to_string())
+                    .unwrap_or_else(|| "none".into())
+            };
             return Err(format!(
                 "not inside a cpuset hierarchy (cgroup v2 at {}, v1 cpuset at {}): give a cgroup directory under one of them",
                 shown(&mounts.v2),
@@ -417,22 +534,35 @@ pub fn cgroup_target_backend(mounts: &gleaner_linux::cgroup::CgroupMounts, dir: 
             _ => format!("{} does not exist: not a cpuset cgroup", cpus.display()),
         });
     }
-    match nix::unistd::access(&cpus, nix::unistd::AccessFlags::R_OK | nix::unistd::AccessFlags::W_OK) {
+    match nix::unistd::access(
+        &cpus,
+        nix::unistd::AccessFlags::R_OK | nix::unistd::AccessFlags::W_OK,
+    ) {
         Ok(()) => Ok(kind),
-        Err(e) => Err(format!("{} is not writable ({e}): run Gleaner as root, or as the owner of a delegated cgroup", cpus.display())),
+        Err(e) => Err(format!(
+            "{} is not writable ({e}): run Gleaner as root, or as the owner of a delegated cgroup",
+            cpus.display()
+        )),
     }
 }
 
 /// Picks in-kernel polling where it works (and is asked for or automatic), else yielding
 /// threads; `Err(reason)` inside means "use yielding threads".
-fn choose_retention(choice: RetentionBackendChoice, cpus: &gleaner_policy::Cpuset, journal: &SharedJournal) -> Result<std::result::Result<PollRetention, String>> {
+fn choose_retention(
+    choice: RetentionBackendChoice,
+    cpus: &gleaner_policy::Cpuset,
+    journal: &SharedJournal,
+) -> Result<std::result::Result<PollRetention, String>> {
     if choice == RetentionBackendChoice::Yield {
         return Ok(Err("asked for".into()));
     }
-    let hook: gleaner_linux::pmqos::OriginalHook = Box::new(journal::pm_qos_recorder(journal.clone()));
+    let hook: gleaner_linux::pmqos::OriginalHook =
+        Box::new(journal::pm_qos_recorder(journal.clone()));
     match PollRetention::new(&SysFs::new("/sys"), cpus, hook) {
         Ok(p) => Ok(Ok(p)),
-        Err(e) if choice == RetentionBackendChoice::Poll => bail!("--retention-backend poll cannot be used here: {e}; use --retention-backend auto"),
+        Err(e) if choice == RetentionBackendChoice::Poll => {
+            bail!("--retention-backend poll cannot be used here: {e}; use --retention-backend auto")
+        }
         Err(e) => Ok(Err(e.to_string())),
     }
 }
@@ -450,40 +580,87 @@ struct WakeCosts {
 /// [`crate::calibration`]); an agreed measurement is cached for the boot.
 fn wake_costs(cfg: &DaemonConfig, state_dir: &Path) -> WakeCosts {
     if let Some(timeout) = cfg.retention_timeout() {
-        return WakeCosts { timeout, host_poll_ns: 0, source: "configured (retention_timeout_us)".into() };
+        return WakeCosts {
+            timeout,
+            host_poll_ns: 0,
+            source: "configured (retention_timeout_us)".into(),
+        };
     }
     if !matches!(cfg.policy.mode, Mode::Full | Mode::Retention) {
-        return WakeCosts { timeout: RetentionTimeout::default(), host_poll_ns: 0, source: "default (no retention in this mode)".into() };
+        return WakeCosts {
+            timeout: RetentionTimeout::default(),
+            host_poll_ns: 0,
+            source: "default (no retention in this mode)".into(),
+        };
     }
     // Without a boot id (a /proc without it) the cache never matches, so it is measured anew.
     let boot = ProcFs::new("/proc").boot_id().unwrap_or_default();
     let cache = state_dir.join("calibration.json");
-    if let Some(c) = std::fs::read_to_string(&cache).ok().and_then(|t| serde_json::from_str::<CacheEntry>(&t).ok()).filter(|c| c.usable_on(&boot)) {
-        return WakeCosts { timeout: RetentionTimeout { ns: c.timeout_ns }, host_poll_ns: c.host_poll_ns, source: format!("cached for this boot; {}", c.source) };
+    if let Some(c) = std::fs::read_to_string(&cache)
+        .ok()
+        .and_then(|t| serde_json::from_str::<CacheEntry>(&t).ok())
+        .filter(|c| c.usable_on(&boot))
+    {
+        return WakeCosts {
+            timeout: RetentionTimeout { ns: c.timeout_ns },
+            host_poll_ns: c.host_poll_ns,
+            source: format!("cached for this boot; {}", c.source),
+        };
     }
     let c = calibrate(gleaner_linux::wakeprobe::quick_calibration);
     if c.trusted {
-        tracing::info!(timeout_us = c.timeout_ns / 1000, host_poll_us = c.host_poll_ns / 1000, "calibrated retention: {}", c.source);
-        let entry = CacheEntry { boot_id: boot, timeout_ns: c.timeout_ns, host_poll_ns: c.host_poll_ns, source: c.source.clone() };
+        tracing::info!(
+            timeout_us = c.timeout_ns / 1000,
+            host_poll_us = c.host_poll_ns / 1000,
+            "calibrated retention: {}",
+            c.source
+        );
+        let entry = CacheEntry {
+            boot_id: boot,
+            timeout_ns: c.timeout_ns,
+            host_poll_ns: c.host_poll_ns,
+            source: c.source.clone(),
+        };
         // Whole or not at all: two instances may calibrate at the same time.
         let tmp = state_dir.join(format!(".calibration.json.{}.tmp", std::process::id()));
-        let written = serde_json::to_string(&entry).ok().is_some_and(|text| std::fs::write(&tmp, text).is_ok() && std::fs::rename(&tmp, &cache).is_ok());
+        let written = serde_json::to_string(&entry).ok().is_some_and(|text| {
+            std::fs::write(&tmp, text).is_ok() && std::fs::rename(&tmp, &cache).is_ok()
+        });
         if !written {
             let _ = std::fs::remove_file(&tmp);
         }
     } else {
-        tracing::warn!(timeout_us = c.timeout_ns / 1000, "retention hold: {}", c.source);
+        tracing::warn!(
+            timeout_us = c.timeout_ns / 1000,
+            "retention hold: {}",
+            c.source
+        );
     }
-    WakeCosts { timeout: RetentionTimeout { ns: c.timeout_ns }, host_poll_ns: c.host_poll_ns, source: c.source }
+    WakeCosts {
+        timeout: RetentionTimeout { ns: c.timeout_ns },
+        host_poll_ns: c.host_poll_ns,
+        source: c.source,
+    }
 }
 
 /// Undoes whatever the back ends left in the journal and deletes it if empty.
 fn finish_journal(journal: &SharedJournal, proc: &ProcFs) -> Result<()> {
-    let mut j = journal.lock().map_err(|_| anyhow!("journal lock poisoned"))?;
+    let mut j = journal
+        .lock()
+        .map_err(|_| anyhow!("journal lock poisoned"))?;
     if !j.entries().is_empty() {
-        restore::undo(&mut j, proc).context("could not undo every change; run `gleaner recover`")?;
+        restore::undo(&mut j, proc)
+            .context("could not undo every change; run `gleaner recover`")?;
     }
-    std::fs::remove_file(j.path()).or_else(|e| if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) }).context("cannot remove the journal")?;
+    std::fs::remove_file(j.path())
+        .or_else(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        })
+        .context("cannot remove the journal")?;
     Ok(())
 }
 
@@ -493,7 +670,11 @@ fn spawn_guard(journal_path: &Path) -> Result<GuardHandle> {
     let exe = std::env::current_exe().context("cannot find our own executable for the guard")?;
     let mut c = Command::new(exe);
     // The guard logs the way its instance does (JSON lines under --log-format json).
-    c.args(crate::logging::child_args()).arg("__guard").arg(journal_path).stdin(Stdio::piped()).stdout(Stdio::null());
+    c.args(crate::logging::child_args())
+        .arg("__guard")
+        .arg(journal_path)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null());
     if let Some((k, v)) = crate::logging::child_env() {
         c.env(k, v);
     }
@@ -523,7 +704,12 @@ impl Drop for GuardHandle {
 /// The guard's body (`gleaner __guard JOURNAL`): block until the pipe closes, then undo.
 pub fn guard_main(journal_path: &Path) -> Result<i32> {
     use nix::sys::signal::{signal, SigHandler, Signal};
-    for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, Signal::SIGPIPE] {
+    for sig in [
+        Signal::SIGINT,
+        Signal::SIGTERM,
+        Signal::SIGHUP,
+        Signal::SIGPIPE,
+    ] {
         // SAFETY: ignoring a signal installs no handler code.
         let _ = unsafe { signal(sig, SigHandler::SigIgn) };
     }
@@ -539,7 +725,11 @@ pub fn guard_main(journal_path: &Path) -> Result<i32> {
     let mut stdin = std::io::stdin();
     let mut restored_early = false;
     loop {
-        let mut fds = [libc::pollfd { fd: 0, events: libc::POLLIN, revents: 0 }];
+        let mut fds = [libc::pollfd {
+            fd: 0,
+            events: libc::POLLIN,
+            revents: 0,
+        }];
         // SAFETY: `fds` is one valid pollfd for the duration of the call.
         // 100 ms: a tenth of the 1 s restore promise, and a negligible cost while waiting.
         let ready = unsafe { libc::poll(fds.as_mut_ptr(), 1, 100) };
@@ -555,7 +745,11 @@ pub fn guard_main(journal_path: &Path) -> Result<i32> {
             hasten_exit(&proc, owner);
             if let Ok(j) = Journal::load(journal_path) {
                 for e in j.entries().iter().rev() {
-                    let _ = restore::undo_action(&e.action, &proc, &gleaner_linux::cgroup::SchedAffinity);
+                    let _ = restore::undo_action(
+                        &e.action,
+                        &proc,
+                        &gleaner_linux::cgroup::SchedAffinity,
+                    );
                 }
             }
             restored_early = true;
@@ -570,7 +764,8 @@ pub fn guard_main(journal_path: &Path) -> Result<i32> {
     }
     let mut j = Journal::load(journal_path)?;
     let n = j.entries().len();
-    restore::undo(&mut j, &proc).context("guard could not undo every change; run `gleaner recover`")?;
+    restore::undo(&mut j, &proc)
+        .context("guard could not undo every change; run `gleaner recover`")?;
     // The dead instance could not remove its status file either; `status` would skip it, but
     // a stale file is clutter that outlives the pid. Removed before the journal, so that a
     // missing journal means the guard is done.
@@ -657,7 +852,12 @@ mod tests {
             .flat_map(|l| l.split_whitespace())
             .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase()))
             .collect();
-        vec!["setpriv".into(), format!("--bounding-set=-all,{}", caps.join(",")), "--inh-caps=-all".into(), "--no-new-privs".into()]
+        vec![
+            "setpriv".into(),
+            format!("--bounding-set=-all,{}", caps.join(",")),
+            "--inh-caps=-all".into(),
+            "--no-new-privs".into(),
+        ]
     }
 
     /// A fake cgroup v2 tree like a real one: the root read-only (0555) and a cgroup whose
@@ -677,12 +877,26 @@ mod tests {
                 .env(UNDER_UNIT_CAPS, "1")
                 .output();
             match out {
-                Ok(o) if o.status.success() && String::from_utf8_lossy(&o.stdout).contains("1 passed") => return,
-                Ok(o) if o.status.success() || String::from_utf8_lossy(&o.stderr).contains("setpriv:") => {
+                Ok(o)
+                    if o.status.success()
+                        && String::from_utf8_lossy(&o.stdout).contains("1 passed") =>
+                {
+                    return
+                }
+                Ok(o)
+                    if o.status.success()
+                        || String::from_utf8_lossy(&o.stderr).contains("setpriv:") =>
+                {
                     eprintln!("skipping the run under the unit's capabilities (setpriv cannot drop them here): {o:?}")
                 }
-                Ok(o) => panic!("under the unit's capabilities: {}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)),
-                Err(e) => eprintln!("skipping the run under the unit's capabilities: no setpriv ({e})"),
+                Ok(o) => panic!(
+                    "under the unit's capabilities: {}\n{}",
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr)
+                ),
+                Err(e) => {
+                    eprintln!("skipping the run under the unit's capabilities: no setpriv ({e})")
+                }
             }
         }
         let dir = tempfile::tempdir().unwrap();
@@ -694,9 +908,17 @@ mod tests {
         for d in [&root, &app, &ro] {
             std::fs::write(d.join("cpuset.cpus"), "0-1\n").unwrap();
         }
-        std::fs::set_permissions(ro.join("cpuset.cpus"), std::fs::Permissions::from_mode(0o444)).unwrap();
+        std::fs::set_permissions(
+            ro.join("cpuset.cpus"),
+            std::fs::Permissions::from_mode(0o444),
+        )
+        .unwrap();
         std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o555)).unwrap();
-        let mounts = CgroupMounts { v2: Some(root.clone()), v1_cpuset: None, v1_cpuacct: None };
+        let mounts = CgroupMounts {
+            v2: Some(root.clone()),
+            v1_cpuset: None,
+            v1_cpuacct: None,
+        };
         let root_writable = nix::unistd::access(&root, nix::unistd::AccessFlags::W_OK).is_ok();
         let result = cgroup_target_backend(&mounts, &app);
         let ro_result = cgroup_target_backend(&mounts, &ro);
@@ -704,15 +926,25 @@ mod tests {
         if !is_root || std::env::var_os(UNDER_UNIT_CAPS).is_some() {
             assert!(!root_writable, "the fake root should not be writable here");
             let err = ro_result.unwrap_err();
-            assert!(err.contains("ro.slice/cpuset.cpus is not writable"), "{err}");
+            assert!(
+                err.contains("ro.slice/cpuset.cpus is not writable"),
+                "{err}"
+            );
         }
         assert_eq!(result, Ok(PlacementKind::CgroupV2));
         // A v1 cpuset hierarchy mounted inside the v2 tree is the longer, deciding mount.
         let v1 = root.join("cpuset");
         std::fs::create_dir_all(v1.join("db")).unwrap();
         std::fs::write(v1.join("db/cpuset.cpus"), "0\n").unwrap();
-        let both = CgroupMounts { v2: Some(root.clone()), v1_cpuset: Some(v1.clone()), v1_cpuacct: None };
-        assert_eq!(cgroup_target_backend(&both, &v1.join("db")), Ok(PlacementKind::CgroupV1));
+        let both = CgroupMounts {
+            v2: Some(root.clone()),
+            v1_cpuset: Some(v1.clone()),
+            v1_cpuacct: None,
+        };
+        assert_eq!(
+            cgroup_target_backend(&both, &v1.join("db")),
+            Ok(PlacementKind::CgroupV1)
+        );
         let err = cgroup_target_backend(&mounts, dir.path()).unwrap_err();
         assert!(err.contains("not inside a cpuset hierarchy"), "{err}");
     }

@@ -73,10 +73,16 @@ impl ProcessMetrics {
             .take(2)
             .filter_map(|w| w.parse::<f64>().ok())
             .collect();
-        let open_fds = std::fs::read_dir("/proc/self/fd").ok().map(|d| d.count() as f64);
-        let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        let open_fds = std::fs::read_dir("/proc/self/fd")
+            .ok()
+            .map(|d| d.count() as f64);
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
         // SAFETY: getrlimit writes into the local struct.
-        let max_fds = (unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0).then_some(lim.rlim_cur as f64);
+        let max_fds = (unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0)
+            .then_some(lim.rlim_cur as f64);
         ProcessMetrics {
             cpu_seconds: gleaner_linux::controller::own_cpu_seconds(),
             resident_memory_bytes: statm.get(1).map(|p| p * page),
@@ -133,7 +139,9 @@ impl<'a> Family<'a> {
 
 /// Label values escape backslash, double quote and newline (exposition format 0.0.4).
 fn escape_label(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 fn format_value(v: f64) -> String {
@@ -147,7 +155,14 @@ fn format_value(v: f64) -> String {
 }
 
 /// A gauge or counter with one sample per target that has a status.
-fn per_target(out: &mut String, s: &Snapshot, name: &str, kind: &str, help: &str, value: impl Fn(&InstanceStatus) -> f64) {
+fn per_target(
+    out: &mut String,
+    s: &Snapshot,
+    name: &str,
+    kind: &str,
+    help: &str,
+    value: impl Fn(&InstanceStatus) -> f64,
+) {
     if !s.targets.iter().any(|t| t.status.is_some()) {
         return;
     }
@@ -160,14 +175,29 @@ fn per_target(out: &mut String, s: &Snapshot, name: &str, kind: &str, help: &str
 }
 
 /// A gauge with one sample per vCPU of each target that has a status.
-fn per_vcpu(out: &mut String, s: &Snapshot, name: &str, kind: &str, help: &str, value: impl Fn(&gleaner_linux::status::VcpuStatus) -> f64) {
-    if !s.targets.iter().any(|t| t.status.as_ref().is_some_and(|st| !st.vcpus.is_empty())) {
+fn per_vcpu(
+    out: &mut String,
+    s: &Snapshot,
+    name: &str,
+    kind: &str,
+    help: &str,
+    value: impl Fn(&gleaner_linux::status::VcpuStatus) -> f64,
+) {
+    if !s
+        .targets
+        .iter()
+        .any(|t| t.status.as_ref().is_some_and(|st| !st.vcpus.is_empty()))
+    {
         return;
     }
     let mut f = Family::new(out, name, kind, help);
     for t in &s.targets {
         for v in t.status.iter().flat_map(|st| &st.vcpus) {
-            f.sample(name, &[("target", &t.name), ("cpu", &v.cpu.to_string())], value(v));
+            f.sample(
+                name,
+                &[("target", &t.name), ("cpu", &v.cpu.to_string())],
+                value(v),
+            );
         }
     }
 }
@@ -182,7 +212,12 @@ pub const HISTOGRAM_LE_POW2: std::ops::RangeInclusive<usize> = 10..=24;
 /// cumulative log2 histograms, one series per label set. Bucket `i` of a [`LatencyHistogram`]
 /// counts latencies in [2^i, 2^(i+1)) ns, so the cumulative count up to bucket `k-1` is the
 /// number of latencies below 2^k ns: that is the `le` = 2^k ns sample.
-pub fn histogram_family(out: &mut String, name: &str, help: &str, series: &[(Vec<(&str, &str)>, &gleaner_policy::LatencyHistogram)]) {
+pub fn histogram_family(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    series: &[(Vec<(&str, &str)>, &gleaner_policy::LatencyHistogram)],
+) {
     if series.is_empty() {
         return;
     }
@@ -191,7 +226,9 @@ pub fn histogram_family(out: &mut String, name: &str, help: &str, series: &[(Vec
         let with = |le: &str| {
             let mut l: Vec<(&str, &str)> = labels.clone();
             l.push(("le", le));
-            l.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<Vec<(String, String)>>()
+            l.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<Vec<(String, String)>>()
         };
         for k in HISTOGRAM_LE_POW2 {
             let below: u64 = h.buckets.iter().take(k).sum();
@@ -215,12 +252,42 @@ fn render_process(out: &mut String, p: &ProcessMetrics) {
             Family::new(out, name, kind, help).sample(name, &[], v);
         }
     };
-    one("process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds.", Some(p.cpu_seconds));
-    one("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.", p.resident_memory_bytes);
-    one("process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.", p.virtual_memory_bytes);
-    one("process_open_fds", "gauge", "Number of open file descriptors.", p.open_fds);
-    one("process_max_fds", "gauge", "Maximum number of open file descriptors.", p.max_fds);
-    one("process_start_time_seconds", "gauge", "Start time of the process since unix epoch in seconds.", Some(p.start_time_seconds));
+    one(
+        "process_cpu_seconds_total",
+        "counter",
+        "Total user and system CPU time spent in seconds.",
+        Some(p.cpu_seconds),
+    );
+    one(
+        "process_resident_memory_bytes",
+        "gauge",
+        "Resident memory size in bytes.",
+        p.resident_memory_bytes,
+    );
+    one(
+        "process_virtual_memory_bytes",
+        "gauge",
+        "Virtual memory size in bytes.",
+        p.virtual_memory_bytes,
+    );
+    one(
+        "process_open_fds",
+        "gauge",
+        "Number of open file descriptors.",
+        p.open_fds,
+    );
+    one(
+        "process_max_fds",
+        "gauge",
+        "Maximum number of open file descriptors.",
+        p.max_fds,
+    );
+    one(
+        "process_start_time_seconds",
+        "gauge",
+        "Start time of the process since unix epoch in seconds.",
+        Some(p.start_time_seconds),
+    );
 }
 
 /// A short word for how the hold was obtained, from the start of the instance's description
@@ -242,7 +309,9 @@ fn timeout_source_label(source: &str) -> &'static str {
 }
 
 fn count_cpus(list: &str) -> f64 {
-    list.parse::<gleaner_policy::Cpuset>().map(|c| c.len() as f64).unwrap_or(f64::NAN)
+    list.parse::<gleaner_policy::Cpuset>()
+        .map(|c| c.len() as f64)
+        .unwrap_or(f64::NAN)
 }
 
 fn bool_value(b: bool) -> f64 {
@@ -258,41 +327,84 @@ fn bool_value(b: bool) -> f64 {
 pub fn render(s: &Snapshot) -> String {
     let mut out = String::new();
     {
-        let mut f = Family::new(&mut out, "gleaner_config_last_reload_successful", "gauge", "Whether the last configuration load (start or SIGHUP) was applied.");
-        f.sample("gleaner_config_last_reload_successful", &[], bool_value(s.last_reload_successful));
+        let mut f = Family::new(
+            &mut out,
+            "gleaner_config_last_reload_successful",
+            "gauge",
+            "Whether the last configuration load (start or SIGHUP) was applied.",
+        );
+        f.sample(
+            "gleaner_config_last_reload_successful",
+            &[],
+            bool_value(s.last_reload_successful),
+        );
     }
     {
         let name = "gleaner_config_last_reload_success_timestamp_seconds";
-        let mut f = Family::new(&mut out, name, "gauge", "Unix time of the last successful configuration load.");
+        let mut f = Family::new(
+            &mut out,
+            name,
+            "gauge",
+            "Unix time of the last successful configuration load.",
+        );
         f.sample(name, &[], s.last_reload_success_timestamp_seconds);
     }
     {
         let name = "gleaner_build_info";
-        let mut f = Family::new(&mut out, name, "gauge", "Version and git commit of the running Gleaner (always 1).");
+        let mut f = Family::new(
+            &mut out,
+            name,
+            "gauge",
+            "Version and git commit of the running Gleaner (always 1).",
+        );
         f.sample(name, &[("version", VERSION), ("commit", COMMIT)], 1.0);
     }
     if !s.targets.is_empty() {
         let name = "gleaner_target_state";
         let mut f = Family::new(&mut out, name, "gauge", "1 for the state each target is in: managed, starting (calibrating), waiting (no cgroup or no process yet), failing (see gleaner status).");
         for t in &s.targets {
-            for k in [StateKind::Managed, StateKind::Starting, StateKind::Waiting, StateKind::Failing] {
-                f.sample(name, &[("target", &t.name), ("state", k.word())], bool_value(t.state == k));
+            for k in [
+                StateKind::Managed,
+                StateKind::Starting,
+                StateKind::Waiting,
+                StateKind::Failing,
+            ] {
+                f.sample(
+                    name,
+                    &[("target", &t.name), ("state", k.word())],
+                    bool_value(t.state == k),
+                );
             }
         }
         let name = "gleaner_target_up";
-        let mut f = Family::new(&mut out, name, "gauge", "Whether an instance is managing the target (0: waiting for its cgroup or restarting).");
+        let mut f = Family::new(
+            &mut out,
+            name,
+            "gauge",
+            "Whether an instance is managing the target (0: waiting for its cgroup or restarting).",
+        );
         for t in &s.targets {
             f.sample(name, &[("target", &t.name)], bool_value(t.running));
         }
         let name = "gleaner_target_restarts_total";
-        let mut f = Family::new(&mut out, name, "counter", "Instances started for the target after the first.");
+        let mut f = Family::new(
+            &mut out,
+            name,
+            "counter",
+            "Instances started for the target after the first.",
+        );
         for t in &s.targets {
             f.sample(name, &[("target", &t.name)], t.restarts as f64);
         }
     }
     if s.targets.iter().any(|t| t.status.is_some()) {
         let name = "gleaner_info";
-        let mut f = Family::new(&mut out, name, "gauge", "How each target is managed, and its cgroup (always 1).");
+        let mut f = Family::new(
+            &mut out,
+            name,
+            "gauge",
+            "How each target is managed, and its cgroup (always 1).",
+        );
         for t in &s.targets {
             if let Some(st) = &t.status {
                 let observe = if st.observe { "true" } else { "false" };
@@ -305,7 +417,10 @@ pub fn render(s: &Snapshot) -> String {
                         ("observe", observe),
                         ("placement", &st.placement),
                         ("retention_backend", &st.retention_backend),
-                        ("retention_timeout_source", timeout_source_label(&st.retention_timeout_source)),
+                        (
+                            "retention_timeout_source",
+                            timeout_source_label(&st.retention_timeout_source),
+                        ),
                         ("idle_source", &st.idle_source),
                     ],
                     1.0,
@@ -319,9 +434,13 @@ pub fn render(s: &Snapshot) -> String {
         .iter()
         .filter_map(|t| Some((t, t.status.as_ref()?.wake_latency.as_ref()?)))
         .flat_map(|(t, w)| {
-            [("running", &w.running), ("polling", &w.polling), ("halted", &w.halted)]
-                .into_iter()
-                .map(move |(state, h)| (vec![("target", t.name.as_str()), ("state", state)], h))
+            [
+                ("running", &w.running),
+                ("polling", &w.polling),
+                ("halted", &w.halted),
+            ]
+            .into_iter()
+            .map(move |(state, h)| (vec![("target", t.name.as_str()), ("state", state)], h))
         })
         .collect();
     histogram_family(
@@ -330,48 +449,243 @@ pub fn render(s: &Snapshot) -> String {
         "Wake-up latency of the target's threads, from sched_waking to running, by what the wakee's vCPU was doing when woken (running, polling, halted).",
         &wake_series,
     );
-    per_target(&mut out, s, "gleaner_allowed_vcpus", "gauge", "vCPUs the target may use.", |st| count_cpus(&st.allowed));
-    per_target(&mut out, s, "gleaner_active_vcpus", "gauge", "vCPUs the target runs on now (fewer than allowed while consolidated).", |st| count_cpus(&st.active));
-    per_target(&mut out, s, "gleaner_consolidations_total", "counter", "vCPUs taken away from the target by imbalanced scheduling.", |st| st.consolidations as f64);
-    per_target(&mut out, s, "gleaner_rollbacks_total", "counter", "Consolidations undone because the workload slowed down.", |st| st.rollbacks as f64);
-    per_target(&mut out, s, "gleaner_major_changes_total", "counter", "Workload phase changes that reset the target to all its vCPUs.", |st| st.major_changes as f64);
-    per_target(&mut out, s, "gleaner_periods_total", "counter", "Sampling periods completed.", |st| st.periods as f64);
-    per_target(&mut out, s, "gleaner_missed_periods_total", "counter", "Control deadlines skipped because the loop woke more than one interval late.", |st| st.missed_periods as f64);
-    per_target(&mut out, s, "gleaner_disrupted_periods_total", "counter", "Periods longer than twice their plan (stall, paused VM); their samples were discarded.", |st| {
-        st.disrupted_periods as f64
-    });
-    per_target(&mut out, s, "gleaner_slow_periods_total", "counter", "Periods whose end-of-period work took longer than a sub-sample slice.", |st| st.slow_periods as f64);
-    per_target(&mut out, s, "gleaner_rho", "gauge", "Load factor rho of condition (1) in force.", |st| st.rho);
-    per_target(&mut out, s, "gleaner_eta", "gauge", "Granularity factor eta of condition (2) in force.", |st| st.eta);
-    per_target(&mut out, s, "gleaner_retention_timeout_seconds", "gauge", "How long an idle vCPU is held before it may halt.", |st| st.retention_timeout.as_secs_f64());
-    per_target(&mut out, s, "gleaner_l_comp_seconds", "gauge", "l_comp: mean computation on a vCPU between two idle periods, last period.", |st| st.characteristics.l_comp_ns / 1e9);
-    per_target(&mut out, s, "gleaner_g_comp_seconds", "gauge", "g_comp: mean computation in a thread between two synchronization points, last period.", |st| {
-        st.characteristics.g_comp_ns / 1e9
-    });
-    per_target(&mut out, s, "gleaner_l_idle_seconds", "gauge", "l_idle: mean length of an idle period, last period.", |st| st.characteristics.l_idle_ns / 1e9);
-    per_target(&mut out, s, "gleaner_workload_cpus", "gauge", "The target's CPU use summed over active vCPUs, last period (1 = one vCPU busy).", |st| st.characteristics.total_util);
-    per_target(&mut out, s, "gleaner_steal_ratio", "gauge", "Steal time as a fraction of the period, mean over active vCPUs, last period.", |st| st.characteristics.steal_fraction);
-    per_target(&mut out, s, "gleaner_runnable_wait_ratio", "gauge", "Fraction of the period some workload thread waited for a CPU, last period.", |st| {
-        st.characteristics.runnable_wait_fraction
-    });
-    per_target(&mut out, s, "gleaner_runnable_wait_seconds_total", "counter", "Time some workload thread waited for a CPU while another active vCPU had none of them.", |st| {
-        st.runnable_wait_seconds_total
-    });
-    per_target(&mut out, s, "gleaner_retention_cpu_seconds_total", "counter", "CPU time spent holding idle vCPUs (yielding retention threads).", |st| st.retention_cpu_s);
-    per_target(&mut out, s, "gleaner_cpu_seconds_total", "counter", "CPU time of the instance managing the target, retention included.", |st| st.self_cpu_s);
-    per_target(&mut out, s, "gleaner_instance_start_time_seconds", "gauge", "Unix time the instance managing the target started.", |st| st.start_time_unix_s);
-    per_vcpu(&mut out, s, "gleaner_vcpu_active", "gauge", "Whether the vCPU is in the target's active set.", |v| bool_value(v.active));
-    per_vcpu(&mut out, s, "gleaner_vcpu_retaining", "gauge", "Whether the vCPU is held when idle.", |v| bool_value(v.retaining));
-    per_vcpu(&mut out, s, "gleaner_vcpu_idle_transitions_total", "counter", "Idle periods begun on the vCPU (held or halted) since the instance started.", |v| v.idle_transitions_total as f64);
+    per_target(
+        &mut out,
+        s,
+        "gleaner_allowed_vcpus",
+        "gauge",
+        "vCPUs the target may use.",
+        |st| count_cpus(&st.allowed),
+    );
+    per_target(
+        &mut out,
+        s,
+        "gleaner_active_vcpus",
+        "gauge",
+        "vCPUs the target runs on now (fewer than allowed while consolidated).",
+        |st| count_cpus(&st.active),
+    );
+    per_target(
+        &mut out,
+        s,
+        "gleaner_consolidations_total",
+        "counter",
+        "vCPUs taken away from the target by imbalanced scheduling.",
+        |st| st.consolidations as f64,
+    );
+    per_target(
+        &mut out,
+        s,
+        "gleaner_rollbacks_total",
+        "counter",
+        "Consolidations undone because the workload slowed down.",
+        |st| st.rollbacks as f64,
+    );
+    per_target(
+        &mut out,
+        s,
+        "gleaner_major_changes_total",
+        "counter",
+        "Workload phase changes that reset the target to all its vCPUs.",
+        |st| st.major_changes as f64,
+    );
+    per_target(
+        &mut out,
+        s,
+        "gleaner_periods_total",
+        "counter",
+        "Sampling periods completed.",
+        |st| st.periods as f64,
+    );
+    per_target(
+        &mut out,
+        s,
+        "gleaner_missed_periods_total",
+        "counter",
+        "Control deadlines skipped because the loop woke more than one interval late.",
+        |st| st.missed_periods as f64,
+    );
+    per_target(
+        &mut out,
+        s,
+        "gleaner_disrupted_periods_total",
+        "counter",
+        "Periods longer than twice their plan (stall, paused VM); their samples were discarded.",
+        |st| st.disrupted_periods as f64,
+    );
+    per_target(
+        &mut out,
+        s,
+        "gleaner_slow_periods_total",
+        "counter",
+        "Periods whose end-of-period work took longer than a sub-sample slice.",
+        |st| st.slow_periods as f64,
+    );
+    per_target(
+        &mut out,
+        s,
+        "gleaner_rho",
+        "gauge",
+        "Load factor rho of condition (1) in force.",
+        |st| st.rho,
+    );
+    per_target(
+        &mut out,
+        s,
+        "gleaner_eta",
+        "gauge",
+        "Granularity factor eta of condition (2) in force.",
+        |st| st.eta,
+    );
+    per_target(
+        &mut out,
+        s,
+        "gleaner_retention_timeout_seconds",
+        "gauge",
+        "How long an idle vCPU is held before it may halt.",
+        |st| st.retention_timeout.as_secs_f64(),
+    );
+    per_target(
+        &mut out,
+        s,
+        "gleaner_l_comp_seconds",
+        "gauge",
+        "l_comp: mean computation on a vCPU between two idle periods, last period.",
+        |st| st.characteristics.l_comp_ns / 1e9,
+    );
+    per_target(
+        &mut out,
+        s,
+        "gleaner_g_comp_seconds",
+        "gauge",
+        "g_comp: mean computation in a thread between two synchronization points, last period.",
+        |st| st.characteristics.g_comp_ns / 1e9,
+    );
+    per_target(
+        &mut out,
+        s,
+        "gleaner_l_idle_seconds",
+        "gauge",
+        "l_idle: mean length of an idle period, last period.",
+        |st| st.characteristics.l_idle_ns / 1e9,
+    );
+    per_target(
+        &mut out,
+        s,
+        "gleaner_workload_cpus",
+        "gauge",
+        "The target's CPU use summed over active vCPUs, last period (1 = one vCPU busy).",
+        |st| st.characteristics.total_util,
+    );
+    per_target(
+        &mut out,
+        s,
+        "gleaner_steal_ratio",
+        "gauge",
+        "Steal time as a fraction of the period, mean over active vCPUs, last period.",
+        |st| st.characteristics.steal_fraction,
+    );
+    per_target(
+        &mut out,
+        s,
+        "gleaner_runnable_wait_ratio",
+        "gauge",
+        "Fraction of the period some workload thread waited for a CPU, last period.",
+        |st| st.characteristics.runnable_wait_fraction,
+    );
+    per_target(
+        &mut out,
+        s,
+        "gleaner_runnable_wait_seconds_total",
+        "counter",
+        "Time some workload thread waited for a CPU while another active vCPU had none of them.",
+        |st| st.runnable_wait_seconds_total,
+    );
+    per_target(
+        &mut out,
+        s,
+        "gleaner_retention_cpu_seconds_total",
+        "counter",
+        "CPU time spent holding idle vCPUs (yielding retention threads).",
+        |st| st.retention_cpu_s,
+    );
+    per_target(
+        &mut out,
+        s,
+        "gleaner_cpu_seconds_total",
+        "counter",
+        "CPU time of the instance managing the target, retention included.",
+        |st| st.self_cpu_s,
+    );
+    per_target(
+        &mut out,
+        s,
+        "gleaner_instance_start_time_seconds",
+        "gauge",
+        "Unix time the instance managing the target started.",
+        |st| st.start_time_unix_s,
+    );
+    per_vcpu(
+        &mut out,
+        s,
+        "gleaner_vcpu_active",
+        "gauge",
+        "Whether the vCPU is in the target's active set.",
+        |v| bool_value(v.active),
+    );
+    per_vcpu(
+        &mut out,
+        s,
+        "gleaner_vcpu_retaining",
+        "gauge",
+        "Whether the vCPU is held when idle.",
+        |v| bool_value(v.retaining),
+    );
+    per_vcpu(
+        &mut out,
+        s,
+        "gleaner_vcpu_idle_transitions_total",
+        "counter",
+        "Idle periods begun on the vCPU (held or halted) since the instance started.",
+        |v| v.idle_transitions_total as f64,
+    );
     per_vcpu(&mut out, s, "gleaner_vcpu_halts_total", "counter", "Idle periods that entered the kernel's idle loop (halt or poll) since the instance started.", |v| v.halts_total as f64);
-    per_vcpu(&mut out, s, "gleaner_vcpu_work_seconds_total", "counter", "Time the target's threads ran on the vCPU since the instance started.", |v| v.work_seconds_total);
-    per_vcpu(&mut out, s, "gleaner_vcpu_steal_seconds_total", "counter", "Time the hypervisor stole from the vCPU since the instance started.", |v| v.steal_seconds_total);
+    per_vcpu(
+        &mut out,
+        s,
+        "gleaner_vcpu_work_seconds_total",
+        "counter",
+        "Time the target's threads ran on the vCPU since the instance started.",
+        |v| v.work_seconds_total,
+    );
+    per_vcpu(
+        &mut out,
+        s,
+        "gleaner_vcpu_steal_seconds_total",
+        "counter",
+        "Time the hypervisor stole from the vCPU since the instance started.",
+        |v| v.steal_seconds_total,
+    );
     per_vcpu(&mut out, s, "gleaner_vcpu_idle_transitions_per_second", "gauge", "Idle periods begun on the vCPU per second, last period only (use rate() of the _total counter).", |v| {
         v.idle_transitions_per_sec
     });
     per_vcpu(&mut out, s, "gleaner_vcpu_halts_per_second", "gauge", "Idle periods that ended in a halt per second, last period only (use rate() of the _total counter).", |v| v.halts_per_sec);
-    per_vcpu(&mut out, s, "gleaner_vcpu_work_ratio", "gauge", "Fraction of the period the target's threads ran on the vCPU, last period.", |v| v.work_util);
-    per_vcpu(&mut out, s, "gleaner_vcpu_steal_ratio", "gauge", "Steal time as a fraction of the period on the vCPU, last period.", |v| v.steal_fraction);
+    per_vcpu(
+        &mut out,
+        s,
+        "gleaner_vcpu_work_ratio",
+        "gauge",
+        "Fraction of the period the target's threads ran on the vCPU, last period.",
+        |v| v.work_util,
+    );
+    per_vcpu(
+        &mut out,
+        s,
+        "gleaner_vcpu_steal_ratio",
+        "gauge",
+        "Steal time as a fraction of the period on the vCPU, last period.",
+        |v| v.steal_fraction,
+    );
     render_process(&mut out, &s.process);
     out
 }
@@ -381,8 +695,14 @@ pub fn render(s: &Snapshot) -> String {
 /// node_exporter runs as its own user.
 pub fn write_textfile(path: &Path, text: &str) -> Result<()> {
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
     let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
     let mut f = std::fs::OpenOptions::new()
         .write(true)
@@ -390,12 +710,21 @@ pub fn write_textfile(path: &Path, text: &str) -> Result<()> {
         .truncate(true)
         .mode(0o644)
         .open(&tmp)
-        .with_context(|| format!("cannot write metrics textfile {}: create {} or fix [metrics] textfile", tmp.display(), dir.display()))?;
+        .with_context(|| {
+            format!(
+                "cannot write metrics textfile {}: create {} or fix [metrics] textfile",
+                tmp.display(),
+                dir.display()
+            )
+        })?;
     // Explicitly, because the service runs with UMask=0077.
-    f.set_permissions(std::fs::Permissions::from_mode(0o644)).with_context(|| format!("cannot chmod {}", tmp.display()))?;
-    f.write_all(text.as_bytes()).with_context(|| format!("cannot write {}", tmp.display()))?;
+    f.set_permissions(std::fs::Permissions::from_mode(0o644))
+        .with_context(|| format!("cannot chmod {}", tmp.display()))?;
+    f.write_all(text.as_bytes())
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
     drop(f);
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))
+    std::fs::rename(&tmp, path)
+        .with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))
 }
 
 /// The loopback HTTP endpoint; stops when dropped.
@@ -408,8 +737,12 @@ pub struct MetricsServer {
 impl MetricsServer {
     /// Binds `addr` and serves `GET /metrics` with whatever `scrape` returns at that moment.
     pub fn start(addr: SocketAddr, scrape: Arc<dyn Fn() -> String + Send + Sync>) -> Result<Self> {
-        let listener = TcpListener::bind(addr).with_context(|| format!("cannot listen on {addr}: pick a free port in [metrics] listen"))?;
-        let addr = listener.local_addr().context("cannot read the metrics listener's address")?;
+        let listener = TcpListener::bind(addr).with_context(|| {
+            format!("cannot listen on {addr}: pick a free port in [metrics] listen")
+        })?;
+        let addr = listener
+            .local_addr()
+            .context("cannot read the metrics listener's address")?;
         let stop = Arc::new(AtomicBool::new(false));
         let stop_flag = stop.clone();
         let thread = std::thread::Builder::new()
@@ -429,7 +762,11 @@ impl MetricsServer {
                 }
             })
             .context("cannot start the metrics thread")?;
-        Ok(MetricsServer { addr, stop, thread: Some(thread) })
+        Ok(MetricsServer {
+            addr,
+            stop,
+            thread: Some(thread),
+        })
     }
 
     /// The bound address (the real port when the configured one was 0).
@@ -464,22 +801,62 @@ fn serve(mut stream: TcpStream, scrape: &dyn Fn() -> String) -> std::io::Result<
         }
         head.extend_from_slice(&buf[..n]);
         if head.len() > MAX_REQUEST {
-            return respond(&mut stream, "431 Request Header Fields Too Large", "text/plain", "request too large\n", true);
+            return respond(
+                &mut stream,
+                "431 Request Header Fields Too Large",
+                "text/plain",
+                "request too large\n",
+                true,
+            );
         }
     }
-    let first = String::from_utf8_lossy(&head).lines().next().unwrap_or_default().to_string();
+    let first = String::from_utf8_lossy(&head)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string();
     let mut parts = first.split_whitespace();
     let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     let path = target.split('?').next().unwrap_or("");
     match (method, path) {
-        ("GET" | "HEAD", "/metrics") => respond(&mut stream, "200 OK", "text/plain; version=0.0.4; charset=utf-8", &scrape(), method == "GET"),
-        ("GET" | "HEAD", "/") => respond(&mut stream, "200 OK", "text/plain; charset=utf-8", "gleaner: metrics at /metrics\n", method == "GET"),
-        ("GET" | "HEAD", _) => respond(&mut stream, "404 Not Found", "text/plain", "not found: use /metrics\n", true),
-        _ => respond(&mut stream, "405 Method Not Allowed", "text/plain", "only GET /metrics\n", true),
+        ("GET" | "HEAD", "/metrics") => respond(
+            &mut stream,
+            "200 OK",
+            "text/plain; version=0.0.4; charset=utf-8",
+            &scrape(),
+            method == "GET",
+        ),
+        ("GET" | "HEAD", "/") => respond(
+            &mut stream,
+            "200 OK",
+            "text/plain; charset=utf-8",
+            "gleaner: metrics at /metrics\n",
+            method == "GET",
+        ),
+        ("GET" | "HEAD", _) => respond(
+            &mut stream,
+            "404 Not Found",
+            "text/plain",
+            "not found: use /metrics\n",
+            true,
+        ),
+        _ => respond(
+            &mut stream,
+            "405 Method Not Allowed",
+            "text/plain",
+            "only GET /metrics\n",
+            true,
+        ),
     }
 }
 
-fn respond(stream: &mut TcpStream, status: &str, content_type: &str, body: &str, with_body: bool) -> std::io::Result<()> {
+fn respond(
+    stream: &mut TcpStream,
+    status: &str,
+    content_type: &str,
+    body: &str,
+    with_body: bool,
+) -> std::io::Result<()> {
     let head = format!("HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
     stream.write_all(head.as_bytes())?;
     if with_body {
@@ -504,7 +881,8 @@ mod tests {
             idle_source: "tracepoint".into(),
             uptime_s: 12.5,
             start_time_unix_s: 1_700_000_100.5,
-            retention_timeout_source: "measured: 3 of 3 runs agreed within 30 % (runs: 250, 240, 260 µs)".into(),
+            retention_timeout_source:
+                "measured: 3 of 3 runs agreed within 30 % (runs: 250, 240, 260 µs)".into(),
             slow_periods: 5,
             runnable_wait_seconds_total: 0.75,
             periods: 120,
@@ -541,7 +919,10 @@ mod tests {
                     work_seconds_total: 8.5,
                     steal_seconds_total: 0.25,
                 },
-                VcpuStatus { cpu: 2, ..Default::default() },
+                VcpuStatus {
+                    cpu: 2,
+                    ..Default::default()
+                },
             ],
             retention_cpu_s: 1.5,
             self_cpu_s: 2.25,
@@ -558,12 +939,33 @@ mod tests {
     fn renders_every_figure_in_base_units() {
         let snap = Snapshot {
             targets: vec![
-                TargetMetrics { name: "db".into(), cgroup: "/sys/fs/cgroup/cpuset/db".into(), running: true, restarts: 0, status: Some(sample_status()), state: StateKind::Managed },
-                TargetMetrics { name: "web \"x\"".into(), cgroup: String::new(), running: false, restarts: 4, status: None, state: StateKind::Failing },
+                TargetMetrics {
+                    name: "db".into(),
+                    cgroup: "/sys/fs/cgroup/cpuset/db".into(),
+                    running: true,
+                    restarts: 0,
+                    status: Some(sample_status()),
+                    state: StateKind::Managed,
+                },
+                TargetMetrics {
+                    name: "web \"x\"".into(),
+                    cgroup: String::new(),
+                    running: false,
+                    restarts: 4,
+                    status: None,
+                    state: StateKind::Failing,
+                },
             ],
             last_reload_successful: true,
             last_reload_success_timestamp_seconds: 1_700_000_000.0,
-            process: ProcessMetrics { cpu_seconds: 3.5, resident_memory_bytes: Some(6e6), virtual_memory_bytes: None, open_fds: Some(9.0), max_fds: Some(1024.0), start_time_seconds: 1_700_000_000.0 },
+            process: ProcessMetrics {
+                cpu_seconds: 3.5,
+                resident_memory_bytes: Some(6e6),
+                virtual_memory_bytes: None,
+                open_fds: Some(9.0),
+                max_fds: Some(1024.0),
+                start_time_seconds: 1_700_000_000.0,
+            },
         };
         let text = render(&snap);
         let expected_lines = [
@@ -618,8 +1020,14 @@ mod tests {
         }
         // A target without a status contributes no figures, only its up/restarts/state lines.
         assert!(!text.contains("gleaner_rho{target=\"web"), "{text}");
-        assert!(!text.contains("process_virtual_memory_bytes"), "an unknown value is left out, not made up: {text}");
-        assert!(!text.contains("gleaner_uptime_seconds"), "start times, not uptimes: {text}");
+        assert!(
+            !text.contains("process_virtual_memory_bytes"),
+            "an unknown value is left out, not made up: {text}"
+        );
+        assert!(
+            !text.contains("gleaner_uptime_seconds"),
+            "start times, not uptimes: {text}"
+        );
         let build = format!("gleaner_build_info{{version=\"{VERSION}\",commit=\"{COMMIT}\"}} 1");
         assert!(lines.contains(&build.as_str()), "{text}");
     }
@@ -627,7 +1035,14 @@ mod tests {
     #[test]
     fn every_family_has_help_and_type_before_its_samples_and_names_follow_conventions() {
         let snap = Snapshot {
-            targets: vec![TargetMetrics { name: "db".into(), cgroup: "/x".into(), running: true, restarts: 0, status: Some(sample_status()), state: StateKind::Managed }],
+            targets: vec![TargetMetrics {
+                name: "db".into(),
+                cgroup: "/x".into(),
+                running: true,
+                restarts: 0,
+                status: Some(sample_status()),
+                state: StateKind::Managed,
+            }],
             last_reload_successful: false,
             last_reload_success_timestamp_seconds: 0.0,
             process: ProcessMetrics::of_self(1.0),
@@ -642,8 +1057,15 @@ mod tests {
                 let name = line.split(['{', ' ']).next().unwrap();
                 let (family, kind) = declared.last().expect("sample before any TYPE");
                 assert_eq!(name, family, "sample outside its family: {line}");
-                assert_eq!(kind == "counter", name.ends_with("_total"), "counter names end in _total: {line}");
-                assert!(name.starts_with("gleaner_") || name.starts_with("process_"), "{line}");
+                assert_eq!(
+                    kind == "counter",
+                    name.ends_with("_total"),
+                    "counter names end in _total: {line}"
+                );
+                assert!(
+                    name.starts_with("gleaner_") || name.starts_with("process_"),
+                    "{line}"
+                );
                 let value: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
                 assert!(value.is_finite(), "{line}");
             }
@@ -659,7 +1081,14 @@ mod tests {
     fn grafana_dashboard_uses_only_metrics_we_export() {
         let dashboard = include_str!("../../../packaging/grafana-dashboard.json");
         let snap = Snapshot {
-            targets: vec![TargetMetrics { name: "db".into(), cgroup: "/x".into(), running: true, restarts: 0, status: Some(sample_status()), state: StateKind::Managed }],
+            targets: vec![TargetMetrics {
+                name: "db".into(),
+                cgroup: "/x".into(),
+                running: true,
+                restarts: 0,
+                status: Some(sample_status()),
+                state: StateKind::Managed,
+            }],
             last_reload_successful: true,
             last_reload_success_timestamp_seconds: 1.0,
             process: ProcessMetrics::default(),
@@ -667,24 +1096,40 @@ mod tests {
         let exported = render(&snap);
         let mut used = 0;
         for (i, _) in dashboard.match_indices("gleaner_") {
-            let name: String = dashboard[i..].chars().take_while(|c| c.is_ascii_lowercase() || *c == '_').collect();
-            assert!(exported.contains(&format!("# TYPE {name} ")), "dashboard queries {name}, which is not exported");
+            let name: String = dashboard[i..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                .collect();
+            assert!(
+                exported.contains(&format!("# TYPE {name} ")),
+                "dashboard queries {name}, which is not exported"
+            );
             used += 1;
         }
         assert!(used >= 15, "only {used} metric references found");
         // Every panel queries the data source the variable picks; nothing else is declared.
         let d: serde_json::Value = serde_json::from_str(dashboard).unwrap();
-        assert!(d.get("__inputs").is_none() && !dashboard.contains("DS_PROMETHEUS"), "an input no panel uses");
+        assert!(
+            d.get("__inputs").is_none() && !dashboard.contains("DS_PROMETHEUS"),
+            "an input no panel uses"
+        );
         for p in d["panels"].as_array().unwrap() {
             assert_eq!(p["datasource"]["uid"], "${datasource}", "{}", p["title"]);
         }
         // Rates come from counters, so that they hold over any scrape interval.
-        assert!(!dashboard.contains("_per_second"), "a per-period gauge where a counter's rate() belongs");
+        assert!(
+            !dashboard.contains("_per_second"),
+            "a per-period gauge where a counter's rate() belongs"
+        );
     }
 
     #[test]
     fn endpoint_serves_metrics_only() {
-        let server = MetricsServer::start("127.0.0.1:0".parse().unwrap(), Arc::new(|| "gleaner_x 1\n".to_string())).unwrap();
+        let server = MetricsServer::start(
+            "127.0.0.1:0".parse().unwrap(),
+            Arc::new(|| "gleaner_x 1\n".to_string()),
+        )
+        .unwrap();
         let get = |req: &str| {
             let mut s = TcpStream::connect(server.addr()).unwrap();
             s.write_all(req.as_bytes()).unwrap();
@@ -714,10 +1159,20 @@ mod tests {
         write_textfile(&path, "a 2\n").unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "a 2\n");
         use std::os::unix::fs::PermissionsExt;
-        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o644, "node_exporter must read it");
-        let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o644,
+            "node_exporter must read it"
+        );
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
         assert_eq!(leftovers.len(), 1, "{leftovers:?}");
-        let err = format!("{:#}", write_textfile(&dir.path().join("missing/g.prom"), "x").unwrap_err());
+        let err = format!(
+            "{:#}",
+            write_textfile(&dir.path().join("missing/g.prom"), "x").unwrap_err()
+        );
         assert!(err.contains("[metrics] textfile"), "{err}");
     }
 
@@ -728,14 +1183,39 @@ mod tests {
             w.halted.record(ns);
         }
         w.running.record(2_000);
-        let st = InstanceStatus { wake_latency: Some(w), ..Default::default() };
-        let snap = Snapshot { targets: vec![TargetMetrics { name: "db".into(), running: true, status: Some(st), ..Default::default() }], ..Default::default() };
+        let st = InstanceStatus {
+            wake_latency: Some(w),
+            ..Default::default()
+        };
+        let snap = Snapshot {
+            targets: vec![TargetMetrics {
+                name: "db".into(),
+                running: true,
+                status: Some(st),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
         let text = render(&snap);
-        assert!(text.contains("# TYPE gleaner_wake_latency_seconds histogram"), "{text}");
-        assert!(text.contains(r#"gleaner_wake_latency_seconds_count{target="db",state="halted"} 3"#), "{text}");
-        assert!(text.contains(r#"gleaner_wake_latency_seconds_bucket{target="db",state="halted",le="+Inf"} 3"#), "{text}");
+        assert!(
+            text.contains("# TYPE gleaner_wake_latency_seconds histogram"),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"gleaner_wake_latency_seconds_count{target="db",state="halted"} 3"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"gleaner_wake_latency_seconds_bucket{target="db",state="halted",le="+Inf"} 3"#
+            ),
+            "{text}"
+        );
         // 2^12 ns = 4.096 µs: the two 3 µs wake-ups are below it, the 40 µs one is not.
         assert!(text.contains(r#"gleaner_wake_latency_seconds_bucket{target="db",state="halted",le="0.000004096"} 2"#), "{text}");
-        assert!(text.contains(r#"gleaner_wake_latency_seconds_count{target="db",state="polling"} 0"#), "{text}");
+        assert!(
+            text.contains(r#"gleaner_wake_latency_seconds_count{target="db",state="polling"} 0"#),
+            "{text}"
+        );
     }
 }

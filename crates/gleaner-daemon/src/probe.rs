@@ -44,7 +44,12 @@ pub fn run(args: ProbeArgs) -> anyhow::Result<()> {
         if args.json {
             crate::outln!("{}", serde_json::to_string_pretty(&c)?);
         } else {
-            crate::outln!("retention hold {:.1} µs, host polling window {:.0} µs; {}", c.timeout_ns as f64 / 1e3, c.host_poll_ns as f64 / 1e3, c.source);
+            crate::outln!(
+                "retention hold {:.1} µs, host polling window {:.0} µs; {}",
+                c.timeout_ns as f64 / 1e3,
+                c.host_poll_ns as f64 / 1e3,
+                c.source
+            );
         }
         return Ok(());
     }
@@ -373,10 +378,16 @@ mod tests {
         );
         // Every data row has all seven columns. Rows are found by the settings' own labels,
         // so the B-poll rows of a guest with a cpuidle poll state count too.
-        let rows = table
-            .lines()
-            .filter(|l| wakeprobe::Setting::ALL.iter().any(|s| l.starts_with(s.label())));
-        let poll_rows = report.points.iter().filter(|p| p.setting == wakeprobe::Setting::BusyPoll).count();
+        let rows = table.lines().filter(|l| {
+            wakeprobe::Setting::ALL
+                .iter()
+                .any(|s| l.starts_with(s.label()))
+        });
+        let poll_rows = report
+            .points
+            .iter()
+            .filter(|p| p.setting == wakeprobe::Setting::BusyPoll)
+            .count();
         eprintln!(
             "probe test: this machine {} a cpuidle poll state ({poll_rows} B-poll rows)",
             if poll_rows > 0 { "has" } else { "has no" }

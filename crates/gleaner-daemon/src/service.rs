@@ -33,7 +33,9 @@ use serde::{Deserialize, Serialize};
 use crate::config::{is_root, DaemonConfig};
 use crate::metrics::{self, MetricsServer, Snapshot, TargetMetrics};
 use crate::notify::{notify, Watchdog};
-use crate::status::{daemon_status_path, write_daemon_status, DaemonStatus, TargetState, TargetStatus};
+use crate::status::{
+    daemon_status_path, write_daemon_status, DaemonStatus, TargetState, TargetStatus,
+};
 
 pub const DEFAULT_CONFIG: &str = "/etc/gleaner/gleaner.toml";
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9477";
@@ -99,19 +101,34 @@ struct MetricsFile {
 
 impl Default for MetricsFile {
     fn default() -> Self {
-        MetricsFile { listen: DEFAULT_LISTEN.into(), allow_non_loopback: false, textfile: None, textfile_interval_s: 15 }
+        MetricsFile {
+            listen: DEFAULT_LISTEN.into(),
+            allow_non_loopback: false,
+            textfile: None,
+            textfile_interval_s: 15,
+        }
     }
 }
 
 /// Reads and validates the service configuration. As root, a file others can write is
 /// refused for the same reason as in `gleaner run --config`.
 pub fn load(path: &Path) -> Result<ServiceConfig> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}: check the path, or pass --config FILE", path.display()))?;
+    let text = std::fs::read_to_string(path).with_context(|| {
+        format!(
+            "cannot read {}: check the path, or pass --config FILE",
+            path.display()
+        )
+    })?;
     if is_root() {
         use std::os::unix::fs::MetadataExt;
-        let meta = std::fs::metadata(path).with_context(|| format!("cannot stat {}", path.display()))?;
+        let meta =
+            std::fs::metadata(path).with_context(|| format!("cannot stat {}", path.display()))?;
         if meta.mode() & 0o022 != 0 {
-            bail!("{} is writable by group or others: run `chmod go-w {}`", path.display(), path.display());
+            bail!(
+                "{} is writable by group or others: run `chmod go-w {}`",
+                path.display(),
+                path.display()
+            );
         }
     }
     parse(&text).with_context(|| format!("{}", path.display()))
@@ -119,9 +136,12 @@ pub fn load(path: &Path) -> Result<ServiceConfig> {
 
 /// Parses a service configuration: the usual daemon keys, `[metrics]`, `[[target]]`.
 pub fn parse(text: &str) -> Result<ServiceConfig> {
-    let mut table: toml::Table = toml::from_str(text).map_err(|e| anyhow!("malformed TOML: {}", one_line(&e.to_string())))?;
+    let mut table: toml::Table = toml::from_str(text)
+        .map_err(|e| anyhow!("malformed TOML: {}", one_line(&e.to_string())))?;
     let metrics_file: MetricsFile = match table.remove("metrics") {
-        Some(v) => v.try_into().map_err(|e| anyhow!("[metrics]: {}", one_line(&e.to_string())))?,
+        Some(v) => v
+            .try_into()
+            .map_err(|e| anyhow!("[metrics]: {}", one_line(&e.to_string())))?,
         None => MetricsFile::default(),
     };
     let target_tables = match table.remove("target") {
@@ -129,18 +149,26 @@ pub fn parse(text: &str) -> Result<ServiceConfig> {
         Some(toml::Value::Array(a)) => a,
         Some(_) => bail!("`target` must be a list of tables: write each as [[target]]"),
     };
-    let base: DaemonConfig = toml::Value::Table(table.clone()).try_into().map_err(|e| anyhow!("{}", one_line(&e.to_string())))?;
+    let base: DaemonConfig = toml::Value::Table(table.clone())
+        .try_into()
+        .map_err(|e| anyhow!("{}", one_line(&e.to_string())))?;
     base.validate()?;
     let state_dir = base.state_dir.clone().unwrap_or_else(Journal::default_dir);
 
     let mut targets: Vec<TargetConfig> = Vec::new();
     for (i, value) in target_tables.into_iter().enumerate() {
-        let toml::Value::Table(mut t) = value else { bail!("target #{}: write it as a [[target]] table", i + 1) };
+        let toml::Value::Table(mut t) = value else {
+            bail!("target #{}: write it as a [[target]] table", i + 1)
+        };
         let mut take_str = |key: &str| -> Result<Option<String>> {
             match t.remove(key) {
                 None => Ok(None),
                 Some(toml::Value::String(s)) => Ok(Some(s)),
-                Some(other) => bail!("target #{}: `{key}` must be a string, not {}", i + 1, other.type_str()),
+                Some(other) => bail!(
+                    "target #{}: `{key}` must be a string, not {}",
+                    i + 1,
+                    other.type_str()
+                ),
             }
         };
         let (cgroup, unit, name) = (take_str("cgroup")?, take_str("unit")?, take_str("name")?);
@@ -153,10 +181,18 @@ pub fn parse(text: &str) -> Result<ServiceConfig> {
             Some(n) => n,
             None => match &cgroup {
                 CgroupRef::Unit(u) => u.clone(),
-                CgroupRef::Path(p) => p.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default(),
+                CgroupRef::Path(p) => p
+                    .file_name()
+                    .map(|n| n.to_string_lossy().to_string())
+                    .unwrap_or_default(),
             },
         };
-        if name.is_empty() || name.len() > 100 || !name.chars().all(|c| c.is_ascii_alphanumeric() || "_.@:-".contains(c)) {
+        if name.is_empty()
+            || name.len() > 100
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_.@:-".contains(c))
+        {
             bail!("target #{}: name {name:?} must be 1-100 of A-Z a-z 0-9 _ . @ : - (set `name = \"...\"`)", i + 1);
         }
         if targets.iter().any(|o| o.name == name) {
@@ -167,9 +203,20 @@ pub fn parse(text: &str) -> Result<ServiceConfig> {
         }
         let mut merged = table.clone();
         merge(&mut merged, t);
-        let daemon: DaemonConfig = toml::Value::Table(merged).try_into().map_err(|e| anyhow!("target {name:?}: {}", one_line(&e.to_string())))?;
-        daemon.validate().with_context(|| format!("target {name:?}"))?;
-        targets.push(TargetConfig { name, cgroup, daemon: DaemonConfig { state_dir: Some(state_dir.clone()), ..daemon } });
+        let daemon: DaemonConfig = toml::Value::Table(merged)
+            .try_into()
+            .map_err(|e| anyhow!("target {name:?}: {}", one_line(&e.to_string())))?;
+        daemon
+            .validate()
+            .with_context(|| format!("target {name:?}"))?;
+        targets.push(TargetConfig {
+            name,
+            cgroup,
+            daemon: DaemonConfig {
+                state_dir: Some(state_dir.clone()),
+                ..daemon
+            },
+        });
     }
 
     let listen = match metrics_file.listen.trim() {
@@ -183,15 +230,26 @@ pub fn parse(text: &str) -> Result<ServiceConfig> {
         }
     };
     if !(1..=3600).contains(&metrics_file.textfile_interval_s) {
-        bail!("[metrics] textfile_interval_s = {} is out of range: use 1 to 3600 (default 15)", metrics_file.textfile_interval_s);
+        bail!(
+            "[metrics] textfile_interval_s = {} is out of range: use 1 to 3600 (default 15)",
+            metrics_file.textfile_interval_s
+        );
     }
     if let Some(p) = &metrics_file.textfile {
         if !p.is_absolute() || p.file_name().is_none() {
             bail!("[metrics] textfile = {:?} must be an absolute file path such as /var/lib/prometheus/node-exporter/gleaner.prom", p);
         }
     }
-    let metrics = MetricsConfig { listen, textfile: metrics_file.textfile, textfile_interval: Duration::from_secs(metrics_file.textfile_interval_s) };
-    Ok(ServiceConfig { state_dir, metrics, targets })
+    let metrics = MetricsConfig {
+        listen,
+        textfile: metrics_file.textfile,
+        textfile_interval: Duration::from_secs(metrics_file.textfile_interval_s),
+    };
+    Ok(ServiceConfig {
+        state_dir,
+        metrics,
+        targets,
+    })
 }
 
 /// Overlays `over` on `base`; tables merge key by key so `[target.policy] rho = 0.9` keeps
@@ -209,14 +267,19 @@ fn merge(base: &mut toml::Table, over: toml::Table) {
 
 fn check_cgroup_path(s: &str) -> Result<PathBuf> {
     let p = PathBuf::from(s);
-    if !p.is_absolute() || p.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
+    if !p.is_absolute()
+        || p.components()
+            .any(|c| matches!(c, std::path::Component::ParentDir))
+    {
         bail!("cgroup = {s:?} must be an absolute path without `..`, e.g. /sys/fs/cgroup/system.slice/mysql.service");
     }
     Ok(p)
 }
 
 fn check_unit(s: &str) -> Result<String> {
-    let ok_suffix = [".service", ".slice", ".scope"].iter().any(|x| s.ends_with(x) && s.len() > x.len());
+    let ok_suffix = [".service", ".slice", ".scope"]
+        .iter()
+        .any(|x| s.ends_with(x) && s.len() > x.len());
     if !ok_suffix || s.contains('/') || s.chars().any(char::is_whitespace) {
         bail!("unit = {s:?} is not a unit name: use e.g. \"mysql.service\" or \"db.slice\"");
     }
@@ -278,7 +341,8 @@ impl Unmanaged {
 
 /// The cgroup directory of `target` on this machine, or why it is not managed now.
 fn resolve(target: &CgroupRef) -> std::result::Result<PathBuf, Unmanaged> {
-    let det = detect(&ProcFs::new("/proc"), Path::new("/")).map_err(|e| Unmanaged::Failing(format!("cannot read cgroup mounts: {e}")))?;
+    let det = detect(&ProcFs::new("/proc"), Path::new("/"))
+        .map_err(|e| Unmanaged::Failing(format!("cannot read cgroup mounts: {e}")))?;
     resolve_in(target, &det)
 }
 
@@ -293,7 +357,12 @@ fn resolve_in(target: &CgroupRef, det: &Detection) -> std::result::Result<PathBu
                 PlacementKind::CgroupV2 => det.mounts.v2.clone(),
                 _ => V1Mounts::from_detected(&det.mounts).map(|m| m.cpuset),
             }
-            .ok_or_else(|| Unmanaged::Failing("no cpuset controller on this machine: Gleaner cannot manage a unit here".to_string()))?;
+            .ok_or_else(|| {
+                Unmanaged::Failing(
+                    "no cpuset controller on this machine: Gleaner cannot manage a unit here"
+                        .to_string(),
+                )
+            })?;
             let dir = root.join(unit_cgroup(unit));
             if !dir.is_dir() && det.kind != PlacementKind::CgroupV2 {
                 return Err(Unmanaged::Failing(format!(
@@ -305,11 +374,18 @@ fn resolve_in(target: &CgroupRef, det: &Detection) -> std::result::Result<PathBu
         }
     };
     if !dir.is_dir() {
-        return Err(Unmanaged::Waiting(format!("{} does not exist yet (is the unit running?)", dir.display())));
+        return Err(Unmanaged::Waiting(format!(
+            "{} does not exist yet (is the unit running?)",
+            dir.display()
+        )));
     }
-    crate::daemon::cgroup_target_backend(&det.mounts, &dir).map_err(|why| Unmanaged::Failing(format!("{}: {why}", dir.display())))?;
+    crate::daemon::cgroup_target_backend(&det.mounts, &dir)
+        .map_err(|why| Unmanaged::Failing(format!("{}: {why}", dir.display())))?;
     if !has_tasks(&dir) {
-        return Err(Unmanaged::Waiting(format!("{} has no processes yet", dir.display())));
+        return Err(Unmanaged::Waiting(format!(
+            "{} has no processes yet",
+            dir.display()
+        )));
     }
     Ok(dir)
 }
@@ -320,7 +396,12 @@ fn has_tasks(dir: &Path) -> bool {
     if gleaner_linux::cgroup::read_procs(dir).is_ok_and(|pids| !pids.is_empty()) {
         return true;
     }
-    std::fs::read_dir(dir).map(|rd| rd.flatten().any(|e| e.file_type().is_ok_and(|t| t.is_dir()) && has_tasks(&e.path()))).unwrap_or(false)
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .any(|e| e.file_type().is_ok_and(|t| t.is_dir()) && has_tasks(&e.path()))
+        })
+        .unwrap_or(false)
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -336,8 +417,16 @@ extern "C" fn on_reload(_: libc::c_int) {
 
 fn install_signal_handlers() -> Result<()> {
     use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
-    let stop = SigAction::new(SigHandler::Handler(on_stop), SaFlags::SA_RESTART, SigSet::empty());
-    let reload = SigAction::new(SigHandler::Handler(on_reload), SaFlags::SA_RESTART, SigSet::empty());
+    let stop = SigAction::new(
+        SigHandler::Handler(on_stop),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
+    let reload = SigAction::new(
+        SigHandler::Handler(on_reload),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
     // SAFETY: both handlers only store to an atomic, which is async-signal-safe.
     unsafe {
         sigaction(Signal::SIGTERM, &stop).context("cannot install a SIGTERM handler")?;
@@ -356,7 +445,8 @@ pub fn run(args: ServiceArgs, logging: ChildLogging) -> Result<i32> {
     }
     install_signal_handlers()?;
     create_private_dir(&cfg.state_dir)?;
-    let exe = std::env::current_exe().context("cannot find our own executable to start instances")?;
+    let exe =
+        std::env::current_exe().context("cannot find our own executable to start instances")?;
     let mut sup = Supervisor::new(args.config, cfg, exe, logging)?;
     // Ready: the configuration is valid and the metrics endpoint is bound. Targets are
     // managed as they become due; `gleaner status` shows each one's state.
@@ -374,7 +464,11 @@ fn print_check(path: &Path, cfg: &ServiceConfig) {
         None => crate::outln!("  metrics   no HTTP endpoint"),
     }
     if let Some(t) = &cfg.metrics.textfile {
-        crate::outln!("  textfile  {} every {} s", t.display(), cfg.metrics.textfile_interval.as_secs());
+        crate::outln!(
+            "  textfile  {} every {} s",
+            t.display(),
+            cfg.metrics.textfile_interval.as_secs()
+        );
     }
     if cfg.targets.is_empty() {
         crate::outln!("  no [[target]]: nothing will be managed");
@@ -385,7 +479,14 @@ fn print_check(path: &Path, cfg: &ServiceConfig) {
             Err(Unmanaged::Waiting(why)) => format!("waiting: {why}"),
             Err(Unmanaged::Failing(why)) => format!("cannot be managed: {why}"),
         };
-        crate::outln!("  target {}: mode {:?}, period {} ms, rho {}, eta {} -> {now}", t.name, t.daemon.policy.mode, t.daemon.period_ms, t.daemon.policy.rho, t.daemon.policy.eta);
+        crate::outln!(
+            "  target {}: mode {:?}, period {} ms, rho {}, eta {} -> {now}",
+            t.name,
+            t.daemon.policy.mode,
+            t.daemon.period_ms,
+            t.daemon.policy.rho,
+            t.daemon.policy.eta
+        );
     }
 }
 
@@ -395,7 +496,12 @@ fn create_private_dir(dir: &Path) -> Result<()> {
         .recursive(true)
         .mode(0o700)
         .create(dir)
-        .with_context(|| format!("cannot create state directory {}: set state_dir to a directory you can write", dir.display()))
+        .with_context(|| {
+            format!(
+                "cannot create state directory {}: set state_dir to a directory you can write",
+                dir.display()
+            )
+        })
 }
 
 /// What the metrics thread needs to know about one target.
@@ -434,7 +540,9 @@ fn snapshot(shared: &Mutex<Shared>) -> Snapshot {
             running: t.pid.is_some(),
             restarts: t.restarts,
             state: t.state.kind(),
-            status: t.pid.and_then(|pid| read_status(&status_path(&s.state_dir, pid))),
+            status: t
+                .pid
+                .and_then(|pid| read_status(&status_path(&s.state_dir, pid))),
         })
         .collect();
     Snapshot {
@@ -450,7 +558,10 @@ fn read_status(path: &Path) -> Option<InstanceStatus> {
 }
 
 fn unix_now() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
 }
 
 /// One target and the instance managing it, if any.
@@ -524,10 +635,24 @@ struct Supervisor {
 }
 
 impl Supervisor {
-    fn new(config_path: PathBuf, cfg: ServiceConfig, exe: PathBuf, logging: ChildLogging) -> Result<Self> {
-        let shared = Arc::new(Mutex::new(Shared { reload_ok: true, reload_ts: unix_now(), state_dir: cfg.state_dir.clone(), targets: vec![], started: unix_now() }));
+    fn new(
+        config_path: PathBuf,
+        cfg: ServiceConfig,
+        exe: PathBuf,
+        logging: ChildLogging,
+    ) -> Result<Self> {
+        let shared = Arc::new(Mutex::new(Shared {
+            reload_ok: true,
+            reload_ts: unix_now(),
+            state_dir: cfg.state_dir.clone(),
+            targets: vec![],
+            started: unix_now(),
+        }));
         if cfg.targets.is_empty() {
-            tracing::warn!("no [[target]] in {}: serving metrics only; add a target and reload", config_path.display());
+            tracing::warn!(
+                "no [[target]] in {}: serving metrics only; add a target and reload",
+                config_path.display()
+            );
         }
         remove_stale_instance_configs(&cfg.state_dir);
         let targets = cfg.targets.iter().cloned().map(TargetRun::new).collect();
@@ -592,14 +717,20 @@ impl Supervisor {
                 tracing::info!(target_name = %t.cfg.name, "workload gone after {:.0} s; waiting for processes in its cgroup", ran.as_secs_f64());
                 t.backoff = MIN_BACKOFF;
                 t.not_before = Instant::now() + MIN_BACKOFF;
-                t.unmanaged = Some(Unmanaged::Waiting("its workload ended; waiting for processes in its cgroup".into()));
+                t.unmanaged = Some(Unmanaged::Waiting(
+                    "its workload ended; waiting for processes in its cgroup".into(),
+                ));
             } else {
                 if ran >= HEALTHY_RUN {
                     t.backoff = MIN_BACKOFF;
                 }
                 let last = t.last_line.lock().map(|l| l.clone()).unwrap_or_default();
                 tracing::warn!(target_name = %t.cfg.name, "instance ended with {status}; its CPUs were restored; retrying in {} s", t.backoff.as_secs());
-                t.unmanaged = Some(Unmanaged::Failing(format!("instance ended with {status} ({}); retrying in {} s", last_message(&last), t.backoff.as_secs())));
+                t.unmanaged = Some(Unmanaged::Failing(format!(
+                    "instance ended with {status} ({}); retrying in {} s",
+                    last_message(&last),
+                    t.backoff.as_secs()
+                )));
                 t.not_before = Instant::now() + t.backoff;
                 t.backoff = (t.backoff * 2).min(MAX_BACKOFF);
             }
@@ -611,13 +742,22 @@ impl Supervisor {
     /// next, so two calibrations never run at once.
     fn start_due(&mut self) {
         let starting = self.targets.iter().any(|t| {
-            t.child.as_ref().is_some_and(|c| !status_path(&self.cfg.state_dir, c.id()).exists() && t.started_at.elapsed() < START_GATE)
+            t.child.as_ref().is_some_and(|c| {
+                !status_path(&self.cfg.state_dir, c.id()).exists()
+                    && t.started_at.elapsed() < START_GATE
+            })
         });
         if starting {
             return;
         }
         let now = Instant::now();
-        let Some(t) = self.targets.iter_mut().find(|t| t.child.is_none() && now >= t.not_before) else { return };
+        let Some(t) = self
+            .targets
+            .iter_mut()
+            .find(|t| t.child.is_none() && now >= t.not_before)
+        else {
+            return;
+        };
         match resolve(&t.cfg.cgroup) {
             Err(why) => {
                 // Logged once per change of reason; a target that cannot be managed is an
@@ -625,15 +765,26 @@ impl Supervisor {
                 let already = matches!((&t.unmanaged, &why), (Some(Unmanaged::Waiting(a)), Unmanaged::Waiting(b)) | (Some(Unmanaged::Failing(a)), Unmanaged::Failing(b)) if a == b);
                 if !already {
                     match &why {
-                        Unmanaged::Waiting(w) => tracing::info!(target_name = %t.cfg.name, "waiting: {w}"),
-                        Unmanaged::Failing(w) => tracing::error!(target_name = %t.cfg.name, "cannot be managed: {w}"),
+                        Unmanaged::Waiting(w) => {
+                            tracing::info!(target_name = %t.cfg.name, "waiting: {w}")
+                        }
+                        Unmanaged::Failing(w) => {
+                            tracing::error!(target_name = %t.cfg.name, "cannot be managed: {w}")
+                        }
                     }
                 }
                 t.unmanaged = Some(why);
                 t.cgroup = None;
                 t.not_before = now + WAIT_RECHECK;
             }
-            Ok(dir) => match spawn_instance(&self.exe, &self.logging, &self.cfg.state_dir, &t.cfg, &dir, &t.last_line) {
+            Ok(dir) => match spawn_instance(
+                &self.exe,
+                &self.logging,
+                &self.cfg.state_dir,
+                &t.cfg,
+                &dir,
+                &t.last_line,
+            ) {
                 Ok(child) => {
                     tracing::info!(target_name = %t.cfg.name, cgroup = %dir.display(), pid = child.id(), "managing target");
                     t.child = Some(child);
@@ -644,7 +795,10 @@ impl Supervisor {
                 }
                 Err(e) => {
                     tracing::error!(target_name = %t.cfg.name, "cannot start an instance: {e:#}");
-                    t.unmanaged = Some(Unmanaged::Failing(format!("cannot start an instance: {}", one_line(&format!("{e:#}")))));
+                    t.unmanaged = Some(Unmanaged::Failing(format!(
+                        "cannot start an instance: {}",
+                        one_line(&format!("{e:#}"))
+                    )));
                     t.not_before = now + t.backoff;
                     t.backoff = (t.backoff * 2).min(MAX_BACKOFF);
                 }
@@ -658,7 +812,11 @@ impl Supervisor {
             .iter()
             .map(|t| TargetView {
                 name: t.cfg.name.clone(),
-                cgroup: t.cgroup.as_ref().map(|d| d.display().to_string()).unwrap_or_default(),
+                cgroup: t
+                    .cgroup
+                    .as_ref()
+                    .map(|d| d.display().to_string())
+                    .unwrap_or_default(),
                 pid: t.child.as_ref().map(|c| c.id()),
                 restarts: t.starts.saturating_sub(1),
                 state: t.state(&self.cfg.state_dir),
@@ -694,7 +852,8 @@ impl Supervisor {
 
     fn write_textfile(&self) {
         if let Some(path) = &self.cfg.metrics.textfile {
-            if let Err(e) = metrics::write_textfile(path, &metrics::render(&snapshot(&self.shared))) {
+            if let Err(e) = metrics::write_textfile(path, &metrics::render(&snapshot(&self.shared)))
+            {
                 tracing::warn!("{e:#}");
             }
         }
@@ -772,7 +931,10 @@ impl Supervisor {
         if let Ok(mut s) = self.shared.lock() {
             s.reload_ok = false;
         }
-        tracing::error!("reload failed, keeping the running configuration: {}", one_line(why));
+        tracing::error!(
+            "reload failed, keeping the running configuration: {}",
+            one_line(why)
+        );
     }
 
     fn shutdown(&mut self) {
@@ -794,11 +956,17 @@ impl Drop for Supervisor {
     }
 }
 
-fn start_server(listen: Option<SocketAddr>, shared: &Arc<Mutex<Shared>>) -> Result<Option<MetricsServer>> {
+fn start_server(
+    listen: Option<SocketAddr>,
+    shared: &Arc<Mutex<Shared>>,
+) -> Result<Option<MetricsServer>> {
     let Some(addr) = listen else { return Ok(None) };
     let shared = shared.clone();
     let server = MetricsServer::start(addr, Arc::new(move || metrics::render(&snapshot(&shared))))?;
-    tracing::info!("metrics endpoint listening on http://{}/metrics", server.addr());
+    tracing::info!(
+        "metrics endpoint listening on http://{}/metrics",
+        server.addr()
+    );
     Ok(Some(server))
 }
 
@@ -813,14 +981,18 @@ fn stop_instances(targets: &mut [TargetRun], state_dir: &Path) {
     }
     let deadline = Instant::now() + STOP_GRACE;
     for t in targets.iter_mut() {
-        let Some(mut child) = t.child.take() else { continue };
+        let Some(mut child) = t.child.take() else {
+            continue;
+        };
         loop {
             match child.try_wait() {
                 Ok(Some(st)) => {
                     tracing::info!(target_name = %t.cfg.name, "instance {} stopped ({st})", child.id());
                     break;
                 }
-                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
                 _ => {
                     tracing::warn!(target_name = %t.cfg.name, "instance {} did not stop in {} s; killing it (its guard restores the CPUs)", child.id(), STOP_GRACE.as_secs());
                     let _ = child.kill();
@@ -848,9 +1020,17 @@ fn remove_stale_instance_configs(state_dir: &Path) {
 }
 
 /// Starts `gleaner attach --cgroup DIR` for one target with its resolved configuration.
-fn spawn_instance(exe: &Path, logging: &ChildLogging, state_dir: &Path, target: &TargetConfig, dir: &Path, last_line: &Arc<Mutex<String>>) -> Result<Child> {
+fn spawn_instance(
+    exe: &Path,
+    logging: &ChildLogging,
+    state_dir: &Path,
+    target: &TargetConfig,
+    dir: &Path,
+    last_line: &Arc<Mutex<String>>,
+) -> Result<Child> {
     let cfg_path = child_config_path(state_dir, &target.name);
-    let text = toml::to_string(&target.daemon).context("cannot serialize the target's configuration")?;
+    let text =
+        toml::to_string(&target.daemon).context("cannot serialize the target's configuration")?;
     {
         use std::os::unix::fs::OpenOptionsExt;
         let mut f = std::fs::OpenOptions::new()
@@ -860,18 +1040,26 @@ fn spawn_instance(exe: &Path, logging: &ChildLogging, state_dir: &Path, target: 
             .mode(0o600)
             .open(&cfg_path)
             .with_context(|| format!("cannot write {}", cfg_path.display()))?;
-        f.write_all(text.as_bytes()).with_context(|| format!("cannot write {}", cfg_path.display()))?;
+        f.write_all(text.as_bytes())
+            .with_context(|| format!("cannot write {}", cfg_path.display()))?;
     }
     let mut c = Command::new(exe);
-    c.arg("--log-format").arg(if logging.json { "json" } else { "text" });
+    c.arg("--log-format")
+        .arg(if logging.json { "json" } else { "text" });
     if let Some((k, v)) = crate::logging::child_env() {
         c.env(k, v);
     }
     if let Some(f) = &logging.filter {
         c.arg("--log").arg(f);
     }
-    c.arg("attach").arg("--cgroup").arg(dir).arg("--config").arg(&cfg_path);
-    c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+    c.arg("attach")
+        .arg("--cgroup")
+        .arg(dir)
+        .arg("--config")
+        .arg(&cfg_path);
+    c.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
     for var in crate::notify::ENV_VARS {
         c.env_remove(var);
     }
@@ -890,7 +1078,9 @@ fn spawn_instance(exe: &Path, logging: &ChildLogging, state_dir: &Path, target: 
             Ok(())
         })
     };
-    let mut child = c.spawn().with_context(|| format!("cannot start {}", exe.display()))?;
+    let mut child = c
+        .spawn()
+        .with_context(|| format!("cannot start {}", exe.display()))?;
     if let Some(stderr) = child.stderr.take() {
         let name = target.name.clone();
         let json = logging.json;
@@ -898,7 +1088,9 @@ fn spawn_instance(exe: &Path, logging: &ChildLogging, state_dir: &Path, target: 
         if let Ok(mut l) = last.lock() {
             l.clear();
         }
-        let _ = std::thread::Builder::new().name(format!("log-{name}")).spawn(move || forward_log(stderr, &name, json, &last));
+        let _ = std::thread::Builder::new()
+            .name(format!("log-{name}"))
+            .spawn(move || forward_log(stderr, &name, json, &last));
     }
     Ok(child)
 }
@@ -920,7 +1112,12 @@ fn forward_log(from: impl std::io::Read, name: &str, json: bool, last: &Mutex<St
 /// The message of a log line as an instance wrote it (JSON or text), for `status`.
 fn last_message(line: &str) -> String {
     let msg = match serde_json::from_str::<serde_json::Value>(line) {
-        Ok(v) => v.get("message").or_else(|| v.get("fields").and_then(|f| f.get("message"))).and_then(|m| m.as_str()).map(String::from).unwrap_or_else(|| line.to_string()),
+        Ok(v) => v
+            .get("message")
+            .or_else(|| v.get("fields").and_then(|f| f.get("message")))
+            .and_then(|m| m.as_str())
+            .map(String::from)
+            .unwrap_or_else(|| line.to_string()),
         Err(_) => line.to_string(),
     };
     let msg = one_line(&msg);
@@ -937,10 +1134,14 @@ fn tag_line(line: &str, name: &str, json: bool) -> String {
         let object = match serde_json::from_str::<serde_json::Value>(rest) {
             Ok(serde_json::Value::Object(m)) => Some(m),
             // Not JSON (printed before the child's logging was up): made JSON here.
-            _ => serde_json::from_str::<serde_json::Value>(&crate::logging::wrap_unstructured(rest)).ok().and_then(|v| match v {
-                serde_json::Value::Object(m) => Some(m),
-                _ => None,
-            }),
+            _ => {
+                serde_json::from_str::<serde_json::Value>(&crate::logging::wrap_unstructured(rest))
+                    .ok()
+                    .and_then(|v| match v {
+                        serde_json::Value::Object(m) => Some(m),
+                        _ => None,
+                    })
+            }
         };
         if let Some(mut m) = object {
             m.insert("target_name".into(), serde_json::Value::String(name.into()));
@@ -980,17 +1181,40 @@ eta = 0.5
     fn parses_targets_with_overrides_on_the_service_keys() {
         let cfg = parse(FULL).unwrap();
         assert_eq!(cfg.metrics.listen, Some("127.0.0.1:9477".parse().unwrap()));
-        assert_eq!(cfg.metrics.textfile.as_deref(), Some(Path::new("/var/lib/node_exporter/textfile/gleaner.prom")));
+        assert_eq!(
+            cfg.metrics.textfile.as_deref(),
+            Some(Path::new("/var/lib/node_exporter/textfile/gleaner.prom"))
+        );
         assert_eq!(cfg.targets.len(), 2);
         let (db, batch) = (&cfg.targets[0], &cfg.targets[1]);
         assert_eq!(db.name, "mysql.service");
         assert_eq!(db.cgroup, CgroupRef::Unit("mysql.service".into()));
-        assert_eq!((db.daemon.period_ms, db.daemon.policy.rho, db.daemon.policy.eta), (200, 0.8, 1.0));
-        assert_eq!(batch.cgroup, CgroupRef::Path("/sys/fs/cgroup/cpuset/batch".into()));
+        assert_eq!(
+            (
+                db.daemon.period_ms,
+                db.daemon.policy.rho,
+                db.daemon.policy.eta
+            ),
+            (200, 0.8, 1.0)
+        );
+        assert_eq!(
+            batch.cgroup,
+            CgroupRef::Path("/sys/fs/cgroup/cpuset/batch".into())
+        );
         // The override replaces only the keys it names: rho and mode come from the top.
-        assert_eq!((batch.daemon.period_ms, batch.daemon.policy.rho, batch.daemon.policy.eta), (500, 0.8, 0.5));
+        assert_eq!(
+            (
+                batch.daemon.period_ms,
+                batch.daemon.policy.rho,
+                batch.daemon.policy.eta
+            ),
+            (500, 0.8, 0.5)
+        );
         assert_eq!(batch.daemon.policy.mode, Mode::Full);
-        assert_eq!(batch.daemon.state_dir.as_deref(), Some(cfg.state_dir.as_path()));
+        assert_eq!(
+            batch.daemon.state_dir.as_deref(),
+            Some(cfg.state_dir.as_path())
+        );
     }
 
     #[test]
@@ -998,28 +1222,55 @@ eta = 0.5
         let cfg = parse("").unwrap();
         assert_eq!(cfg.metrics.listen, Some(DEFAULT_LISTEN.parse().unwrap()));
         assert!(cfg.targets.is_empty());
-        assert_eq!(parse("[metrics]\nlisten = \"\"").unwrap().metrics.listen, None);
+        assert_eq!(
+            parse("[metrics]\nlisten = \"\"").unwrap().metrics.listen,
+            None
+        );
     }
 
     #[test]
     fn bad_configs_are_refused_with_one_line_naming_the_fix() {
         for (text, needle) in [
             ("[[target]]\nname = \"x\"", "exactly one of"),
-            ("[[target]]\nunit = \"a.service\"\ncgroup = \"/x\"", "exactly one of"),
+            (
+                "[[target]]\nunit = \"a.service\"\ncgroup = \"/x\"",
+                "exactly one of",
+            ),
             ("[[target]]\ncgroup = \"relative/dir\"", "absolute path"),
             ("[[target]]\ncgroup = \"/a/../b\"", "absolute path"),
             ("[[target]]\nunit = \"mysql\"", "not a unit name"),
-            ("[[target]]\nunit = \"a.service\"\n[target.policy]\nrho = 2.0", "outside (0, 1]"),
-            ("[[target]]\nunit = \"a.service\"\nperiod_ms = 1", "out of range"),
-            ("[[target]]\nunit = \"a.service\"\nbogus = 1", "unknown field"),
-            ("[[target]]\nunit = \"a.service\"\nstate_dir = \"/tmp\"", "service-wide"),
-            ("[[target]]\nunit = \"a.service\"\n[[target]]\nunit = \"a.service\"", "two targets"),
-            ("[[target]]\ncgroup = \"/x\"\nname = \"bad name\"", "must be 1-100"),
+            (
+                "[[target]]\nunit = \"a.service\"\n[target.policy]\nrho = 2.0",
+                "outside (0, 1]",
+            ),
+            (
+                "[[target]]\nunit = \"a.service\"\nperiod_ms = 1",
+                "out of range",
+            ),
+            (
+                "[[target]]\nunit = \"a.service\"\nbogus = 1",
+                "unknown field",
+            ),
+            (
+                "[[target]]\nunit = \"a.service\"\nstate_dir = \"/tmp\"",
+                "service-wide",
+            ),
+            (
+                "[[target]]\nunit = \"a.service\"\n[[target]]\nunit = \"a.service\"",
+                "two targets",
+            ),
+            (
+                "[[target]]\ncgroup = \"/x\"\nname = \"bad name\"",
+                "must be 1-100",
+            ),
             ("target = 3", "[[target]]"),
             ("[metrics]\nlisten = \"0.0.0.0:9477\"", "allow_non_loopback"),
             ("[metrics]\nlisten = \"localhost\"", "not an address"),
             ("[metrics]\nport = 1", "[metrics]"),
-            ("[metrics]\ntextfile = \"gleaner.prom\"", "absolute file path"),
+            (
+                "[metrics]\ntextfile = \"gleaner.prom\"",
+                "absolute file path",
+            ),
             ("[metrics]\ntextfile_interval_s = 0", "out of range"),
             ("[policy]\neta = 0", "outside (0, 1]"),
             ("[policy", "malformed TOML"),
@@ -1049,14 +1300,23 @@ eta = 0.5
         let cfg = parse(&uncommented).unwrap();
         assert_eq!(cfg.targets.len(), 2);
         assert_eq!(cfg.targets[1].daemon.policy.rho, 0.9);
-        assert_eq!(cfg.metrics.textfile.as_deref(), Some(Path::new("/var/lib/prometheus/node-exporter/gleaner.prom")));
+        assert_eq!(
+            cfg.metrics.textfile.as_deref(),
+            Some(Path::new("/var/lib/prometheus/node-exporter/gleaner.prom"))
+        );
     }
 
     #[test]
     fn unit_names_map_to_systemd_cgroup_paths() {
-        assert_eq!(default_unit_cgroup("mysql.service"), Path::new("system.slice/mysql.service"));
+        assert_eq!(
+            default_unit_cgroup("mysql.service"),
+            Path::new("system.slice/mysql.service")
+        );
         assert_eq!(default_unit_cgroup("db.slice"), Path::new("db.slice"));
-        assert_eq!(default_unit_cgroup("db-mysql.slice"), Path::new("db.slice/db-mysql.slice"));
+        assert_eq!(
+            default_unit_cgroup("db-mysql.slice"),
+            Path::new("db.slice/db-mysql.slice")
+        );
         assert_eq!(default_unit_cgroup("-.slice"), Path::new(""));
     }
 
@@ -1071,7 +1331,11 @@ eta = 0.5
     fn fake_v2(root: &Path) -> Detection {
         Detection {
             kind: PlacementKind::CgroupV2,
-            mounts: gleaner_linux::cgroup::CgroupMounts { v2: Some(root.to_path_buf()), v1_cpuset: None, v1_cpuacct: None },
+            mounts: gleaner_linux::cgroup::CgroupMounts {
+                v2: Some(root.to_path_buf()),
+                v1_cpuset: None,
+                v1_cpuacct: None,
+            },
             skipped: vec![],
         }
     }
@@ -1087,11 +1351,20 @@ eta = 0.5
         std::fs::write(root.join("child/cgroup.procs"), "").unwrap();
         assert!(!has_tasks(&root));
         let err = resolve_in(&CgroupRef::Path(root.clone()), &det).unwrap_err();
-        assert!(matches!(&err, Unmanaged::Waiting(w) if w.contains("no processes")), "{err:?}");
+        assert!(
+            matches!(&err, Unmanaged::Waiting(w) if w.contains("no processes")),
+            "{err:?}"
+        );
         std::fs::write(root.join("child/cgroup.procs"), "1234\n").unwrap();
-        assert_eq!(resolve_in(&CgroupRef::Path(root.clone()), &det).unwrap(), root);
+        assert_eq!(
+            resolve_in(&CgroupRef::Path(root.clone()), &det).unwrap(),
+            root
+        );
         let err = resolve_in(&CgroupRef::Path(dir.path().join("absent")), &det).unwrap_err();
-        assert!(matches!(&err, Unmanaged::Waiting(w) if w.contains("does not exist")), "{err:?}");
+        assert!(
+            matches!(&err, Unmanaged::Waiting(w) if w.contains("does not exist")),
+            "{err:?}"
+        );
     }
 
     #[test]
@@ -1103,27 +1376,55 @@ eta = 0.5
         std::fs::create_dir_all(&outside).unwrap();
         std::fs::write(outside.join("cgroup.procs"), "1\n").unwrap();
         let err = resolve_in(&CgroupRef::Path(outside), &det).unwrap_err();
-        assert!(matches!(&err, Unmanaged::Failing(w) if w.contains("not inside a cpuset hierarchy")), "{err:?}");
+        assert!(
+            matches!(&err, Unmanaged::Failing(w) if w.contains("not inside a cpuset hierarchy")),
+            "{err:?}"
+        );
         // In the v2 tree, but without the cpuset controller enabled.
         let nocpuset = dir.path().join("cgroup2/app.slice");
         std::fs::create_dir_all(&nocpuset).unwrap();
         std::fs::write(nocpuset.join("cgroup.procs"), "1\n").unwrap();
         let err = resolve_in(&CgroupRef::Path(nocpuset), &det).unwrap_err();
-        assert!(matches!(&err, Unmanaged::Failing(w) if w.contains("AllowedCPUs")), "{err:?}");
+        assert!(
+            matches!(&err, Unmanaged::Failing(w) if w.contains("AllowedCPUs")),
+            "{err:?}"
+        );
     }
 
     #[test]
     fn instance_log_lines_name_their_target() {
-        let v: serde_json::Value = serde_json::from_str(&tag_line(r#"{"level":"INFO","message":"x","added":[]}"#, "db", true)).unwrap();
-        assert_eq!((v["target_name"].as_str(), v["message"].as_str()), (Some("db"), Some("x")));
+        let v: serde_json::Value = serde_json::from_str(&tag_line(
+            r#"{"level":"INFO","message":"x","added":[]}"#,
+            "db",
+            true,
+        ))
+        .unwrap();
+        assert_eq!(
+            (v["target_name"].as_str(), v["message"].as_str()),
+            (Some("db"), Some("x"))
+        );
         assert_eq!(v["added"], serde_json::json!([]));
         // Under journald the priority stays in front of the object.
         let prefixed = tag_line(r#"<3>{"level":"ERROR","message":"x"}"#, "db", true);
         assert!(prefixed.starts_with("<3>{"), "{prefixed}");
         // A plain line from a child is made JSON, not passed on as text.
-        let v: serde_json::Value = serde_json::from_str(&tag_line("gleaner: error: boom", "db", true)).unwrap();
-        assert_eq!((v["level"].as_str(), v["message"].as_str(), v["target_name"].as_str()), (Some("ERROR"), Some("gleaner: error: boom"), Some("db")));
-        assert_eq!(tag_line("  INFO managing workload", "db", false), "[db]   INFO managing workload");
-        assert_eq!(tag_line("<6>INFO managing workload", "db", false), "<6>[db] INFO managing workload");
+        let v: serde_json::Value =
+            serde_json::from_str(&tag_line("gleaner: error: boom", "db", true)).unwrap();
+        assert_eq!(
+            (
+                v["level"].as_str(),
+                v["message"].as_str(),
+                v["target_name"].as_str()
+            ),
+            (Some("ERROR"), Some("gleaner: error: boom"), Some("db"))
+        );
+        assert_eq!(
+            tag_line("  INFO managing workload", "db", false),
+            "[db]   INFO managing workload"
+        );
+        assert_eq!(
+            tag_line("<6>INFO managing workload", "db", false),
+            "<6>[db] INFO managing workload"
+        );
     }
 }

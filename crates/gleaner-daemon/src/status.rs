@@ -140,9 +140,11 @@ pub fn write_daemon_status(state_dir: &Path, status: &DaemonStatus) -> Result<()
         .mode(0o600)
         .open(&tmp)
         .with_context(|| format!("cannot write {}", tmp.display()))?;
-    f.write_all(&text).with_context(|| format!("cannot write {}", tmp.display()))?;
+    f.write_all(&text)
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
     drop(f);
-    std::fs::rename(&tmp, &path).with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))
+    std::fs::rename(&tmp, &path)
+        .with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))
 }
 
 /// The service's status if a daemon wrote one and is still running.
@@ -153,8 +155,11 @@ pub fn read_daemon_status(state_dir: &Path) -> Result<Option<DaemonStatus>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
     };
-    let status: DaemonStatus = serde_json::from_str(&text).with_context(|| format!("{} is not a daemon status file", path.display()))?;
-    Ok(Path::new(&format!("/proc/{}", status.pid)).exists().then_some(status))
+    let status: DaemonStatus = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a daemon status file", path.display()))?;
+    Ok(Path::new(&format!("/proc/{}", status.pid))
+        .exists()
+        .then_some(status))
 }
 
 /// Everything `gleaner status --json` prints.
@@ -183,11 +188,19 @@ fn state_dir_of(args: &StatusArgs) -> Result<PathBuf> {
         Some(path) => Ok(crate::service::load(path)?.state_dir),
         None => {
             let default = Path::new(crate::service::DEFAULT_CONFIG);
-            match std::fs::read_to_string(default).ok().map(|t| crate::service::parse(&t)) {
+            match std::fs::read_to_string(default)
+                .ok()
+                .map(|t| crate::service::parse(&t))
+            {
                 Some(Ok(cfg)) => Ok(cfg.state_dir),
                 // A broken service config must not hide the instances from `status`.
                 Some(Err(e)) => {
-                    crate::errln!("gleaner: {} is invalid ({}); looking in {}", default.display(), e, Journal::default_dir().display());
+                    crate::errln!(
+                        "gleaner: {} is invalid ({}); looking in {}",
+                        default.display(),
+                        e,
+                        Journal::default_dir().display()
+                    );
                     Ok(Journal::default_dir())
                 }
                 None => Ok(Journal::default_dir()),
@@ -201,33 +214,70 @@ pub fn run(args: StatusArgs) -> Result<()> {
     if args.watch {
         return watch(&dir);
     }
-    let all = read_statuses(&dir).with_context(|| format!("cannot read status files in {}", dir.display()))?;
+    let all = read_statuses(&dir)
+        .with_context(|| format!("cannot read status files in {}", dir.display()))?;
     let daemon = read_daemon_status(&dir)?;
-    crate::outln!("{}", report(&dir, daemon.as_ref(), &all, args.json)?.trim_end());
+    crate::outln!(
+        "{}",
+        report(&dir, daemon.as_ref(), &all, args.json)?.trim_end()
+    );
     Ok(())
 }
 
-fn report(dir: &Path, daemon: Option<&DaemonStatus>, all: &[InstanceStatus], json: bool) -> Result<String> {
-    let target_of = |pid: u32| daemon.and_then(|d| d.targets.iter().find(|t| t.instance_pid == Some(pid))).map(|t| t.name.as_str());
+fn report(
+    dir: &Path,
+    daemon: Option<&DaemonStatus>,
+    all: &[InstanceStatus],
+    json: bool,
+) -> Result<String> {
+    let target_of = |pid: u32| {
+        daemon
+            .and_then(|d| d.targets.iter().find(|t| t.instance_pid == Some(pid)))
+            .map(|t| t.name.as_str())
+    };
     if json {
-        let instances = all.iter().map(|s| Instance { target: target_of(s.pid), status: s }).collect();
+        let instances = all
+            .iter()
+            .map(|s| Instance {
+                target: target_of(s.pid),
+                status: s,
+            })
+            .collect();
         return Ok(serde_json::to_string_pretty(&Report { daemon, instances })? + "\n");
     }
     let mut out = String::new();
     if let Some(d) = daemon {
-        out += &format!("gleaner daemon pid {} ({}) — {}\n", d.pid, d.config.display(), d.summary());
+        out += &format!(
+            "gleaner daemon pid {} ({}) — {}\n",
+            d.pid,
+            d.config.display(),
+            d.summary()
+        );
         if d.targets.is_empty() {
             out += "  no [[target]] configured: serving metrics only\n";
         }
         for t in &d.targets {
-            let cgroup = if t.cgroup.is_empty() { String::new() } else { format!(" {}", t.cgroup) };
+            let cgroup = if t.cgroup.is_empty() {
+                String::new()
+            } else {
+                format!(" {}", t.cgroup)
+            };
             let word = t.state.word();
             match (t.state, &t.why) {
                 (StateKind::Managed | StateKind::Starting, _) => {
-                    let pid = t.instance_pid.map(|p| format!(" by instance {p}")).unwrap_or_default();
+                    let pid = t
+                        .instance_pid
+                        .map(|p| format!(" by instance {p}"))
+                        .unwrap_or_default();
                     out += &format!("target {}: {word}{pid}{cgroup}\n", t.name);
                 }
-                (_, why) => out += &format!("target {}: {word}: {}\n", t.name, why.as_deref().unwrap_or("")),
+                (_, why) => {
+                    out += &format!(
+                        "target {}: {word}: {}\n",
+                        t.name,
+                        why.as_deref().unwrap_or("")
+                    )
+                }
             }
             if t.restarts > 0 {
                 out += &format!("  restarted {} time(s)\n", t.restarts);
@@ -239,7 +289,10 @@ fn report(dir: &Path, daemon: Option<&DaemonStatus>, all: &[InstanceStatus], jso
     }
     let by_hand: Vec<&InstanceStatus> = all.iter().filter(|s| target_of(s.pid).is_none()).collect();
     if daemon.is_none() && by_hand.is_empty() {
-        out += &format!("no running gleaner instance (looked in {})\n", dir.display());
+        out += &format!(
+            "no running gleaner instance (looked in {})\n",
+            dir.display()
+        );
     }
     for s in by_hand {
         out += &render(s);
@@ -249,20 +302,31 @@ fn report(dir: &Path, daemon: Option<&DaemonStatus>, all: &[InstanceStatus], jso
 
 /// Redraws every instance's status each second, adding its wake latency over that second.
 fn watch(dir: &std::path::Path) -> Result<()> {
-    let mut before: std::collections::HashMap<u32, gleaner_policy::WakeLatencies> = Default::default();
+    let mut before: std::collections::HashMap<u32, gleaner_policy::WakeLatencies> =
+        Default::default();
     loop {
-        let all = read_statuses(dir).with_context(|| format!("cannot read status files in {}", dir.display()))?;
+        let all = read_statuses(dir)
+            .with_context(|| format!("cannot read status files in {}", dir.display()))?;
         let mut screen = String::from("\x1b[H\x1b[2J");
         if all.is_empty() {
-            screen += &format!("no running gleaner instance (looked in {})\n", dir.display());
+            screen += &format!(
+                "no running gleaner instance (looked in {})\n",
+                dir.display()
+            );
         }
         for s in &all {
             screen += &render(s);
             if let Some(now) = &s.wake_latency {
-                let Some(prev) = before.insert(s.pid, now.clone()) else { continue };
+                let Some(prev) = before.insert(s.pid, now.clone()) else {
+                    continue;
+                };
                 let d = gleaner_linux::sampler::wake_delta(now, &prev);
                 screen += "  last second:";
-                for (name, h) in [("running", &d.running), ("polling", &d.polling), ("halted", &d.halted)] {
+                for (name, h) in [
+                    ("running", &d.running),
+                    ("polling", &d.polling),
+                    ("halted", &d.halted),
+                ] {
                     let p50 = h.quantile_ns(0.5).map(us).unwrap_or_else(|| "-".into());
                     screen += &format!("  {name} p50 {p50} ({})", h.count);
                 }
@@ -279,7 +343,11 @@ fn watch(dir: &std::path::Path) -> Result<()> {
 pub fn wake_latency_report(s: &InstanceStatus) -> String {
     let mut out = format!("  sampler {}", s.sampler);
     if s.sampler == "procfs" {
-        out += &format!(" (own CPU {:.2} % of one CPU, thinning level {})", s.sampler_cost_fraction * 100.0, s.sampler_thin_level);
+        out += &format!(
+            " (own CPU {:.2} % of one CPU, thinning level {})",
+            s.sampler_cost_fraction * 100.0,
+            s.sampler_thin_level
+        );
     }
     out += "\n";
     for b in &s.sampler_blind_spots {
@@ -288,9 +356,19 @@ pub fn wake_latency_report(s: &InstanceStatus) -> String {
     let Some(w) = &s.wake_latency else { return out };
     out += "  wake latency of the workload's threads (sched_waking to running), by the wakee vCPU's state:\n";
     out += "    state       p50        p99        count\n";
-    for (name, h) in [("running", &w.running), ("polling", &w.polling), ("halted", &w.halted)] {
+    for (name, h) in [
+        ("running", &w.running),
+        ("polling", &w.polling),
+        ("halted", &w.halted),
+    ] {
         let q = |p: f64| h.quantile_ns(p).map(us).unwrap_or_else(|| "-".into());
-        out += &format!("    {:<8} {:>10} {:>10} {:>10}\n", name, q(0.5), q(0.99), h.count);
+        out += &format!(
+            "    {:<8} {:>10} {:>10} {:>10}\n",
+            name,
+            q(0.5),
+            q(0.99),
+            h.count
+        );
     }
     out
 }
@@ -319,7 +397,10 @@ pub fn render(s: &InstanceStatus) -> String {
     } else {
         format!("{:.1} µs", s.retention_timeout.as_us_f64())
     };
-    out += &format!("  active vCPUs {} of {}   rho {:.3}  eta {:.3}  retention timeout {hold}\n", s.active, s.allowed, s.rho, s.eta);
+    out += &format!(
+        "  active vCPUs {} of {}   rho {:.3}  eta {:.3}  retention timeout {hold}\n",
+        s.active, s.allowed, s.rho, s.eta
+    );
     out += &format!(
         "  l_comp {}  g_comp {}  l_idle {}  utilization {:.2}  runnable wait {:.0} %  steal {:.1} %\n",
         us(c.l_comp_ns),
@@ -368,42 +449,102 @@ mod tests {
     fn always_yield_shows_its_mode_name_and_no_timeout() {
         let s = InstanceStatus {
             mode: gleaner_policy::Mode::AlwaysYield.to_string(),
-            retention_timeout: gleaner_policy::RetentionTimeout { ns: gleaner_policy::FOREVER_NS },
+            retention_timeout: gleaner_policy::RetentionTimeout {
+                ns: gleaner_policy::FOREVER_NS,
+            },
             ..InstanceStatus::default()
         };
         let text = render(&s);
         assert!(text.contains("mode always-yield"), "{text}");
-        assert!(text.contains("retention timeout none (held until work arrives)"), "{text}");
-        let s = InstanceStatus { retention_timeout: gleaner_policy::RetentionTimeout { ns: 18_000 }, ..s };
+        assert!(
+            text.contains("retention timeout none (held until work arrives)"),
+            "{text}"
+        );
+        let s = InstanceStatus {
+            retention_timeout: gleaner_policy::RetentionTimeout { ns: 18_000 },
+            ..s
+        };
         assert!(render(&s).contains("retention timeout 18.0 µs"));
     }
 
     fn daemon_with(targets: Vec<TargetStatus>) -> DaemonStatus {
-        DaemonStatus { pid: std::process::id(), config: "/etc/gleaner/gleaner.toml".into(), targets }
+        DaemonStatus {
+            pid: std::process::id(),
+            config: "/etc/gleaner/gleaner.toml".into(),
+            targets,
+        }
     }
 
     fn target(name: &str, state: StateKind, why: Option<&str>, pid: Option<u32>) -> TargetStatus {
-        TargetStatus { name: name.into(), cgroup: String::new(), state, why: why.map(String::from), instance_pid: pid, restarts: 0 }
+        TargetStatus {
+            name: name.into(),
+            cgroup: String::new(),
+            state,
+            why: why.map(String::from),
+            instance_pid: pid,
+            restarts: 0,
+        }
     }
 
     #[test]
     fn every_configured_target_is_shown_with_its_state_and_reason() {
         let d = daemon_with(vec![
             target("db", StateKind::Managed, None, Some(4242)),
-            target("batch", StateKind::Failing, Some("/sys/fs/cgroup/cpuset/batch/cpuset.cpus is not writable (EACCES)"), None),
-            target("web.service", StateKind::Waiting, Some("/sys/fs/cgroup/system.slice/web.service does not exist yet"), None),
+            target(
+                "batch",
+                StateKind::Failing,
+                Some("/sys/fs/cgroup/cpuset/batch/cpuset.cpus is not writable (EACCES)"),
+                None,
+            ),
+            target(
+                "web.service",
+                StateKind::Waiting,
+                Some("/sys/fs/cgroup/system.slice/web.service does not exist yet"),
+                None,
+            ),
         ]);
-        let inst = InstanceStatus { pid: 4242, command: "cgroup /sys/fs/cgroup/cpuset/db".into(), ..Default::default() };
-        let by_hand = InstanceStatus { pid: 77, command: "sleep 30".into(), ..Default::default() };
-        let text = report(Path::new("/run/gleaner"), Some(&d), &[inst.clone(), by_hand.clone()], false).unwrap();
-        assert!(text.contains("3 target(s): 1 managed, 1 waiting, 1 failing"), "{text}");
-        assert!(text.contains("target db: managed by instance 4242"), "{text}");
-        assert!(text.contains("target batch: failing: /sys/fs/cgroup/cpuset/batch/cpuset.cpus is not writable"), "{text}");
+        let inst = InstanceStatus {
+            pid: 4242,
+            command: "cgroup /sys/fs/cgroup/cpuset/db".into(),
+            ..Default::default()
+        };
+        let by_hand = InstanceStatus {
+            pid: 77,
+            command: "sleep 30".into(),
+            ..Default::default()
+        };
+        let text = report(
+            Path::new("/run/gleaner"),
+            Some(&d),
+            &[inst.clone(), by_hand.clone()],
+            false,
+        )
+        .unwrap();
+        assert!(
+            text.contains("3 target(s): 1 managed, 1 waiting, 1 failing"),
+            "{text}"
+        );
+        assert!(
+            text.contains("target db: managed by instance 4242"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "target batch: failing: /sys/fs/cgroup/cpuset/batch/cpuset.cpus is not writable"
+            ),
+            "{text}"
+        );
         assert!(text.contains("target web.service: waiting: "), "{text}");
-        assert!(text.contains("gleaner pid 77 — sleep 30"), "an instance started by hand is listed too: {text}");
+        assert!(
+            text.contains("gleaner pid 77 — sleep 30"),
+            "an instance started by hand is listed too: {text}"
+        );
         assert!(!text.contains("no running gleaner instance"), "{text}");
 
-        let json: serde_json::Value = serde_json::from_str(&report(Path::new("/x"), Some(&d), &[inst, by_hand], true).unwrap()).unwrap();
+        let json: serde_json::Value = serde_json::from_str(
+            &report(Path::new("/x"), Some(&d), &[inst, by_hand], true).unwrap(),
+        )
+        .unwrap();
         assert_eq!(json["daemon"]["targets"][1]["state"], "failing");
         assert_eq!(json["instances"][0]["target"], "db");
         assert_eq!(json["instances"][0]["pid"], 4242);
@@ -412,7 +553,12 @@ mod tests {
 
     #[test]
     fn a_daemon_whose_targets_all_fail_is_not_reported_as_absent() {
-        let d = daemon_with(vec![target("a", StateKind::Failing, Some("no cpuset"), None)]);
+        let d = daemon_with(vec![target(
+            "a",
+            StateKind::Failing,
+            Some("no cpuset"),
+            None,
+        )]);
         let text = report(Path::new("/run/gleaner"), Some(&d), &[], false).unwrap();
         assert!(!text.contains("no running gleaner instance"), "{text}");
         assert!(text.contains("target a: failing: no cpuset"), "{text}");
@@ -427,8 +573,22 @@ mod tests {
         write_daemon_status(dir.path(), &d).unwrap();
         assert_eq!(read_daemon_status(dir.path()).unwrap(), Some(d));
         use std::os::unix::fs::PermissionsExt;
-        assert_eq!(std::fs::metadata(daemon_status_path(dir.path())).unwrap().permissions().mode() & 0o777, 0o600);
-        write_daemon_status(dir.path(), &DaemonStatus { pid: u32::MAX - 1, ..Default::default() }).unwrap();
+        assert_eq!(
+            std::fs::metadata(daemon_status_path(dir.path()))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777,
+            0o600
+        );
+        write_daemon_status(
+            dir.path(),
+            &DaemonStatus {
+                pid: u32::MAX - 1,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         assert_eq!(read_daemon_status(dir.path()).unwrap(), None);
     }
 
@@ -439,7 +599,15 @@ mod tests {
         std::fs::write(&cfg, "state_dir = \"/srv/gleaner-state\"\n").unwrap();
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o600)).unwrap();
-        let args = StatusArgs { json: false, state_dir: None, config: Some(cfg), watch: false };
-        assert_eq!(state_dir_of(&args).unwrap(), Path::new("/srv/gleaner-state"));
+        let args = StatusArgs {
+            json: false,
+            state_dir: None,
+            config: Some(cfg),
+            watch: false,
+        };
+        assert_eq!(
+            state_dir_of(&args).unwrap(),
+            Path::new("/srv/gleaner-state")
+        );
     }
 }

@@ -14,7 +14,11 @@ use gleaner_linux::status::{InstanceStatus, VcpuStatus};
 fn skipped(test: &str, why: &str) {
     eprintln!("{test}: skipped: {why}");
     let log = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("skipped-tests.log");
-    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(log) {
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+    {
         let _ = writeln!(f, "{test}: {why}");
     }
 }
@@ -23,7 +27,11 @@ fn promtool() -> Option<std::path::PathBuf> {
     if let Some(p) = std::env::var_os("PROMTOOL") {
         return Some(p.into());
     }
-    std::env::var_os("PATH").and_then(|paths| std::env::split_paths(&paths).map(|d| d.join("promtool")).find(|p| p.is_file()))
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join("promtool"))
+            .find(|p| p.is_file())
+    })
 }
 
 /// Every family the daemon can export: a managed target with vCPUs, a failing one, the
@@ -40,15 +48,39 @@ fn full_snapshot() -> Snapshot {
         active: "0".into(),
         periods: 10,
         vcpus: vec![
-            VcpuStatus { cpu: 0, active: true, retaining: true, idle_transitions_total: 10, halts_total: 2, ..Default::default() },
-            VcpuStatus { cpu: 1, ..Default::default() },
+            VcpuStatus {
+                cpu: 0,
+                active: true,
+                retaining: true,
+                idle_transitions_total: 10,
+                halts_total: 2,
+                ..Default::default()
+            },
+            VcpuStatus {
+                cpu: 1,
+                ..Default::default()
+            },
         ],
         ..Default::default()
     };
     Snapshot {
         targets: vec![
-            TargetMetrics { name: "db".into(), cgroup: "/sys/fs/cgroup/cpuset/db".into(), running: true, restarts: 1, status: Some(status), state: StateKind::Managed },
-            TargetMetrics { name: "batch".into(), cgroup: String::new(), running: false, restarts: 0, status: None, state: StateKind::Failing },
+            TargetMetrics {
+                name: "db".into(),
+                cgroup: "/sys/fs/cgroup/cpuset/db".into(),
+                running: true,
+                restarts: 1,
+                status: Some(status),
+                state: StateKind::Managed,
+            },
+            TargetMetrics {
+                name: "batch".into(),
+                cgroup: String::new(),
+                running: false,
+                restarts: 0,
+                status: None,
+                state: StateKind::Failing,
+            },
         ],
         last_reload_successful: true,
         last_reload_success_timestamp_seconds: 1_700_000_000.0,
@@ -63,8 +95,16 @@ fn histogram_text() -> String {
         h.record(ns);
     }
     let mut out = String::new();
-    let series = vec![(vec![("target", "db"), ("state", "halted")], &h), (vec![("target", "db"), ("state", "running")], &h)];
-    gleaner_daemon::metrics::histogram_family(&mut out, "gleaner_wake_latency_seconds", "Wake-up latency by the wakee vCPU's state.", &series);
+    let series = vec![
+        (vec![("target", "db"), ("state", "halted")], &h),
+        (vec![("target", "db"), ("state", "running")], &h),
+    ];
+    gleaner_daemon::metrics::histogram_family(
+        &mut out,
+        "gleaner_wake_latency_seconds",
+        "Wake-up latency by the wakee vCPU's state.",
+        &series,
+    );
     out
 }
 
@@ -72,7 +112,10 @@ fn histogram_text() -> String {
 fn histograms_are_cumulative_in_seconds_with_inf_sum_and_count() {
     let text = histogram_text();
     let lines: Vec<&str> = text.lines().collect();
-    assert!(lines.contains(&"# TYPE gleaner_wake_latency_seconds histogram"), "{text}");
+    assert!(
+        lines.contains(&"# TYPE gleaner_wake_latency_seconds histogram"),
+        "{text}"
+    );
     // 800 ns < 1.024 µs; 1.5 µs and 3 µs < 4.096 µs; 40 µs < 65.5 µs; 90 ms only in +Inf.
     for want in [
         "gleaner_wake_latency_seconds_bucket{target=\"db\",state=\"halted\",le=\"0.000001024\"} 1",
@@ -90,13 +133,35 @@ fn histograms_are_cumulative_in_seconds_with_inf_sum_and_count() {
 #[test]
 fn promtool_check_metrics_passes() {
     let Some(tool) = promtool() else {
-        skipped("promtool_check_metrics_passes", "promtool not found: apt-get install prometheus, or set PROMTOOL");
+        skipped(
+            "promtool_check_metrics_passes",
+            "promtool not found: apt-get install prometheus, or set PROMTOOL",
+        );
         return;
     };
     let text = render(&full_snapshot()) + &histogram_text();
-    let mut child = Command::new(&tool).args(["check", "metrics"]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let mut child = Command::new(&tool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
     let out = child.wait_with_output().unwrap();
-    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && said.trim().is_empty(), "promtool check metrics: {:?}\n{said}\n--- exposition ---\n{text}", out.status);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && said.trim().is_empty(),
+        "promtool check metrics: {:?}\n{said}\n--- exposition ---\n{text}",
+        out.status
+    );
 }

@@ -17,19 +17,32 @@ use proptest::prelude::*;
 
 fn corpus() -> Vec<String> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/config_toml");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().filter_map(|e| e.ok()).map(|e| e.path()).collect();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .collect();
     files.sort();
-    files.iter().map(|f| String::from_utf8_lossy(&std::fs::read(f).unwrap()).into_owned()).collect()
+    files
+        .iter()
+        .map(|f| String::from_utf8_lossy(&std::fs::read(f).unwrap()).into_owned())
+        .collect()
 }
 
 /// Parses `text`; an accepted config must validate, a refused one must explain in one line.
 fn check(text: &str) -> Result<(), TestCaseError> {
     let outcome = std::panic::catch_unwind(|| config::parse(text));
     let Ok(result) = outcome else {
-        return Err(TestCaseError::fail(format!("parse panicked on {:?}", &text[..text.len().min(200)])));
+        return Err(TestCaseError::fail(format!(
+            "parse panicked on {:?}",
+            &text[..text.len().min(200)]
+        )));
     };
     match result {
-        Ok(cfg) => prop_assert!(cfg.validate().is_ok(), "accepted an invalid config: {cfg:?}"),
+        Ok(cfg) => prop_assert!(
+            cfg.validate().is_ok(),
+            "accepted an invalid config: {cfg:?}"
+        ),
         Err(e) => {
             let msg = format!("{e:#}");
             prop_assert!(!msg.trim().is_empty());
@@ -44,7 +57,9 @@ fn corpus_replays_whole_and_truncated() {
     let seeds = corpus();
     assert!(!seeds.is_empty());
     for seed in seeds {
-        let cuts: Vec<usize> = (0..=seed.len()).filter(|i| seed.is_char_boundary(*i)).collect();
+        let cuts: Vec<usize> = (0..=seed.len())
+            .filter(|i| seed.is_char_boundary(*i))
+            .collect();
         for cut in cuts {
             if let Err(e) = check(&seed[..cut]) {
                 panic!("{e}");
@@ -96,7 +111,13 @@ fn line() -> impl Strategy<Value = String> {
         "\"[ -~]{0,20}\"",
         "[ -~]{0,10}",
     ];
-    (key, value).prop_map(|(k, v)| if k.starts_with('[') { k } else { format!("{k} = {v}") })
+    (key, value).prop_map(|(k, v)| {
+        if k.starts_with('[') {
+            k
+        } else {
+            format!("{k} = {v}")
+        }
+    })
 }
 
 proptest! {

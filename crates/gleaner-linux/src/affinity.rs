@@ -46,7 +46,11 @@ fn raw_tid(tid: u32) -> libc::pid_t {
 }
 
 fn affinity_error(tid: u32, op: &'static str, e: &std::io::Error) -> Error {
-    Error::Affinity { tid, op, errno: Errno::from_raw(e.raw_os_error().unwrap_or(0)) }
+    Error::Affinity {
+        tid,
+        op,
+        errno: Errno::from_raw(e.raw_os_error().unwrap_or(0)),
+    }
 }
 
 #[cfg(test)]

@@ -9,7 +9,9 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use gleaner_policy::{Cpuset, Decision, EventKind, Gleaner, RunSummary, PolicyEvent, RetentionAction};
+use gleaner_policy::{
+    Cpuset, Decision, EventKind, Gleaner, PolicyEvent, RetentionAction, RunSummary,
+};
 
 use crate::cgroup::{Placement, PlacementKind};
 use crate::error::Result;
@@ -111,32 +113,40 @@ struct Recorder {
 impl Recorder {
     fn start(status_path: Option<PathBuf>, mut timeline: Option<File>) -> Self {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Record>(256);
-        let thread = std::thread::Builder::new().name("gleaner-record".into()).spawn(move || {
-            while let Ok(first) = rx.recv() {
-                // Write every timeline line, but only the newest of the queued statuses.
-                let mut latest = None;
-                for r in std::iter::once(first).chain(rx.try_iter()) {
-                    match r {
-                        Record::Status(s) => latest = Some(s),
-                        Record::Timeline(line) => {
-                            if let Some(f) = &mut timeline {
-                                let _ = writeln!(f, "{line}");
+        let thread = std::thread::Builder::new()
+            .name("gleaner-record".into())
+            .spawn(move || {
+                while let Ok(first) = rx.recv() {
+                    // Write every timeline line, but only the newest of the queued statuses.
+                    let mut latest = None;
+                    for r in std::iter::once(first).chain(rx.try_iter()) {
+                        match r {
+                            Record::Status(s) => latest = Some(s),
+                            Record::Timeline(line) => {
+                                if let Some(f) = &mut timeline {
+                                    let _ = writeln!(f, "{line}");
+                                }
                             }
                         }
                     }
-                }
-                if let (Some(path), Some(st)) = (&status_path, latest) {
-                    if let Err(e) = write_status(path, &st) {
-                        tracing::warn!("cannot write status file: {e}");
+                    if let (Some(path), Some(st)) = (&status_path, latest) {
+                        if let Err(e) = write_status(path, &st) {
+                            tracing::warn!("cannot write status file: {e}");
+                        }
                     }
                 }
-            }
-        });
+            });
         match thread {
-            Ok(t) => Self { tx: Some(tx), thread: Some(t) },
+            Ok(t) => Self {
+                tx: Some(tx),
+                thread: Some(t),
+            },
             Err(e) => {
                 tracing::warn!("no status file or timeline: cannot start the recorder thread: {e}");
-                Self { tx: None, thread: None }
+                Self {
+                    tx: None,
+                    thread: None,
+                }
             }
         }
     }
@@ -199,7 +209,11 @@ pub struct RateLimit {
 
 impl RateLimit {
     pub fn new(every: Duration) -> Self {
-        RateLimit { every, last: None, held_back: 0 }
+        RateLimit {
+            every,
+            last: None,
+            held_back: 0,
+        }
     }
 
     /// `Some(n)`: log now, `n` occurrences were held back since the last one logged.
@@ -218,11 +232,20 @@ impl RateLimit {
 }
 
 impl<'a> Controller<'a> {
-    pub fn new(policy: Gleaner, placement: &'a mut dyn Placement, retainer: Retainer<'a>, sampler: Sampler, opts: ControllerOptions) -> Self {
+    pub fn new(
+        policy: Gleaner,
+        placement: &'a mut dyn Placement,
+        retainer: Retainer<'a>,
+        sampler: Sampler,
+        opts: ControllerOptions,
+    ) -> Self {
         let allowed = policy.allowed().clone();
         let status = InstanceStatus {
             pid: std::process::id(),
-            start_time_unix_s: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0),
+            start_time_unix_s: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(0.0),
             retention_timeout_source: opts.retention_timeout_source.clone(),
             command: opts.command.clone(),
             mode: policy.config().mode.to_string(),
@@ -236,7 +259,10 @@ impl<'a> Controller<'a> {
             active: allowed.to_string(),
             ..Default::default()
         };
-        let recorder = Recorder::start(opts.status_path.clone(), opts.timeline.as_ref().and_then(|f| f.try_clone().ok()));
+        let recorder = Recorder::start(
+            opts.status_path.clone(),
+            opts.timeline.as_ref().and_then(|f| f.try_clone().ok()),
+        );
         let mut sampler = sampler;
         sampler.set_active(&allowed);
         Self {
@@ -294,15 +320,24 @@ impl<'a> Controller<'a> {
         let mut pacer = Pacer::new(now_ns());
         let mut last_sample_ns = now_ns();
         // The BPF sampler measures queueing continuously: one wake-up per period suffices.
-        let sub_samples = if self.sampler.wants_sub_samples() { self.opts.sub_samples.max(1) } else { 1 };
+        let sub_samples = if self.sampler.wants_sub_samples() {
+            self.opts.sub_samples.max(1)
+        } else {
+            1
+        };
         let slice = self.opts.period / sub_samples;
         let mut view = self.view()?;
         loop {
             // An idle workload is neither sub-sampled nor sampled every period: each wake-up
             // of a thread costs a vCPU exit here, and an idle workload has nothing to decide.
             // Gleaner then wakes a few times a second, which keeps it under 1 % of a CPU.
-            let busy = self.status.characteristics.total_util >= self.policy.config().idle_util || self.status.periods == 0;
-            let (slices, slice) = if busy { (sub_samples, slice) } else { (1, self.opts.period * IDLE_STRETCH) };
+            let busy = self.status.characteristics.total_util >= self.policy.config().idle_util
+                || self.status.periods == 0;
+            let (slices, slice) = if busy {
+                (sub_samples, slice)
+            } else {
+                (1, self.opts.period * IDLE_STRETCH)
+            };
             let slice_ns = slice.as_nanos() as u64;
             for _ in 0..slices {
                 std::thread::sleep(Duration::from_nanos(pacer.next(now_ns(), slice_ns)));
@@ -313,7 +348,8 @@ impl<'a> Controller<'a> {
                     return Ok(StopReason::Requested);
                 }
                 if busy {
-                    self.sampler.observe_runnable(&view.tids, &self.applied_active);
+                    self.sampler
+                        .observe_runnable(&view.tids, &self.applied_active);
                 }
             }
             let work_start = Instant::now();
@@ -326,12 +362,15 @@ impl<'a> Controller<'a> {
             let counters = self.retention_counters();
             let viewed = work_start.elapsed();
             let now = now_ns();
-            let Some(sample) = self.sampler.sample(now, &view, &counters)? else { continue };
+            let Some(sample) = self.sampler.sample(now, &view, &counters)? else {
+                continue;
+            };
             // Counters count every sampled period, a discarded one too: what happened in a
             // stall happened.
             self.accumulate(&sample);
             let sampled = work_start.elapsed();
-            let (planned_ns, measured_ns) = (slice_ns * slices as u64, now.saturating_sub(last_sample_ns));
+            let (planned_ns, measured_ns) =
+                (slice_ns * slices as u64, now.saturating_sub(last_sample_ns));
             last_sample_ns = now;
             if is_disrupted(planned_ns, measured_ns) {
                 // The sample above re-based the counters; its contents describe the stall.
@@ -344,8 +383,16 @@ impl<'a> Controller<'a> {
                 // only when it was not proposed the period before, and judge the next period
                 // from the configuration that really runs.
                 self.summary.add(&decision, self.policy.config().idle_util);
-                let kinds: Vec<_> = decision.events.iter().map(|e| std::mem::discriminant(&e.kind)).collect();
-                for e in decision.events.iter().filter(|e| !self.last_observed.contains(&std::mem::discriminant(&e.kind))) {
+                let kinds: Vec<_> = decision
+                    .events
+                    .iter()
+                    .map(|e| std::mem::discriminant(&e.kind))
+                    .collect();
+                for e in decision.events.iter().filter(|e| {
+                    !self
+                        .last_observed
+                        .contains(&std::mem::discriminant(&e.kind))
+                }) {
                     tracing::info!(period = e.period, event = ?e.kind, observe = true, "would: {}", e.reason);
                 }
                 self.last_observed = kinds;
@@ -392,7 +439,8 @@ impl<'a> Controller<'a> {
             t.work_ns += v.work_ns;
             t.steal_ns += v.steal_ns;
         }
-        self.status.runnable_wait_seconds_total += sample.work_runnable_wait_ns.unwrap_or(0) as f64 / 1e9;
+        self.status.runnable_wait_seconds_total +=
+            sample.work_runnable_wait_ns.unwrap_or(0) as f64 / 1e9;
     }
 
     /// Counts the wake-ups of the last, partial period, so that the totals `run --observe`
@@ -401,7 +449,10 @@ impl<'a> Controller<'a> {
         if self.sampler.wants_sub_samples() {
             return;
         }
-        if let Ok(Some(_)) = self.sampler.sample(now_ns, &WorkloadView::default(), &self.retention_counters()) {
+        if let Ok(Some(_)) =
+            self.sampler
+                .sample(now_ns, &WorkloadView::default(), &self.retention_counters())
+        {
             self.status.wake_latency = self.sampler.wake_latency_total().cloned();
             self.status.bpf_events = self.sampler.kernel_events();
         }
@@ -412,7 +463,11 @@ impl<'a> Controller<'a> {
         st.max_late_ms = st.max_late_ms.max(wake.late_ns as f64 / 1e6);
         if wake.missed_periods > 0 {
             st.missed_periods += wake.missed_periods;
-            tracing::warn!(late_ms = wake.late_ns / 1_000_000, missed_periods = wake.missed_periods, "the control loop woke more than a period late");
+            tracing::warn!(
+                late_ms = wake.late_ns / 1_000_000,
+                missed_periods = wake.missed_periods,
+                "the control loop woke more than a period late"
+            );
         }
     }
 
@@ -431,13 +486,23 @@ impl<'a> Controller<'a> {
             // daemon's period cost grow with the workload's thread count.
             let pids = self.placement.workload_pids()?;
             let tids = pids.iter().map(|&p| (p, p)).collect();
-            return Ok(WorkloadView { pids, tids, percpu_work_ns: None, total_work_ns: None });
+            return Ok(WorkloadView {
+                pids,
+                tids,
+                percpu_work_ns: None,
+                total_work_ns: None,
+            });
         }
         let tids = self.placement.workload_tids()?;
         let mut pids: Vec<u32> = tids.iter().map(|(p, _)| *p).collect();
         pids.sort_unstable();
         pids.dedup();
-        Ok(WorkloadView { pids, tids, percpu_work_ns: self.placement.per_cpu_work_ns()?, total_work_ns: None })
+        Ok(WorkloadView {
+            pids,
+            tids,
+            percpu_work_ns: self.placement.per_cpu_work_ns()?,
+            total_work_ns: None,
+        })
     }
 
     fn retention_counters(&self) -> Vec<(usize, RetentionCounters)> {
@@ -448,7 +513,8 @@ impl<'a> Controller<'a> {
         // Threads created since the last change inherit a cpuset from their cgroup but an
         // affinity mask only from their creator, so the affinity back end is re-applied every
         // period while the workload is consolidated.
-        let refresh = self.placement.kind() == PlacementKind::Affinity && d.active != *self.placement.allowed();
+        let refresh = self.placement.kind() == PlacementKind::Affinity
+            && d.active != *self.placement.allowed();
         if d.active != self.applied_active || refresh {
             self.placement.set_active(&d.active)?;
             self.applied_active = d.active.clone();
@@ -460,7 +526,13 @@ impl<'a> Controller<'a> {
         Ok(())
     }
 
-    fn record(&mut self, sample: &gleaner_policy::PeriodSample, d: &Decision, elapsed: Duration, planned_ns: u64) {
+    fn record(
+        &mut self,
+        sample: &gleaner_policy::PeriodSample,
+        d: &Decision,
+        elapsed: Duration,
+        planned_ns: u64,
+    ) {
         let secs = sample.period_ns as f64 / 1e9;
         let st = &mut self.status;
         st.uptime_s = self.started.elapsed().as_secs_f64();
@@ -468,7 +540,9 @@ impl<'a> Controller<'a> {
         st.active = d.active.to_string();
         st.rho = d.rho;
         st.eta = d.eta;
-        st.retention_timeout = gleaner_policy::RetentionTimeout { ns: d.retention_timeout_ns };
+        st.retention_timeout = gleaner_policy::RetentionTimeout {
+            ns: d.retention_timeout_ns,
+        };
         st.characteristics = d.characteristics;
         st.vcpus = sample
             .vcpus
@@ -476,7 +550,10 @@ impl<'a> Controller<'a> {
             .map(|v| VcpuStatus {
                 cpu: v.cpu,
                 active: d.active.contains(v.cpu),
-                retaining: d.retention.iter().any(|(c, a)| *c == v.cpu && *a != RetentionAction::Off),
+                retaining: d
+                    .retention
+                    .iter()
+                    .any(|(c, a)| *c == v.cpu && *a != RetentionAction::Off),
                 idle_transitions_per_sec: v.idle_periods() as f64 / secs,
                 halts_per_sec: v.idle_entries as f64 / secs,
                 work_util: v.work_ns as f64 / sample.period_ns as f64,
@@ -487,7 +564,13 @@ impl<'a> Controller<'a> {
                 steal_seconds_total: self.totals.get(&v.cpu).map_or(0, |t| t.steal_ns) as f64 / 1e9,
             })
             .collect();
-        st.retention_cpu_s = self.retainer.counters().iter().map(|(_, c)| c.yield_ns).sum::<u64>() as f64 / 1e9;
+        st.retention_cpu_s = self
+            .retainer
+            .counters()
+            .iter()
+            .map(|(_, c)| c.yield_ns)
+            .sum::<u64>() as f64
+            / 1e9;
         st.self_cpu_s = own_cpu_seconds();
         st.sampler_blind_spots = self.sampler.blind_spots();
         st.sampler_cost_fraction = self.sampler.budget().cost_fraction();
@@ -552,7 +635,10 @@ fn raise_own_priority() -> i32 {
     if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, CONTROLLER_NICE) } == 0 {
         return CONTROLLER_NICE;
     }
-    tracing::debug!("controller runs at normal priority: cannot raise it ({})", std::io::Error::last_os_error());
+    tracing::debug!(
+        "controller runs at normal priority: cannot raise it ({})",
+        std::io::Error::last_os_error()
+    );
     // SAFETY: as above. getpriority returns the nice value directly (-1 is a valid nice).
     unsafe { libc::getpriority(libc::PRIO_PROCESS, tid) }
 }

@@ -196,14 +196,24 @@ pub(crate) enum Durability {
 
 /// Replaces `path` atomically (temp file, rename) with a file only its owner can read: a
 /// reader never sees half a journal or status file, and nobody else sees it at all.
-pub(crate) fn write_private_atomic(path: &Path, bytes: &[u8], durability: Durability) -> Result<()> {
+pub(crate) fn write_private_atomic(
+    path: &Path,
+    bytes: &[u8],
+    durability: Durability,
+) -> Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = std::path::PathBuf::from(tmp);
     let io = |e| Error::io(&tmp, e);
-    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp).map_err(io)?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(io)?;
     f.write_all(bytes).map_err(io)?;
     if durability == Durability::Fsync {
         f.sync_all().map_err(io)?;

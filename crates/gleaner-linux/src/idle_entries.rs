@@ -57,7 +57,11 @@ impl IdleEntryCounter {
             counters: Vec::new(),
         };
         // A source that cannot be read now (absent, root-only, malformed) is not chosen.
-        if !cpus.is_empty() && cpus.iter().all(|&c| matches!(me.sys.cpuidle_usage(c), Ok(Some(_)))) {
+        if !cpus.is_empty()
+            && cpus
+                .iter()
+                .all(|&c| matches!(me.sys.cpuidle_usage(c), Ok(Some(_))))
+        {
             me.source = IdleEntrySource::Cpuidle;
         } else if let Some(counters) = me
             .sys
@@ -68,7 +72,10 @@ impl IdleEntryCounter {
         {
             me.counters = counters;
             me.source = IdleEntrySource::Tracepoint;
-        } else if me.timer_list_calls().is_some_and(|m| cpus.iter().all(|c| m.iter().any(|(k, _)| k == c))) {
+        } else if me
+            .timer_list_calls()
+            .is_some_and(|m| cpus.iter().all(|c| m.iter().any(|(k, _)| k == c)))
+        {
             me.source = IdleEntrySource::TimerList;
         } else if matches!(me.proc.reschedule_interrupts(), Ok(Some(_))) {
             me.source = IdleEntrySource::RescheduleInterrupts;
@@ -84,16 +91,35 @@ impl IdleEntryCounter {
     /// (a file gone since `open`) counts 0 for that CPU.
     pub fn read(&mut self) -> Vec<u64> {
         match self.source {
-            IdleEntrySource::Cpuidle => self.cpus.iter().map(|&c| self.sys.cpuidle_usage(c).ok().flatten().unwrap_or(0)).collect(),
+            IdleEntrySource::Cpuidle => self
+                .cpus
+                .iter()
+                .map(|&c| self.sys.cpuidle_usage(c).ok().flatten().unwrap_or(0))
+                .collect(),
             // The tracepoint fires on idle entry and again on exit.
-            IdleEntrySource::Tracepoint => self.counters.iter_mut().map(|c| c.read().unwrap_or(0) / 2).collect(),
+            IdleEntrySource::Tracepoint => self
+                .counters
+                .iter_mut()
+                .map(|c| c.read().unwrap_or(0) / 2)
+                .collect(),
             IdleEntrySource::TimerList => {
                 let m = self.timer_list_calls().unwrap_or_default();
-                self.cpus.iter().map(|c| m.iter().find(|(k, _)| k == c).map_or(0, |(_, v)| *v)).collect()
+                self.cpus
+                    .iter()
+                    .map(|c| m.iter().find(|(k, _)| k == c).map_or(0, |(_, v)| *v))
+                    .collect()
             }
             IdleEntrySource::RescheduleInterrupts => {
-                let r = self.proc.reschedule_interrupts().ok().flatten().unwrap_or_default();
-                self.cpus.iter().map(|&c| r.get(c).copied().unwrap_or(0)).collect()
+                let r = self
+                    .proc
+                    .reschedule_interrupts()
+                    .ok()
+                    .flatten()
+                    .unwrap_or_default();
+                self.cpus
+                    .iter()
+                    .map(|&c| r.get(c).copied().unwrap_or(0))
+                    .collect()
             }
             IdleEntrySource::Unavailable => vec![0; self.cpus.len()],
         }
@@ -110,7 +136,13 @@ impl IdleEntryCounter {
 fn open_tracepoint(id: u64, cpus: &[usize]) -> std::io::Result<Vec<Counter>> {
     let mut counters = cpus
         .iter()
-        .map(|&cpu| Builder::new(Tracepoint::with_id(id)).any_pid().one_cpu(cpu).exclude_kernel(false).build())
+        .map(|&cpu| {
+            Builder::new(Tracepoint::with_id(id))
+                .any_pid()
+                .one_cpu(cpu)
+                .exclude_kernel(false)
+                .build()
+        })
         .collect::<std::io::Result<Vec<_>>>()?;
     for c in &mut counters {
         c.enable()?;
@@ -141,7 +173,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         for (cpu, usages) in [(0, [3u64, 4]), (1, [10, 0])] {
             for (i, u) in usages.iter().enumerate() {
-                let d = dir.path().join(format!("devices/system/cpu/cpu{cpu}/cpuidle/state{i}"));
+                let d = dir
+                    .path()
+                    .join(format!("devices/system/cpu/cpu{cpu}/cpuidle/state{i}"));
                 std::fs::create_dir_all(&d).unwrap();
                 std::fs::write(d.join("usage"), format!("{u}\n")).unwrap();
             }
@@ -154,7 +188,11 @@ mod tests {
     #[test]
     fn falls_back_to_reschedule_interrupts_without_privileged_sources() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("interrupts"), "  RES:  5  9  Rescheduling interrupts\n").unwrap();
+        std::fs::write(
+            dir.path().join("interrupts"),
+            "  RES:  5  9  Rescheduling interrupts\n",
+        )
+        .unwrap();
         let mut c = IdleEntryCounter::open(&dir.path().join("nosys"), dir.path(), &[1]);
         assert_eq!(c.source(), IdleEntrySource::RescheduleInterrupts);
         assert_eq!(c.read(), vec![9]);

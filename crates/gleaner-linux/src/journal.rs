@@ -188,7 +188,9 @@ impl Journal {
 
 /// A hook for [`crate::pmqos::PollRetention`] (its `OriginalHook`): journals a CPU's
 /// original `pm_qos_resume_latency_us` before the first write to it.
-pub fn pm_qos_recorder(journal: SharedJournal) -> impl FnMut(usize, &Path, PmQosLatency) -> Result<()> + Send + 'static {
+pub fn pm_qos_recorder(
+    journal: SharedJournal,
+) -> impl FnMut(usize, &Path, PmQosLatency) -> Result<()> + Send + 'static {
     move |cpu, file: &Path, original| {
         lock(&journal).record(UndoAction::PmQos {
             cpu,
@@ -418,7 +420,11 @@ mod tests {
         write(300, 7000); // dead
         fs::write(run.join("400.json"), "{ truncated").unwrap();
         // The daemon's calibration cache lives beside the journals and is not one.
-        fs::write(run.join("calibration.json"), r#"{"boot_id":"x","timeout_ns":1}"#).unwrap();
+        fs::write(
+            run.join("calibration.json"),
+            r#"{"boot_id":"x","timeout_ns":1}"#,
+        )
+        .unwrap();
         let stale = stale_journals(&run, &proc).unwrap();
         let owners: Vec<u32> = stale
             .iter()

@@ -28,7 +28,9 @@ pub struct Pacer {
 impl Pacer {
     /// A pacer whose first interval starts at `now_ns`.
     pub fn new(now_ns: u64) -> Self {
-        Self { deadline_ns: now_ns }
+        Self {
+            deadline_ns: now_ns,
+        }
     }
 
     /// Sets the next deadline `interval_ns` after the previous one and returns how long to
@@ -50,7 +52,10 @@ impl Pacer {
         if late_ns > interval_ns.max(1) {
             self.deadline_ns = now_ns;
         }
-        Wake { late_ns, missed_periods: late_ns / period_ns.max(1) }
+        Wake {
+            late_ns,
+            missed_periods: late_ns / period_ns.max(1),
+        }
     }
 }
 
@@ -78,7 +83,13 @@ mod tests {
         for i in 1..=100u64 {
             let sleep = p.next(now, 10 * MS);
             now += sleep;
-            assert_eq!(p.woke(now, 10 * MS, 100 * MS), Wake { late_ns: 0, missed_periods: 0 });
+            assert_eq!(
+                p.woke(now, 10 * MS, 100 * MS),
+                Wake {
+                    late_ns: 0,
+                    missed_periods: 0
+                }
+            );
             // 3 ms of work after every wake-up.
             now += 3 * MS;
             assert_eq!(now, i * 10 * MS + 3 * MS);
@@ -89,10 +100,26 @@ mod tests {
     fn a_slightly_late_wake_up_is_absorbed_by_the_next_sleep() {
         let mut p = Pacer::new(0);
         assert_eq!(p.next(0, 10 * MS), 10 * MS);
-        assert_eq!(p.woke(14 * MS, 10 * MS, 100 * MS), Wake { late_ns: 4 * MS, missed_periods: 0 });
-        assert_eq!(p.next(14 * MS, 10 * MS), 6 * MS, "the schedule stays anchored at 0");
+        assert_eq!(
+            p.woke(14 * MS, 10 * MS, 100 * MS),
+            Wake {
+                late_ns: 4 * MS,
+                missed_periods: 0
+            }
+        );
+        assert_eq!(
+            p.next(14 * MS, 10 * MS),
+            6 * MS,
+            "the schedule stays anchored at 0"
+        );
         // Late by more than a slice but less than a period: re-anchored, no period missed.
-        assert_eq!(p.woke(50 * MS, 10 * MS, 100 * MS), Wake { late_ns: 30 * MS, missed_periods: 0 });
+        assert_eq!(
+            p.woke(50 * MS, 10 * MS, 100 * MS),
+            Wake {
+                late_ns: 30 * MS,
+                missed_periods: 0
+            }
+        );
         assert_eq!(p.next(50 * MS, 10 * MS), 10 * MS);
     }
 
@@ -102,17 +129,37 @@ mod tests {
         p.next(0, 10 * MS);
         // Stopped for 5 s (SIGSTOP, a paused VM, a forward jump of the monotonic clock).
         let w = p.woke(5_010 * MS, 10 * MS, 100 * MS);
-        assert_eq!(w, Wake { late_ns: 5_000 * MS, missed_periods: 50 });
-        assert_eq!(p.next(5_010 * MS, 10 * MS), 10 * MS, "a full interval follows, not a burst");
+        assert_eq!(
+            w,
+            Wake {
+                late_ns: 5_000 * MS,
+                missed_periods: 50
+            }
+        );
+        assert_eq!(
+            p.next(5_010 * MS, 10 * MS),
+            10 * MS,
+            "a full interval follows, not a burst"
+        );
     }
 
     #[test]
     fn time_that_seems_to_go_backwards_is_never_a_negative_sleep_or_lateness() {
         let mut p = Pacer::new(1_000 * MS);
         assert_eq!(p.next(5_000 * MS, 100 * MS), 0, "deadline already passed");
-        assert_eq!(p.woke(0, 100 * MS, 100 * MS), Wake { late_ns: 0, missed_periods: 0 });
+        assert_eq!(
+            p.woke(0, 100 * MS, 100 * MS),
+            Wake {
+                late_ns: 0,
+                missed_periods: 0
+            }
+        );
         let mut q = Pacer::new(u64::MAX - 10);
-        assert_eq!(q.next(u64::MAX - 10, 100 * MS), 10, "deadline saturates instead of wrapping");
+        assert_eq!(
+            q.next(u64::MAX - 10, 100 * MS),
+            10,
+            "deadline saturates instead of wrapping"
+        );
     }
 
     #[test]

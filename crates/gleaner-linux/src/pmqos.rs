@@ -70,7 +70,10 @@ impl PollRetention {
         let mut files = BTreeMap::new();
         for cpu in cpus.iter() {
             let name = sys.cpuidle_state_name(cpu, 0).map_err(|e| {
-                unavailable(format!("cpuidle driver {:?} exposes no state0 for CPU {cpu} ({e})", snippet(&driver)))
+                unavailable(format!(
+                    "cpuidle driver {:?} exposes no state0 for CPU {cpu} ({e})",
+                    snippet(&driver)
+                ))
             })?;
             if name != "POLL" {
                 return Err(unavailable(format!(
@@ -312,10 +315,7 @@ mod tests {
             fs::write(qos(root.path(), 0), bad).unwrap();
             let (hook, _) = recording_hook();
             let err = new(root.path(), &cpus("0"), hook).unwrap_err();
-            assert!(
-                matches!(err, Error::Parse { .. }),
-                "{bad:?}: {err}"
-            );
+            assert!(matches!(err, Error::Parse { .. }), "{bad:?}: {err}");
         }
         let root = fake_sysfs(1, "haltpoll");
         fs::write(qos(root.path(), 0), "n/a\n").unwrap();
@@ -357,10 +357,7 @@ mod tests {
         assert!(matches!(err, Error::Unrecorded { .. }), "{err}");
         assert_eq!(read(root.path(), 0), "0");
         let err = p.set(3, true).unwrap_err();
-        assert!(
-            matches!(err, Error::NotManaged { cpu: 3, .. }),
-            "{err}"
-        );
+        assert!(matches!(err, Error::NotManaged { cpu: 3, .. }), "{err}");
     }
 
     #[test]

@@ -51,7 +51,8 @@ impl CpuTimes {
         if total == 0 {
             return 0.0;
         }
-        let idle = (self.idle_ns + self.iowait_ns).saturating_sub(before.idle_ns + before.iowait_ns);
+        let idle =
+            (self.idle_ns + self.iowait_ns).saturating_sub(before.idle_ns + before.iowait_ns);
         (1.0 - idle as f64 / total as f64).clamp(0.0, 1.0)
     }
 
@@ -257,7 +258,9 @@ impl ProcFs {
         if flags.peek().is_none() {
             return Ok(None);
         }
-        Ok(Some(flags.any(|l| l.split_whitespace().any(|w| w == "hypervisor"))))
+        Ok(Some(
+            flags.any(|l| l.split_whitespace().any(|w| w == "hypervisor")),
+        ))
     }
 
     /// The running kernel's release (`sys/kernel/osrelease`), e.g. `6.1.102`.
@@ -635,8 +638,10 @@ fn parse_reschedule_interrupts(path: &Path, text: &str) -> Result<Option<Vec<u64
     let Some(line) = text.lines().find(|l| l.trim_start().starts_with("RES:")) else {
         return Ok(None);
     };
-    let counts: Vec<u64> =
-        line.trim_start()["RES:".len()..].split_whitespace().map_while(|w| w.parse().ok()).collect();
+    let counts: Vec<u64> = line.trim_start()["RES:".len()..]
+        .split_whitespace()
+        .map_while(|w| w.parse().ok())
+        .collect();
     if counts.is_empty() {
         return Err(Error::parse(path, "reschedule interrupt counts", line));
     }
@@ -897,14 +902,21 @@ Clock Event Device: lapic-deadline
     fn reschedule_interrupts_and_kernel_words() {
         let dir = tempfile::tempdir().unwrap();
         let p = proc100(dir.path());
-        assert_eq!(p.reschedule_interrupts().unwrap(), None, "absent file is None");
+        assert_eq!(
+            p.reschedule_interrupts().unwrap(),
+            None,
+            "absent file is None"
+        );
         let text = "           CPU0       CPU1\n  LOC:       6089       7079   Local timer interrupts\n  RES:       2907       5804   Rescheduling interrupts\n";
         fs::write(dir.path().join("interrupts"), text).unwrap();
         assert_eq!(p.reschedule_interrupts().unwrap(), Some(vec![2907, 5804]));
         fs::write(dir.path().join("interrupts"), "garbage").unwrap();
         assert_eq!(p.reschedule_interrupts().unwrap(), None);
         fs::write(dir.path().join("interrupts"), "RES: x y").unwrap();
-        assert!(matches!(p.reschedule_interrupts(), Err(Error::Parse { .. })));
+        assert!(matches!(
+            p.reschedule_interrupts(),
+            Err(Error::Parse { .. })
+        ));
 
         fs::create_dir_all(dir.path().join("sys/kernel/random")).unwrap();
         fs::write(dir.path().join("sys/kernel/random/boot_id"), "1f0e-77\n").unwrap();
@@ -913,7 +925,11 @@ Clock Event Device: lapic-deadline
         assert!(matches!(p.kernel_release(), Err(Error::Parse { .. })));
         fs::write(dir.path().join("cpuinfo"), "processor : 0\n").unwrap();
         assert_eq!(p.hypervisor_flag().unwrap(), None);
-        fs::write(dir.path().join("cpuinfo"), "flags\t: fpu hypervisor\nflags\t: fpu hypervisor\n").unwrap();
+        fs::write(
+            dir.path().join("cpuinfo"),
+            "flags\t: fpu hypervisor\nflags\t: fpu hypervisor\n",
+        )
+        .unwrap();
         assert_eq!(p.hypervisor_flag().unwrap(), Some(true));
         fs::write(dir.path().join("cpuinfo"), "flags\t: fpu vme\n").unwrap();
         assert_eq!(p.hypervisor_flag().unwrap(), Some(false));
@@ -924,15 +940,24 @@ Clock Event Device: lapic-deadline
         let dir = tempfile::tempdir().unwrap();
         let p = proc100(dir.path());
         fs::create_dir_all(dir.path().join("9")).unwrap();
-        let write = |extra: &str| fs::write(dir.path().join("9/status"), format!("{STATUS}{extra}")).unwrap();
+        let write = |extra: &str| {
+            fs::write(dir.path().join("9/status"), format!("{STATUS}{extra}")).unwrap()
+        };
         write("SigPnd:\t0000000000000000\nShdPnd:\t0000000000000000\n");
         let st = p.process_status(9).unwrap();
-        assert_eq!((st.state, st.pending_signals, st.is_dying()), (Some('R'), 0, false));
+        assert_eq!(
+            (st.state, st.pending_signals, st.is_dying()),
+            (Some('R'), 0, false)
+        );
         write("ShdPnd:\t0000000000000100\n"); // signal 9
         assert!(p.process_status(9).unwrap().is_dying());
         write("SigPnd:\t0000000000004000\n"); // signal 15 only
         assert!(!p.process_status(9).unwrap().is_dying());
-        fs::write(dir.path().join("9/status"), STATUS.replace("R (running)", "Z (zombie)")).unwrap();
+        fs::write(
+            dir.path().join("9/status"),
+            STATUS.replace("R (running)", "Z (zombie)"),
+        )
+        .unwrap();
         assert!(p.process_status(9).unwrap().is_dying());
         write("SigPnd:\tzz\n");
         assert!(matches!(p.process_status(9), Err(Error::Parse { .. })));

@@ -238,11 +238,23 @@ mod tests {
     fn restore_lock_excludes_a_second_restorer_until_dropped() {
         use nix::fcntl::{Flock, FlockArg};
         let dir = tempfile::tempdir().unwrap();
-        let try_other = || Flock::lock(fs::File::open(dir.path()).unwrap(), FlockArg::LockExclusiveNonblock).is_ok();
+        let try_other = || {
+            Flock::lock(
+                fs::File::open(dir.path()).unwrap(),
+                FlockArg::LockExclusiveNonblock,
+            )
+            .is_ok()
+        };
         let held = RestoreLock::acquire(dir.path()).unwrap();
-        assert!(!try_other(), "a second restorer got the lock while the first held it");
+        assert!(
+            !try_other(),
+            "a second restorer got the lock while the first held it"
+        );
         drop(held);
         assert!(try_other());
-        assert!(RestoreLock::acquire(&dir.path().join("absent")).unwrap_err().to_string().contains("absent"));
+        assert!(RestoreLock::acquire(&dir.path().join("absent"))
+            .unwrap_err()
+            .to_string()
+            .contains("absent"));
     }
 }

@@ -97,7 +97,11 @@ pub struct ProcfsBudget {
 
 impl ProcfsBudget {
     pub fn new(fraction: f64) -> Self {
-        Self { fraction, level: 0, cost: 0.0 }
+        Self {
+            fraction,
+            level: 0,
+            cost: 0.0,
+        }
     }
 
     pub fn level(&self) -> u32 {
@@ -128,7 +132,11 @@ impl ProcfsBudget {
     pub fn account(&mut self, cost_ns: u64, period_ns: u64) {
         let now = cost_ns as f64 / period_ns.max(1) as f64;
         // First period: take it as is; then smooth over about four periods.
-        self.cost = if self.cost == 0.0 { now } else { 0.75 * self.cost + 0.25 * now };
+        self.cost = if self.cost == 0.0 {
+            now
+        } else {
+            0.75 * self.cost + 0.25 * now
+        };
         if self.cost > self.fraction && self.level < MAX_THIN_LEVEL {
             self.level += 1;
             // The new level's cost is not known yet: judge it afresh.
@@ -139,7 +147,6 @@ impl ProcfsBudget {
         }
     }
 }
-
 
 /// The per-CPU counters of the BPF sampler between two reads, and their wake-up histograms
 /// merged over the vCPUs in `cpus`.
@@ -168,7 +175,11 @@ pub fn wake_delta(now: &WakeLatencies, before: &WakeLatencies) -> WakeLatencies 
         h.sum_ns = a.sum_ns.saturating_sub(b.sum_ns);
         h
     };
-    WakeLatencies { running: sub(&now.running, &before.running), polling: sub(&now.polling, &before.polling), halted: sub(&now.halted, &before.halted) }
+    WakeLatencies {
+        running: sub(&now.running, &before.running),
+        polling: sub(&now.polling, &before.polling),
+        halted: sub(&now.halted, &before.halted),
+    }
 }
 
 /// Cumulative counters at one instant.
@@ -234,7 +245,6 @@ pub struct Sampler {
     crowded: (u32, u32),
 }
 
-
 impl Sampler {
     /// The procfs sampler.
     pub fn new(procfs: ProcFs, sys_root: impl Into<PathBuf>, cpus: Cpuset) -> Self {
@@ -244,7 +254,12 @@ impl Sampler {
         Self::with(procfs, cpus, Some(entries), None)
     }
 
-    fn with(procfs: ProcFs, cpus: Cpuset, entries: Option<IdleEntryCounter>, kernel: Option<KernelSampler>) -> Self {
+    fn with(
+        procfs: ProcFs,
+        cpus: Cpuset,
+        entries: Option<IdleEntryCounter>,
+        kernel: Option<KernelSampler>,
+    ) -> Self {
         let precise_idle = kernel.is_none() && matches!(procfs.timer_list(), Ok(Some(_)));
         Self {
             procfs,
@@ -272,7 +287,12 @@ impl Sampler {
 
     /// The sampler `preference` asks for. With `Auto`, a BPF sampler that cannot load is
     /// reported in one info line and procfs runs instead; with `Bpf` that is an error.
-    pub fn open(procfs: ProcFs, sys_root: impl Into<PathBuf>, cpus: Cpuset, preference: SamplerPreference) -> std::result::Result<Self, Unavailable> {
+    pub fn open(
+        procfs: ProcFs,
+        sys_root: impl Into<PathBuf>,
+        cpus: Cpuset,
+        preference: SamplerPreference,
+    ) -> std::result::Result<Self, Unavailable> {
         let sys_root = sys_root.into();
         if preference == SamplerPreference::Procfs {
             return Ok(Self::new(procfs, sys_root, cpus));
@@ -280,7 +300,12 @@ impl Sampler {
         let sysfs = SysFs::new(&sys_root);
         let first = cpus.iter().next().unwrap_or(0);
         let poll_state = poll_state_index(&sysfs, first);
-        let nr_cpus = sysfs.possible_cpus().ok().and_then(|p| p.iter().max()).map(|m| m + 1).unwrap_or(cpus.iter().max().unwrap_or(0) + 1);
+        let nr_cpus = sysfs
+            .possible_cpus()
+            .ok()
+            .and_then(|p| p.iter().max())
+            .map(|m| m + 1)
+            .unwrap_or(cpus.iter().max().unwrap_or(0) + 1);
         match KernelSampler::load(&sys_root, poll_state, nr_cpus) {
             Ok(kernel) => {
                 tracing::debug!(poll_state = ?poll_state, "BPF sampler loaded");
@@ -310,7 +335,8 @@ impl Sampler {
                 "queued workload threads while an idle peer vCPU has an id of 64 or more".into(),
             ],
             SamplerKind::Procfs => {
-                let mut v = vec!["wake latency (needs the BPF sampler: root and kernel BTF)".to_string()];
+                let mut v =
+                    vec!["wake latency (needs the BPF sampler: root and kernel BTF)".to_string()];
                 if self.budget.level() > 0 {
                     v.push(format!(
                         "per-thread context switches between reads (every {} periods), and run states beyond {} threads at every {}th sub-sample, to stay within {:.1} % of a CPU",
@@ -374,7 +400,10 @@ impl Sampler {
     }
 
     pub fn idle_source(&self) -> IdleEntrySource {
-        self.entries.as_ref().map(|e| e.source()).unwrap_or(IdleEntrySource::Tracepoint)
+        self.entries
+            .as_ref()
+            .map(|e| e.source())
+            .unwrap_or(IdleEntrySource::Tracepoint)
     }
 
     /// Called several times per period: are workload threads queueing on one vCPU while
@@ -413,8 +442,12 @@ impl Sampler {
             return;
         }
         self.crowded.1 += 1;
-        let queued = active.iter().any(|c| per_cpu.get(&c).copied().unwrap_or(0) >= 2);
-        let empty = active.iter().any(|c| per_cpu.get(&c).copied().unwrap_or(0) == 0);
+        let queued = active
+            .iter()
+            .any(|c| per_cpu.get(&c).copied().unwrap_or(0) >= 2);
+        let empty = active
+            .iter()
+            .any(|c| per_cpu.get(&c).copied().unwrap_or(0) == 0);
         if queued && empty {
             self.crowded.0 += 1;
         }
@@ -422,7 +455,12 @@ impl Sampler {
 
     /// Takes a snapshot at `now_ns` and returns the sample for the period since the previous
     /// one (`None` on the first call, which only primes the counters).
-    pub fn sample(&mut self, now_ns: u64, work: &WorkloadView, retention: &[(usize, RetentionCounters)]) -> Result<Option<PeriodSample>> {
+    pub fn sample(
+        &mut self,
+        now_ns: u64,
+        work: &WorkloadView,
+        retention: &[(usize, RetentionCounters)],
+    ) -> Result<Option<PeriodSample>> {
         if self.kernel.is_some() {
             return self.sample_kernel(now_ns, work, retention);
         }
@@ -430,24 +468,31 @@ impl Sampler {
         let out = self.sample_procfs(now_ns, work, retention);
         self.cost_ns += gleaner_sys::clock::own_thread_cpu_ns().saturating_sub(t0);
         if let Ok(Some(s)) = &out {
-            self.budget.account(std::mem::take(&mut self.cost_ns), s.period_ns);
+            self.budget
+                .account(std::mem::take(&mut self.cost_ns), s.period_ns);
         }
         out
     }
 
-    fn sample_procfs(&mut self, now_ns: u64, work: &WorkloadView, retention: &[(usize, RetentionCounters)]) -> Result<Option<PeriodSample>> {
+    fn sample_procfs(
+        &mut self,
+        now_ns: u64,
+        work: &WorkloadView,
+        retention: &[(usize, RetentionCounters)],
+    ) -> Result<Option<PeriodSample>> {
         let snap = self.snapshot(work, retention)?;
         // Under a tight budget the per-thread files are read every `stride` periods, and the
         // rate measured over those periods stands for each of them.
         self.switch_periods += 1;
-        let work_threads = if self.prev.is_none() || self.switch_periods >= self.budget.switch_stride() {
-            let (delta, threads) = self.switch_delta(&work.tids);
-            self.switch_rate = delta / self.switch_periods.max(1);
-            self.switch_periods = 0;
-            threads
-        } else {
-            work.tids.len() as u64
-        };
+        let work_threads =
+            if self.prev.is_none() || self.switch_periods >= self.budget.switch_stride() {
+                let (delta, threads) = self.switch_delta(&work.tids);
+                self.switch_rate = delta / self.switch_periods.max(1);
+                self.switch_periods = 0;
+                threads
+            } else {
+                work.tids.len() as u64
+            };
         let work_switches = self.switch_rate;
         let crowded = std::mem::take(&mut self.crowded);
         let Some(prev) = self.prev.replace(snap.clone()) else {
@@ -490,14 +535,30 @@ impl Sampler {
                 spread(total, &spare, period_ns, &mut vcpus);
             }
         }
-        let runnable_wait = (crowded.1 > 0).then(|| period_ns * crowded.0 as u64 / crowded.1 as u64);
-        Ok(Some(PeriodSample { period_ns, vcpus, work_switches, work_threads, work_runnable_wait_ns: runnable_wait, wake_latency: None, progress: None }))
+        let runnable_wait =
+            (crowded.1 > 0).then(|| period_ns * crowded.0 as u64 / crowded.1 as u64);
+        Ok(Some(PeriodSample {
+            period_ns,
+            vcpus,
+            work_switches,
+            work_threads,
+            work_runnable_wait_ns: runnable_wait,
+            wake_latency: None,
+            progress: None,
+        }))
     }
 
     /// One period from the BPF sampler's counters (plus steal from `/proc/stat`, the retention
     /// threads' own counters, and the process list for the program's workload map).
-    fn sample_kernel(&mut self, now_ns: u64, work: &WorkloadView, retention: &[(usize, RetentionCounters)]) -> Result<Option<PeriodSample>> {
-        let Some(kernel) = self.kernel.as_mut() else { return Ok(None) };
+    fn sample_kernel(
+        &mut self,
+        now_ns: u64,
+        work: &WorkloadView,
+        retention: &[(usize, RetentionCounters)],
+    ) -> Result<Option<PeriodSample>> {
+        let Some(kernel) = self.kernel.as_mut() else {
+            return Ok(None);
+        };
         kernel.set_workload(&work.pids);
         let counters = match kernel.read() {
             Ok(c) => c,
@@ -509,8 +570,23 @@ impl Sampler {
         let stat = self.procfs.stat()?;
         let now_retention: HashMap<usize, RetentionCounters> = retention.iter().copied().collect();
         let prev_counters = std::mem::replace(&mut self.kernel_prev, counters);
-        let steal_now: Vec<u64> = self.cpus.iter().map(|c| stat.per_cpu.iter().find(|p| p.cpu == c).map(|p| p.times.steal_ns).unwrap_or(0)).collect();
-        let snap = Snapshot { cpus: steal_now.iter().map(|&s| (0, 0, s, 0)).collect(), retention: now_retention, percpu_work: None, work_total_ns: 0 };
+        let steal_now: Vec<u64> = self
+            .cpus
+            .iter()
+            .map(|c| {
+                stat.per_cpu
+                    .iter()
+                    .find(|p| p.cpu == c)
+                    .map(|p| p.times.steal_ns)
+                    .unwrap_or(0)
+            })
+            .collect();
+        let snap = Snapshot {
+            cpus: steal_now.iter().map(|&s| (0, 0, s, 0)).collect(),
+            retention: now_retention,
+            percpu_work: None,
+            work_total_ns: 0,
+        };
         let Some(prev) = self.prev.replace(snap.clone()) else {
             self.prev_time_ns = now_ns;
             self.kernel_events = self.kernel_prev.iter().map(|c| c.events).sum();
@@ -544,26 +620,49 @@ impl Sampler {
             period_ns,
             vcpus,
             work_switches: switches,
-            work_threads: work.pids.iter().filter_map(|&p| self.procfs.task_stat(p, p).ok()).map(|s| s.num_threads as u64).sum(),
+            work_threads: work
+                .pids
+                .iter()
+                .filter_map(|&p| self.procfs.task_stat(p, p).ok())
+                .map(|s| s.num_threads as u64)
+                .sum(),
             work_runnable_wait_ns: Some(crowded_ns.min(period_ns)),
             wake_latency: Some(wake),
             progress: None,
         }))
     }
 
-    fn snapshot(&mut self, work: &WorkloadView, retention: &[(usize, RetentionCounters)]) -> Result<Snapshot> {
+    fn snapshot(
+        &mut self,
+        work: &WorkloadView,
+        retention: &[(usize, RetentionCounters)],
+    ) -> Result<Snapshot> {
         let stat = self.procfs.stat()?;
-        let timer = if self.precise_idle { self.procfs.timer_list().ok().flatten() } else { None };
+        let timer = if self.precise_idle {
+            self.procfs.timer_list().ok().flatten()
+        } else {
+            None
+        };
         let entries = self.entries.as_mut().map(|e| e.read()).unwrap_or_default();
         let mut cpus = Vec::with_capacity(self.cpus.len());
         for (i, cpu) in self.cpus.iter().enumerate() {
-            let times = stat.per_cpu.iter().find(|c| c.cpu == cpu).map(|c| c.times).unwrap_or_default();
+            let times = stat
+                .per_cpu
+                .iter()
+                .find(|c| c.cpu == cpu)
+                .map(|c| c.times)
+                .unwrap_or_default();
             let idle = timer
                 .as_ref()
                 .and_then(|t| t.iter().find(|c| c.cpu == cpu))
                 .map(|c| c.idle_sleeptime_ns + c.iowait_sleeptime_ns)
                 .unwrap_or(times.idle_ns + times.iowait_ns);
-            cpus.push((idle, entries.get(i).copied().unwrap_or(0), times.steal_ns, times.busy_ns()));
+            cpus.push((
+                idle,
+                entries.get(i).copied().unwrap_or(0),
+                times.steal_ns,
+                times.busy_ns(),
+            ));
         }
         // The per-CPU figures, when the back end has them, make the total unnecessary.
         let work_total_ns = match (work.total_work_ns, &work.percpu_work_ns) {
@@ -585,7 +684,9 @@ impl Sampler {
     fn process_clocks(&mut self, pids: &[u32]) -> u64 {
         let mut seen = HashMap::with_capacity(pids.len());
         for &pid in pids {
-            let Ok(start) = self.procfs.process_start_time(pid) else { continue };
+            let Ok(start) = self.procfs.process_start_time(pid) else {
+                continue;
+            };
             if let Some(ns) = process_cpu_ns(pid) {
                 seen.insert((pid, start), ns);
             }
@@ -604,8 +705,12 @@ impl Sampler {
         let mut delta = 0;
         let mut seen = HashMap::with_capacity(tids.len());
         for &(pid, tid) in tids {
-            let Ok(stat) = self.procfs.task_stat(pid, tid) else { continue };
-            let Ok(status) = self.procfs.task_status(pid, tid) else { continue };
+            let Ok(stat) = self.procfs.task_stat(pid, tid) else {
+                continue;
+            };
+            let Ok(status) = self.procfs.task_status(pid, tid) else {
+                continue;
+            };
             let total = status.voluntary_ctxt_switches + status.nonvoluntary_ctxt_switches;
             let key = (tid, stat.start_ticks);
             // A thread seen for the first time contributes nothing this period: its past
@@ -625,7 +730,10 @@ impl Sampler {
 /// have one as state 0; with driver `none` there is none).
 fn poll_state_index(sysfs: &SysFs, cpu: usize) -> Option<usize> {
     // States are numbered from 0 without gaps; the first missing one ends the list.
-    (0..16).map_while(|i| sysfs.cpuidle_state_name(cpu, i).ok().map(|name| (i, name))).find(|(_, name)| name == "POLL").map(|(i, _)| i)
+    (0..16)
+        .map_while(|i| sysfs.cpuidle_state_name(cpu, i).ok().map(|name| (i, name)))
+        .find(|(_, name)| name == "POLL")
+        .map(|(i, _)| i)
 }
 
 /// Spreads `total` workload ns over vCPUs in proportion to their non-retention busy time,
@@ -681,11 +789,20 @@ mod tests {
         assert_eq!((d0.idle_entries, d1.work_ns), (5, 3_000));
         // Only the wake-ups of this period: the 20 µs one from before is gone.
         assert_eq!((d1.wake.halted.count, d1.wake.halted.sum_ns), (1, 40_000));
-        assert_eq!(d1.wake.halted.buckets[LatencyHistogram::bucket_of(20_000)], 0);
-        assert_eq!(d1.wake.halted.buckets[LatencyHistogram::bucket_of(40_000)], 1);
+        assert_eq!(
+            d1.wake.halted.buckets[LatencyHistogram::bucket_of(20_000)],
+            0
+        );
+        assert_eq!(
+            d1.wake.halted.buckets[LatencyHistogram::bucket_of(40_000)],
+            1
+        );
         let mut all = d0.wake.clone();
         all.merge(&d1.wake);
-        assert_eq!((all.running.count, all.polling.count, all.halted.count), (0, 1, 1));
+        assert_eq!(
+            (all.running.count, all.polling.count, all.halted.count),
+            (0, 1, 1)
+        );
         // A CPU the program never reported (offline) reads as zero, not as an error.
         assert_eq!(kernel_delta(&now, &before, 7), CpuCounters::default());
         // Counters that went backwards (a reloaded program) give zero, not a huge number.
@@ -696,7 +813,10 @@ mod tests {
     fn procfs_budget_thins_reads_when_over_budget_and_recovers_when_cheap() {
         let mut b = ProcfsBudget::new(0.005);
         let period = 100_000_000;
-        assert_eq!((b.switch_stride(), b.runnable_window(), b.runnable_every()), (1, 32, 1));
+        assert_eq!(
+            (b.switch_stride(), b.runnable_window(), b.runnable_every()),
+            (1, 32, 1)
+        );
         // 2 ms of sampling per 100 ms period is 2 %: four times over a 0.5 % budget.
         for _ in 0..20 {
             b.account(2_000_000, period);
@@ -730,7 +850,11 @@ mod tests {
         let stride = s.budget.switch_stride();
         assert!(stride > 1);
         let me = std::process::id();
-        let view = WorkloadView { pids: vec![me], tids: vec![(me, me)], ..Default::default() };
+        let view = WorkloadView {
+            pids: vec![me],
+            tids: vec![(me, me)],
+            ..Default::default()
+        };
         assert!(s.sample_procfs(0, &view, &[]).unwrap().is_none());
         // Periods between reads carry the last measured rate, and the thread count.
         let sample = s.sample_procfs(100_000_000, &view, &[]).unwrap().unwrap();
@@ -740,11 +864,19 @@ mod tests {
 
     #[test]
     fn spreads_work_by_spare_busy_time() {
-        let mut v = vec![VcpuSample { cpu: 0, ..Default::default() }, VcpuSample { cpu: 1, ..Default::default() }];
+        let mut v = vec![
+            VcpuSample {
+                cpu: 0,
+                ..Default::default()
+            },
+            VcpuSample {
+                cpu: 1,
+                ..Default::default()
+            },
+        ];
         spread(90, &[20, 10], 1000, &mut v);
         assert_eq!((v[0].work_ns, v[1].work_ns), (60, 30));
         spread(5000, &[0, 0], 1000, &mut v);
         assert_eq!((v[0].work_ns, v[1].work_ns), (1000, 1000));
     }
-
 }

@@ -127,7 +127,8 @@ pub fn status_path(state_dir: &Path, pid: u32) -> PathBuf {
 
 /// Replaces the status file atomically with mode 0600.
 pub fn write_status(path: &Path, status: &InstanceStatus) -> Result<()> {
-    let text = serde_json::to_vec_pretty(status).map_err(|e| Error::parse(path, "status", &e.to_string()))?;
+    let text = serde_json::to_vec_pretty(status)
+        .map_err(|e| Error::parse(path, "status", &e.to_string()))?;
     write_private_atomic(path, &text, Durability::Volatile)
 }
 
@@ -142,12 +143,18 @@ pub fn read_statuses(state_dir: &Path) -> Result<Vec<InstanceStatus>> {
     for entry in entries.flatten() {
         let path = entry.path();
         let name = entry.file_name().to_string_lossy().to_string();
-        let Some(pid) = name.strip_suffix(".status").and_then(|p| p.parse::<u32>().ok()) else { continue };
+        let Some(pid) = name
+            .strip_suffix(".status")
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
         if !Path::new(&format!("/proc/{pid}")).exists() {
             continue;
         }
         let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-        let status: InstanceStatus = serde_json::from_str(&text).map_err(|e| Error::parse(&path, "status file", &e.to_string()))?;
+        let status: InstanceStatus = serde_json::from_str(&text)
+            .map_err(|e| Error::parse(&path, "status file", &e.to_string()))?;
         out.push(status);
     }
     out.sort_by_key(|s| s.pid);
@@ -164,13 +171,21 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let me = std::process::id();
         let path = status_path(dir.path(), me);
-        let s = InstanceStatus { pid: me, active: "0".into(), ..Default::default() };
+        let s = InstanceStatus {
+            pid: me,
+            active: "0".into(),
+            ..Default::default()
+        };
         write_status(&path, &s).unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
         assert_eq!(read_statuses(dir.path()).unwrap(), vec![s]);
         // A dead instance's file is ignored.
-        write_status(&status_path(dir.path(), u32::MAX - 1), &InstanceStatus::default()).unwrap();
+        write_status(
+            &status_path(dir.path(), u32::MAX - 1),
+            &InstanceStatus::default(),
+        )
+        .unwrap();
         assert_eq!(read_statuses(dir.path()).unwrap().len(), 1);
     }
 }

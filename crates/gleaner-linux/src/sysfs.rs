@@ -131,7 +131,9 @@ impl SysFs {
 
     /// The name of `cpu`'s idle state `index` (`POLL`, `HALT`, `C1`, ...).
     pub fn cpuidle_state_name(&self, cpu: usize, index: usize) -> Result<String> {
-        let path = self.cpu_dir().join(format!("cpu{cpu}/cpuidle/state{index}/name"));
+        let path = self
+            .cpu_dir()
+            .join(format!("cpu{cpu}/cpuidle/state{index}/name"));
         Ok(read_file(&path)?.trim().to_string())
     }
 
@@ -146,7 +148,12 @@ impl SysFs {
         let mut dirs: Vec<(usize, PathBuf)> = entries
             .filter_map(|e| e.ok())
             .filter_map(|e| {
-                let index = e.file_name().to_str()?.strip_prefix("state")?.parse().ok()?;
+                let index = e
+                    .file_name()
+                    .to_str()?
+                    .strip_prefix("state")?
+                    .parse()
+                    .ok()?;
                 Some((index, e.path()))
             })
             .collect();
@@ -158,7 +165,10 @@ impl SysFs {
     /// (`kernel/tracing`, or the older `kernel/debug/tracing`); `None` when neither has it.
     pub fn tracepoint_id(&self, group: &str, event: &str) -> Result<Option<u64>> {
         for tracefs in ["kernel/tracing", "kernel/debug/tracing"] {
-            let path = self.root.join(tracefs).join(format!("events/{group}/{event}/id"));
+            let path = self
+                .root
+                .join(tracefs)
+                .join(format!("events/{group}/{event}/id"));
             match read_num(&path, "tracepoint id") {
                 Ok(id) => return Ok(Some(id)),
                 Err(e) if e.is_not_found() || matches!(e, Error::PermissionDenied { .. }) => {}
@@ -206,7 +216,10 @@ impl SysFs {
 
     pub fn set_pm_qos_resume_latency(&self, cpu: usize, value: PmQosLatency) -> Result<()> {
         write_file(&self.pm_qos_path(cpu), &value.to_string()).map_err(|e| match e {
-            Error::PermissionDenied { path, .. } => Error::PermissionDenied { path, fix: FIX_PM_QOS },
+            Error::PermissionDenied { path, .. } => Error::PermissionDenied {
+                path,
+                fix: FIX_PM_QOS,
+            },
             e => e,
         })
     }
@@ -295,7 +308,9 @@ mod tests {
         let s = SysFs::new(r);
         assert_eq!(s.cpuidle_usage(0).unwrap(), Some(3 * 42));
         assert_eq!(
-            (0..2).map(|i| s.cpuidle_state_name(0, i).unwrap()).collect::<Vec<_>>(),
+            (0..2)
+                .map(|i| s.cpuidle_state_name(0, i).unwrap())
+                .collect::<Vec<_>>(),
             vec!["POLL", "HALT"]
         );
         assert!(s.cpuidle_state_name(0, 2).unwrap_err().is_not_found());

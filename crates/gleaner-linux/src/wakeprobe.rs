@@ -33,8 +33,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::pmqos::PollRetention;
 use crate::procfs::{CpuTimes, ProcFs};
-use crate::sysfs::{PmQosLatency, SysFs};
 use crate::retention::{RetentionError, RetentionMode, RetentionPool, YielderParams};
+use crate::sysfs::{PmQosLatency, SysFs};
 use gleaner_sys::affinity::{pin_current_thread, set_current_thread_affinity, thread_affinity};
 use gleaner_sys::clock::{monotonic_ns as now_ns, sleep_ns};
 use gleaner_sys::futex;
@@ -434,7 +434,10 @@ pub fn quick_calibration() -> Result<QuickCalibration, ProbeError> {
     )?;
     let (busy_p50_ns, halted_p50_ns) = (busy.latency.p50_ns, halted.latency.p50_ns);
     let mut host_poll_ns = 0;
-    let window_cfg = ProbeConfig { samples: 25, ..halted_cfg };
+    let window_cfg = ProbeConfig {
+        samples: 25,
+        ..halted_cfg
+    };
     for gap in POLL_WINDOW_GAPS_NS {
         let p = run_point(Setting::Halted, waker, wakee, gap, &window_cfg, |_| {})?;
         // "About what a busy wake costs": within a quarter of the way to the full halted cost.
@@ -783,7 +786,9 @@ fn cpu_times(proc: &ProcFs, cpu: Option<usize>) -> crate::Result<CpuTimes> {
             .iter()
             .find(|c| c.cpu == n)
             .map(|c| c.times)
-            .ok_or_else(|| crate::Error::parse(proc.root().join("stat"), format!("cpu{n} line"), "")),
+            .ok_or_else(|| {
+                crate::Error::parse(proc.root().join("stat"), format!("cpu{n} line"), "")
+            }),
     }
 }
 
@@ -832,19 +837,45 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let proc = ProcFs::with_clock_ticks(dir.path(), 100);
         let rest = "ctxt 1\nprocs_running 1\nprocs_blocked 0\n";
-        fs::write(dir.path().join("stat"), format!("cpu  100 0 50 800 0 0 0 50 0 0\ncpu0 1 2 3 4 5 6 7 8\n{rest}")).unwrap();
+        fs::write(
+            dir.path().join("stat"),
+            format!("cpu  100 0 50 800 0 0 0 50 0 0\ncpu0 1 2 3 4 5 6 7 8\n{rest}"),
+        )
+        .unwrap();
         let before = cpu_times(&proc, None).unwrap();
-        fs::write(dir.path().join("stat"), format!("cpu  200 0 100 1400 100 0 0 200 30 0\ncpu0 1 2 3 4 5 6 7 8\n{rest}")).unwrap();
+        fs::write(
+            dir.path().join("stat"),
+            format!("cpu  200 0 100 1400 100 0 0 200 30 0\ncpu0 1 2 3 4 5 6 7 8\n{rest}"),
+        )
+        .unwrap();
         let after = cpu_times(&proc, None).unwrap();
-        assert_eq!((before.total_ns(), before.idle_ns, before.steal_ns), (10_000_000_000, 8_000_000_000, 500_000_000));
+        assert_eq!(
+            (before.total_ns(), before.idle_ns, before.steal_ns),
+            (10_000_000_000, 8_000_000_000, 500_000_000)
+        );
         assert!((after.steal_fraction_since(&before) - 0.15).abs() < 1e-9);
         assert!((after.busy_fraction_since(&before) - 0.3).abs() < 1e-9);
         assert_eq!(after.steal_fraction_since(&after), 0.0);
-        fs::write(dir.path().join("stat"), format!("cpu  9 9 9 9 9 9 9 9\ncpu1 1 2 3 4 5 6 7 8\n{rest}")).unwrap();
+        fs::write(
+            dir.path().join("stat"),
+            format!("cpu  9 9 9 9 9 9 9 9\ncpu1 1 2 3 4 5 6 7 8\n{rest}"),
+        )
+        .unwrap();
         let cpu1 = cpu_times(&proc, Some(1)).unwrap();
-        assert_eq!((cpu1.total_ns(), cpu1.idle_ns + cpu1.iowait_ns, cpu1.steal_ns), (360_000_000, 90_000_000, 80_000_000));
+        assert_eq!(
+            (
+                cpu1.total_ns(),
+                cpu1.idle_ns + cpu1.iowait_ns,
+                cpu1.steal_ns
+            ),
+            (360_000_000, 90_000_000, 80_000_000)
+        );
         assert!(cpu_times(&proc, Some(10)).is_err());
-        fs::write(dir.path().join("stat"), format!("cpu  1 2 3 x 5 6 7 8\ncpu0 1 2 3 4 5 6 7 8\n{rest}")).unwrap();
+        fs::write(
+            dir.path().join("stat"),
+            format!("cpu  1 2 3 x 5 6 7 8\ncpu0 1 2 3 4 5 6 7 8\n{rest}"),
+        )
+        .unwrap();
         assert!(cpu_times(&proc, None).is_err());
         fs::write(dir.path().join("stat"), format!("cpu  1 2 3\n{rest}")).unwrap();
         assert!(cpu_times(&proc, None).is_err());

@@ -47,7 +47,17 @@ fn msg<E: std::fmt::Display>(e: E) -> String {
 }
 
 const TARGETS: &[Target] = &[
-    Target { name: "proc_stat", path: "proc/stat", run: |r| proc_of(r).stat().map(drop).and(proc_of(r).online_cpus().map(drop)).map_err(msg) },
+    Target {
+        name: "proc_stat",
+        path: "proc/stat",
+        run: |r| {
+            proc_of(r)
+                .stat()
+                .map(drop)
+                .and(proc_of(r).online_cpus().map(drop))
+                .map_err(msg)
+        },
+    },
     Target {
         name: "timer_list",
         path: "proc/timer_list",
@@ -56,9 +66,25 @@ const TARGETS: &[Target] = &[
             proc_of(r).timer_list().map(drop).map_err(msg)
         },
     },
-    Target { name: "pressure", path: "proc/pressure/cpu", run: |r| gleaner_linux::procfs::read_pressure(&r.join("proc/pressure/cpu")).map(drop).map_err(msg) },
-    Target { name: "loadavg", path: "proc/loadavg", run: |r| proc_of(r).loadavg().map(drop).map_err(msg) },
-    Target { name: "cpuinfo", path: "proc/cpuinfo", run: |r| proc_of(r).hypervisor_flag().map(drop).map_err(msg) },
+    Target {
+        name: "pressure",
+        path: "proc/pressure/cpu",
+        run: |r| {
+            gleaner_linux::procfs::read_pressure(&r.join("proc/pressure/cpu"))
+                .map(drop)
+                .map_err(msg)
+        },
+    },
+    Target {
+        name: "loadavg",
+        path: "proc/loadavg",
+        run: |r| proc_of(r).loadavg().map(drop).map_err(msg),
+    },
+    Target {
+        name: "cpuinfo",
+        path: "proc/cpuinfo",
+        run: |r| proc_of(r).hypervisor_flag().map(drop).map_err(msg),
+    },
     Target {
         name: "interrupts",
         path: "proc/interrupts",
@@ -68,13 +94,34 @@ const TARGETS: &[Target] = &[
             proc_of(r).reschedule_interrupts().map(drop).map_err(msg)
         },
     },
-    Target { name: "proc_status", path: "proc/7/status", run: |r| proc_of(r).process_status(7).map(|s| { let _ = s.is_dying(); }).map_err(msg) },
-    Target { name: "boot_id", path: "proc/sys/kernel/random/boot_id", run: |r| proc_of(r).boot_id().map(drop).map_err(msg) },
+    Target {
+        name: "proc_status",
+        path: "proc/7/status",
+        run: |r| {
+            proc_of(r)
+                .process_status(7)
+                .map(|s| {
+                    let _ = s.is_dying();
+                })
+                .map_err(msg)
+        },
+    },
+    Target {
+        name: "boot_id",
+        path: "proc/sys/kernel/random/boot_id",
+        run: |r| proc_of(r).boot_id().map(drop).map_err(msg),
+    },
     Target {
         name: "mountinfo",
         path: "proc/self/mountinfo",
         // Through the parser and through back-end detection, which acts on what it finds.
-        run: |r| proc_of(r).mountinfo().map(drop).and(gleaner_linux::detect(&proc_of(r), r).map(drop)).map_err(msg),
+        run: |r| {
+            proc_of(r)
+                .mountinfo()
+                .map(drop)
+                .and(gleaner_linux::detect(&proc_of(r), r).map(drop))
+                .map_err(msg)
+        },
     },
     Target {
         name: "task_stat",
@@ -82,46 +129,88 @@ const TARGETS: &[Target] = &[
         run: |r| {
             let p = proc_of(r);
             let _ = fs::copy(r.join("proc/7/task/7/stat"), r.join("proc/7/stat"));
-            p.task_stat(7, 7).map(drop).and(p.process_start_time(7).map(drop)).and(p.process_tree(7).map(drop)).map_err(msg)
+            p.task_stat(7, 7)
+                .map(drop)
+                .and(p.process_start_time(7).map(drop))
+                .and(p.process_tree(7).map(drop))
+                .map_err(msg)
         },
     },
-    Target { name: "task_status", path: "proc/7/task/7/status", run: |r| proc_of(r).task_status(7, 7).map(drop).map_err(msg) },
-    Target { name: "proc_cgroup", path: "proc/7/cgroup", run: |r| proc_of(r).cgroup_of(7).map(drop).map_err(msg) },
-    Target { name: "children", path: "proc/7/task/7/children", run: |r| proc_of(r).children(7).map(drop).map_err(msg) },
+    Target {
+        name: "task_status",
+        path: "proc/7/task/7/status",
+        run: |r| proc_of(r).task_status(7, 7).map(drop).map_err(msg),
+    },
+    Target {
+        name: "proc_cgroup",
+        path: "proc/7/cgroup",
+        run: |r| proc_of(r).cgroup_of(7).map(drop).map_err(msg),
+    },
+    Target {
+        name: "children",
+        path: "proc/7/task/7/children",
+        run: |r| proc_of(r).children(7).map(drop).map_err(msg),
+    },
     Target {
         name: "cpulist",
         path: "sys/devices/system/cpu/online",
         run: |r| {
-            let text = String::from_utf8_lossy(&fs::read(r.join("sys/devices/system/cpu/online")).unwrap_or_default()).into_owned();
+            let text = String::from_utf8_lossy(
+                &fs::read(r.join("sys/devices/system/cpu/online")).unwrap_or_default(),
+            )
+            .into_owned();
             // `CpusetParseError` quotes its whole input (gleaner-policy), so only "no panic"
             // is asserted for the direct parse; the reader's error is checked in full.
             let _ = text.parse::<Cpuset>();
-            SysFs::new(r.join("sys")).online_cpus().map(drop).map_err(msg)
+            SysFs::new(r.join("sys"))
+                .online_cpus()
+                .map(drop)
+                .map_err(msg)
         },
     },
     Target {
         name: "pm_qos",
         path: "sys/devices/system/cpu/cpu0/power/pm_qos_resume_latency_us",
         run: |r| {
-            let text = String::from_utf8_lossy(&fs::read(r.join("sys/devices/system/cpu/cpu0/power/pm_qos_resume_latency_us")).unwrap_or_default()).into_owned();
+            let text = String::from_utf8_lossy(
+                &fs::read(r.join("sys/devices/system/cpu/cpu0/power/pm_qos_resume_latency_us"))
+                    .unwrap_or_default(),
+            )
+            .into_owned();
             let _ = text.parse::<PmQosLatency>();
-            SysFs::new(r.join("sys")).pm_qos_resume_latency(0).map(drop).map_err(msg).and(poll_retention(r))
+            SysFs::new(r.join("sys"))
+                .pm_qos_resume_latency(0)
+                .map(drop)
+                .map_err(msg)
+                .and(poll_retention(r))
         },
     },
-    Target { name: "cpuidle_name", path: "sys/devices/system/cpu/cpu0/cpuidle/state0/name", run: poll_retention },
+    Target {
+        name: "cpuidle_name",
+        path: "sys/devices/system/cpu/cpu0/cpuidle/state0/name",
+        run: poll_retention,
+    },
     Target {
         name: "cpuidle_usage",
         path: "sys/devices/system/cpu/cpu0/cpuidle/state0/usage",
         run: |r| {
             IdleEntryCounter::open(&r.join("sys"), &r.join("noproc"), &[0]).read();
             let sys = SysFs::new(r.join("sys"));
-            sys.cpuidle_usage(0).map(drop).and(sys.cpuidle_state_name(0, 0).map(drop)).map_err(msg)
+            sys.cpuidle_usage(0)
+                .map(drop)
+                .and(sys.cpuidle_state_name(0, 0).map(drop))
+                .map_err(msg)
         },
     },
     Target {
         name: "tracepoint_id",
         path: "sys/kernel/tracing/events/power/cpu_idle/id",
-        run: |r| SysFs::new(r.join("sys")).tracepoint_id("power", "cpu_idle").map(drop).map_err(msg),
+        run: |r| {
+            SysFs::new(r.join("sys"))
+                .tracepoint_id("power", "cpu_idle")
+                .map(drop)
+                .map_err(msg)
+        },
     },
     Target {
         name: "haltpoll_param",
@@ -129,17 +218,30 @@ const TARGETS: &[Target] = &[
         // Through the reader and the wake probe's machine facts, which report them.
         run: |r| {
             machine_facts(&r.join("sys"), &r.join("proc")).map_err(msg)?;
-            SysFs::new(r.join("sys")).haltpoll_params().map(drop).map_err(msg)
+            SysFs::new(r.join("sys"))
+                .haltpoll_params()
+                .map(drop)
+                .map_err(msg)
         },
     },
-    Target { name: "cgroup_procs", path: "cg/cpuset/work/cgroup.procs", run: |r| with_v1(r, |cg| cg.workload_tids().map(drop).map_err(msg)) },
-    Target { name: "cpuacct_usage_percpu", path: "cg/cpuacct/work/cpuacct.usage_percpu", run: |r| with_v1(r, |cg| cg.per_cpu_work_ns().map(drop).map_err(msg)) },
+    Target {
+        name: "cgroup_procs",
+        path: "cg/cpuset/work/cgroup.procs",
+        run: |r| with_v1(r, |cg| cg.workload_tids().map(drop).map_err(msg)),
+    },
+    Target {
+        name: "cpuacct_usage_percpu",
+        path: "cg/cpuacct/work/cpuacct.usage_percpu",
+        run: |r| with_v1(r, |cg| cg.per_cpu_work_ns().map(drop).map_err(msg)),
+    },
     Target {
         name: "journal",
         path: "run/1.json",
         run: |r| {
             let one = Journal::load(&r.join("run/1.json")).map(drop).map_err(msg);
-            let all = stale_journals(&r.join("run"), &proc_of(r)).map(drop).map_err(msg);
+            let all = stale_journals(&r.join("run"), &proc_of(r))
+                .map(drop)
+                .map_err(msg);
             one.and(all)
         },
     },
@@ -149,7 +251,10 @@ const TARGETS: &[Target] = &[
         path: "status/self.status",
         run: |r| {
             let dir = r.join("status");
-            let _ = fs::rename(dir.join("self.status"), dir.join(format!("{}.status", std::process::id())));
+            let _ = fs::rename(
+                dir.join("self.status"),
+                dir.join(format!("{}.status", std::process::id())),
+            );
             read_statuses(&dir).map(drop).map_err(msg)
         },
     },
@@ -169,7 +274,9 @@ fn poll_retention(root: &Path) -> Result<(), String> {
         }
     }
     let hook: OriginalHook = Box::new(|_, _: &Path, _| Ok(()));
-    PollRetention::new(&SysFs::new(root.join("sys")), &Cpuset::first_n(1), hook).map(drop).map_err(msg)
+    PollRetention::new(&SysFs::new(root.join("sys")), &Cpuset::first_n(1), hook)
+        .map(drop)
+        .map_err(msg)
 }
 
 /// Attaches the v1 back end to a fake cpuset group `cg/cpuset/work` (with cpuacct twin);
@@ -186,9 +293,19 @@ fn with_v1(root: &Path, f: impl FnOnce(&CgroupV1) -> Result<(), String>) -> Resu
             put(&file, text.as_bytes());
         }
     }
-    put(&root.join("proc/7/task/7/stat"), b"7 (w) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 100 0 0\n");
-    let env = PlacementEnv { proc: proc_of(root), affinity: Arc::new(SchedAffinity), journal: None };
-    let mounts = V1Mounts { cpuset: cpuset.clone(), cpuacct: Some(cpuacct) };
+    put(
+        &root.join("proc/7/task/7/stat"),
+        b"7 (w) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 100 0 0\n",
+    );
+    let env = PlacementEnv {
+        proc: proc_of(root),
+        affinity: Arc::new(SchedAffinity),
+        journal: None,
+    };
+    let mounts = V1Mounts {
+        cpuset: cpuset.clone(),
+        cpuacct: Some(cpuacct),
+    };
     let cg = CgroupV1::attach(env, mounts, &cpuset.join("work")).map_err(msg)?;
     f(&cg)
 }
@@ -204,12 +321,23 @@ fn check(target: &Target, bytes: &[u8]) -> Result<(), TestCaseError> {
     put(&dir.path().join(target.path), bytes);
     let outcome = std::panic::catch_unwind(|| (target.run)(dir.path()));
     let Ok(result) = outcome else {
-        return Err(TestCaseError::fail(format!("{}: panicked on {} bytes: {:?}", target.name, bytes.len(), preview(bytes))));
+        return Err(TestCaseError::fail(format!(
+            "{}: panicked on {} bytes: {:?}",
+            target.name,
+            bytes.len(),
+            preview(bytes)
+        )));
     };
     if let Err(e) = result {
         prop_assert!(!e.trim().is_empty(), "{}: empty error message", target.name);
         // Errors quote a short snippet, never the whole (possibly huge) file.
-        prop_assert!(e.len() <= 2048 + bytes.len().min(600), "{}: {}-byte error message for {} bytes of input", target.name, e.len(), bytes.len());
+        prop_assert!(
+            e.len() <= 2048 + bytes.len().min(600),
+            "{}: {}-byte error message for {} bytes of input",
+            target.name,
+            e.len(),
+            bytes.len()
+        );
     }
     Ok(())
 }
@@ -219,12 +347,16 @@ fn preview(bytes: &[u8]) -> String {
 }
 
 fn corpus_dir(target: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus").join(target)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fuzz/corpus")
+        .join(target)
 }
 
 /// The committed seeds of one target.
 fn seeds(target: &str) -> Vec<Vec<u8>> {
-    let mut files: Vec<PathBuf> = fs::read_dir(corpus_dir(target)).map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.path()).collect()).unwrap_or_default();
+    let mut files: Vec<PathBuf> = fs::read_dir(corpus_dir(target))
+        .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+        .unwrap_or_default();
     files.sort();
     files.iter().filter_map(|f| fs::read(f).ok()).collect()
 }
@@ -232,7 +364,11 @@ fn seeds(target: &str) -> Vec<Vec<u8>> {
 #[test]
 fn every_target_has_a_seed_corpus() {
     for t in TARGETS {
-        assert!(!seeds(t.name).is_empty(), "no seeds in {}", corpus_dir(t.name).display());
+        assert!(
+            !seeds(t.name).is_empty(),
+            "no seeds in {}",
+            corpus_dir(t.name).display()
+        );
     }
 }
 

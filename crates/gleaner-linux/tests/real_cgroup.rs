@@ -44,7 +44,11 @@ fn skipped(test: &str, why: &str) {
     use std::io::Write;
     eprintln!("{test}: skipped: {why}");
     let log = Path::new(env!("CARGO_TARGET_TMPDIR")).join("skipped-tests.log");
-    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(log) {
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+    {
         let _ = writeln!(f, "{test}: {why}");
     }
 }

@@ -39,7 +39,13 @@ pub fn characterize(sample: &PeriodSample, active: &Cpuset) -> Characteristics {
         steal += v.steal_ns;
         max_util = max_util.max(util);
     }
-    let per = |num: u64, den: u64| if den == 0 { num as f64 } else { num as f64 / den as f64 };
+    let per = |num: u64, den: u64| {
+        if den == 0 {
+            num as f64
+        } else {
+            num as f64 / den as f64
+        }
+    };
     let secs = period / 1e9;
     Characteristics {
         l_comp_ns: per(t_work, s_yield),
@@ -47,9 +53,19 @@ pub fn characterize(sample: &PeriodSample, active: &Cpuset) -> Characteristics {
         l_idle_ns: per(t_idle, s_yield),
         max_vcpu_util: max_util.min(1.0),
         total_util,
-        idle_periods_per_sec: if n_active == 0 { 0.0 } else { s_yield as f64 / n_active as f64 / secs },
-        steal_fraction: if n_active == 0 { 0.0 } else { steal as f64 / (n_active as f64 * period) },
-        runnable_wait_fraction: sample.work_runnable_wait_ns.map_or(0.0, |w| (w as f64 / period).min(1.0)),
+        idle_periods_per_sec: if n_active == 0 {
+            0.0
+        } else {
+            s_yield as f64 / n_active as f64 / secs
+        },
+        steal_fraction: if n_active == 0 {
+            0.0
+        } else {
+            steal as f64 / (n_active as f64 * period)
+        },
+        runnable_wait_fraction: sample
+            .work_runnable_wait_ns
+            .map_or(0.0, |w| (w as f64 / period).min(1.0)),
     }
 }
 
@@ -65,9 +81,23 @@ mod tests {
         // 2 ms work, 1 ms idle, one idle period; two thread switches per vCPU.
         let t = 1_000_000;
         let vcpus = (0..3)
-            .map(|cpu| VcpuSample { cpu, work_ns: 2 * t, idle_ns: t, idle_entries: 1, ..Default::default() })
+            .map(|cpu| VcpuSample {
+                cpu,
+                work_ns: 2 * t,
+                idle_ns: t,
+                idle_entries: 1,
+                ..Default::default()
+            })
             .collect();
-        let s = PeriodSample { period_ns: 3 * t, vcpus, work_switches: 6, work_threads: 3, work_runnable_wait_ns: None, wake_latency: None, progress: None };
+        let s = PeriodSample {
+            period_ns: 3 * t,
+            vcpus,
+            work_switches: 6,
+            work_threads: 3,
+            work_runnable_wait_ns: None,
+            wake_latency: None,
+            progress: None,
+        };
         let c = characterize(&s, &Cpuset::first_n(3));
         assert_eq!(c.l_comp_ns, 2.0 * t as f64);
         assert_eq!(c.g_comp_ns, t as f64);

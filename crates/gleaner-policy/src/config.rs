@@ -43,10 +43,17 @@ impl std::fmt::Display for Mode {
 impl std::str::FromStr for Mode {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        [Mode::Full, Mode::Retention, Mode::Consolidation, Mode::AlwaysYield]
-            .into_iter()
-            .find(|m| m.name() == s)
-            .ok_or_else(|| format!("unknown mode {s:?}: use full, retention, consolidation or always-yield"))
+        [
+            Mode::Full,
+            Mode::Retention,
+            Mode::Consolidation,
+            Mode::AlwaysYield,
+        ]
+        .into_iter()
+        .find(|m| m.name() == s)
+        .ok_or_else(|| {
+            format!("unknown mode {s:?}: use full, retention, consolidation or always-yield")
+        })
     }
 }
 
@@ -129,7 +136,11 @@ pub enum ConfigError {
     #[error("{name} = {value} is outside (0, 1]: set it to a value such as 0.9")]
     FactorOutOfRange { name: &'static str, value: f64 },
     #[error("{name} = {value} is invalid: {fix}")]
-    Invalid { name: &'static str, value: String, fix: &'static str },
+    Invalid {
+        name: &'static str,
+        value: String,
+        fix: &'static str,
+    },
     #[error("the allowed CPU set is empty: give the workload at least one CPU")]
     EmptyAllowedSet,
 }
@@ -176,13 +187,25 @@ impl PolicyConfig {
             });
         }
         if self.min_time_slice_ns == 0 {
-            return Err(ConfigError::Invalid { name: "min_time_slice_ns", value: "0".into(), fix: "use the guest's slice, e.g. 3000000" });
+            return Err(ConfigError::Invalid {
+                name: "min_time_slice_ns",
+                value: "0".into(),
+                fix: "use the guest's slice, e.g. 3000000",
+            });
         }
         if self.retention_timeout_ns == 0 {
-            return Err(ConfigError::Invalid { name: "retention_timeout_ns", value: "0".into(), fix: "use a hold such as 30000, or let gleaner derive it" });
+            return Err(ConfigError::Invalid {
+                name: "retention_timeout_ns",
+                value: "0".into(),
+                fix: "use a hold such as 30000, or let gleaner derive it",
+            });
         }
         if self.max_backoff_periods == 0 {
-            return Err(ConfigError::Invalid { name: "max_backoff_periods", value: "0".into(), fix: "use at least 1, e.g. 64" });
+            return Err(ConfigError::Invalid {
+                name: "max_backoff_periods",
+                value: "0".into(),
+                fix: "use at least 1, e.g. 64",
+            });
         }
         Ok(())
     }

@@ -72,7 +72,9 @@ impl Cpuset {
 
     pub fn iter(&self) -> impl Iterator<Item = usize> + '_ {
         self.words.iter().enumerate().flat_map(|(i, &w)| {
-            (0..64).filter(move |b| w & (1u64 << b) != 0).map(move |b| i * 64 + b)
+            (0..64)
+                .filter(move |b| w & (1u64 << b) != 0)
+                .map(move |b| i * 64 + b)
         })
     }
 
@@ -93,7 +95,12 @@ impl Cpuset {
 
     pub fn intersection(&self, other: &Cpuset) -> Cpuset {
         let mut c = Cpuset {
-            words: self.words.iter().zip(&other.words).map(|(a, b)| a & b).collect(),
+            words: self
+                .words
+                .iter()
+                .zip(&other.words)
+                .map(|(a, b)| a & b)
+                .collect(),
         };
         c.trim();
         c
@@ -102,7 +109,9 @@ impl Cpuset {
     pub fn union(&self, other: &Cpuset) -> Cpuset {
         let n = self.words.len().max(other.words.len());
         let words = (0..n)
-            .map(|i| self.words.get(i).copied().unwrap_or(0) | other.words.get(i).copied().unwrap_or(0))
+            .map(|i| {
+                self.words.get(i).copied().unwrap_or(0) | other.words.get(i).copied().unwrap_or(0)
+            })
             .collect();
         Cpuset { words }
     }
@@ -148,7 +157,10 @@ impl FromStr for Cpuset {
         if s.is_empty() {
             return Ok(set);
         }
-        let bad = |reason| CpusetParseError::Malformed { input: input.to_string(), reason };
+        let bad = |reason| CpusetParseError::Malformed {
+            input: input.to_string(),
+            reason,
+        };
         for part in s.split(',') {
             let part = part.trim();
             if part.is_empty() {
@@ -175,11 +187,20 @@ impl FromStr for Cpuset {
 fn parse_id(s: &str, input: &str) -> Result<usize, CpusetParseError> {
     let s = s.trim();
     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(CpusetParseError::Malformed { input: input.to_string(), reason: "not a CPU number" });
+        return Err(CpusetParseError::Malformed {
+            input: input.to_string(),
+            reason: "not a CPU number",
+        });
     }
-    let id: usize = s.parse().map_err(|_| CpusetParseError::TooLarge { input: input.to_string(), id: usize::MAX })?;
+    let id: usize = s.parse().map_err(|_| CpusetParseError::TooLarge {
+        input: input.to_string(),
+        id: usize::MAX,
+    })?;
     if id > MAX_CPU {
-        return Err(CpusetParseError::TooLarge { input: input.to_string(), id });
+        return Err(CpusetParseError::TooLarge {
+            input: input.to_string(),
+            id,
+        });
     }
     Ok(id)
 }

@@ -159,7 +159,13 @@ impl Verdict {
             return None;
         }
         let (mean, sd) = mean_sd(&self.values);
-        let out = Evidence { mean, values: self.values.clone(), sd, periods: self.values.len(), busiest: self.max_vcpu_util };
+        let out = Evidence {
+            mean,
+            values: self.values.clone(),
+            sd,
+            periods: self.values.len(),
+            busiest: self.max_vcpu_util,
+        };
         *self = Verdict::default();
         Some(out)
     }
@@ -189,7 +195,9 @@ impl Gleaner {
         Ok(Self {
             rho: cfg.rho,
             eta: cfg.eta,
-            timeout: RetentionTimeout { ns: cfg.retention_timeout_ns },
+            timeout: RetentionTimeout {
+                ns: cfg.retention_timeout_ns,
+            },
             cfg,
             active: allowed.clone(),
             allowed,
@@ -243,7 +251,10 @@ impl Gleaner {
     pub fn why_unchanged(&self, c: &Characteristics) -> Vec<String> {
         let mut why = Vec::new();
         if c.total_util < self.cfg.idle_util {
-            why.push(format!("the workload was idle (utilization {:.2} < {:.2}): nothing to gain", c.total_util, self.cfg.idle_util));
+            why.push(format!(
+                "the workload was idle (utilization {:.2} < {:.2}): nothing to gain",
+                c.total_util, self.cfg.idle_util
+            ));
             return why;
         }
         if c.runnable_wait_fraction > self.cfg.max_runnable_wait {
@@ -317,7 +328,18 @@ impl Gleaner {
         self.settle = self.settle.saturating_sub(1);
         match self.cfg.mode {
             Mode::AlwaysYield => {
-                let retention = self.allowed.iter().map(|cpu| (cpu, RetentionAction::Retain { timeout_ns: FOREVER_NS })).collect();
+                let retention = self
+                    .allowed
+                    .iter()
+                    .map(|cpu| {
+                        (
+                            cpu,
+                            RetentionAction::Retain {
+                                timeout_ns: FOREVER_NS,
+                            },
+                        )
+                    })
+                    .collect();
                 return self.decision(measured, retention, events, FOREVER_NS);
             }
             Mode::Full | Mode::Consolidation => {
@@ -329,10 +351,17 @@ impl Gleaner {
         }
         let timeout = self.timeout.adapted(c.steal_fraction);
         let retention = match self.cfg.mode {
-            Mode::Full | Mode::Retention => self.retention_step(sample, &c, timeout, settling, &mut events),
-            _ => self.allowed.iter().map(|cpu| (cpu, RetentionAction::Off)).collect(),
+            Mode::Full | Mode::Retention => {
+                self.retention_step(sample, &c, timeout, settling, &mut events)
+            }
+            _ => self
+                .allowed
+                .iter()
+                .map(|cpu| (cpu, RetentionAction::Off))
+                .collect(),
         };
-        let quiet = events.is_empty() && !settling && self.judging.is_none() && self.trial.is_none();
+        let quiet =
+            events.is_empty() && !settling && self.judging.is_none() && self.trial.is_none();
         if quiet && !self.is_idle() {
             self.quiet_values.push_back(c.total_util);
             if self.quiet_values.len() > QUIET_WINDOW {
@@ -341,7 +370,11 @@ impl Gleaner {
             self.util_smoothed = Some(self.util_now(&c));
             if let Some(prev) = self.last_quiet_util {
                 let change = (c.total_util - prev).abs() / prev.max(self.cfg.idle_util);
-                self.noise = if self.noise == 0.0 { change } else { 0.75 * self.noise + 0.25 * change };
+                self.noise = if self.noise == 0.0 {
+                    change
+                } else {
+                    0.75 * self.noise + 0.25 * change
+                };
             }
             self.last_quiet_util = Some(c.total_util);
         } else if !events.is_empty() {
@@ -352,7 +385,13 @@ impl Gleaner {
         self.decision(measured, retention, events, timeout.ns)
     }
 
-    fn decision(&self, c: Characteristics, retention: Vec<(usize, RetentionAction)>, events: Vec<PolicyEvent>, timeout_ns: u64) -> Decision {
+    fn decision(
+        &self,
+        c: Characteristics,
+        retention: Vec<(usize, RetentionAction)>,
+        events: Vec<PolicyEvent>,
+        timeout_ns: u64,
+    ) -> Decision {
         Decision {
             active: self.active.clone(),
             retention,
@@ -365,7 +404,11 @@ impl Gleaner {
     }
 
     fn event(&self, kind: EventKind, reason: String) -> PolicyEvent {
-        PolicyEvent { period: self.period, kind, reason }
+        PolicyEvent {
+            period: self.period,
+            kind,
+            reason,
+        }
     }
 
     fn is_idle(&self) -> bool {
@@ -380,7 +423,8 @@ impl Gleaner {
 
     /// This period's utilization smoothed with the quiet periods before it.
     fn util_now(&self, c: &Characteristics) -> f64 {
-        self.util_smoothed.map_or(c.total_util, |s| 0.5 * s + 0.5 * c.total_util)
+        self.util_smoothed
+            .map_or(c.total_util, |s| 0.5 * s + 0.5 * c.total_util)
     }
 
     /// Is a change that moved the judged value from `before` to `after` a slowdown?
@@ -397,17 +441,26 @@ impl Gleaner {
         }
         let quiet: Vec<f64> = self.quiet_values.iter().copied().collect();
         let (_, sd_before) = mean_sd(&quiet);
-        let se = (sd_before.powi(2) / quiet.len() as f64 + after.sd.powi(2) / after.periods.max(1) as f64).sqrt();
+        let se = (sd_before.powi(2) / quiet.len() as f64
+            + after.sd.powi(2) / after.periods.max(1) as f64)
+            .sqrt();
         let threshold = (2.0 * se / before).max(0.01);
         (drop > threshold).then_some(drop)
     }
 
-    fn consolidation_step(&mut self, sample: &PeriodSample, c: &Characteristics, events: &mut Vec<PolicyEvent>) {
+    fn consolidation_step(
+        &mut self,
+        sample: &PeriodSample,
+        c: &Characteristics,
+        events: &mut Vec<PolicyEvent>,
+    ) {
         if self.is_idle() {
             return;
         }
         if let Some(d) = self.judging.clone() {
-            let Some(evidence) = self.verdict.observe(c) else { return };
+            let Some(evidence) = self.verdict.observe(c) else {
+                return;
+            };
             self.judging = None;
             let (after, busiest) = (evidence.mean, evidence.busiest);
             if let Some(drop) = self.significant_drop(d.before.total_util, &evidence) {
@@ -431,7 +484,10 @@ impl Gleaner {
                     self.active = self.allowed.clone();
                     self.deactivated.clear();
                     self.settle = self.cfg.settle_periods;
-                    events.push(self.event(EventKind::MajorChange, format!("{reason}: reactivating all vCPUs")));
+                    events.push(self.event(
+                        EventKind::MajorChange,
+                        format!("{reason}: reactivating all vCPUs"),
+                    ));
                 }
                 return;
             }
@@ -445,7 +501,14 @@ impl Gleaner {
         self.try_deactivate(sample, c, events);
     }
 
-    fn rollback(&mut self, d: Deactivation, after: f64, busiest: f64, drop: f64, events: &mut Vec<PolicyEvent>) {
+    fn rollback(
+        &mut self,
+        d: Deactivation,
+        after: f64,
+        busiest: f64,
+        drop: f64,
+        events: &mut Vec<PolicyEvent>,
+    ) {
         for &cpu in &d.cpus {
             self.active.insert(cpu);
         }
@@ -478,12 +541,24 @@ impl Gleaner {
         // absorb the load, so tighten the load condition. Both are set just below the values
         // that let this consolidation through, so the same situation is refused next time.
         let adjusted = if busiest >= 0.99 {
-            let ratio = if b.l_idle_ns > 0.0 { b.g_comp_ns / b.l_idle_ns } else { self.eta };
+            let ratio = if b.l_idle_ns > 0.0 {
+                b.g_comp_ns / b.l_idle_ns
+            } else {
+                self.eta
+            };
             self.eta = clamp_factor(0.9 * self.eta.min(ratio));
-            format!("vCPU saturated ({:.0} %): eta -> {:.3}", busiest * 100.0, self.eta)
+            format!(
+                "vCPU saturated ({:.0} %): eta -> {:.3}",
+                busiest * 100.0,
+                self.eta
+            )
         } else {
             let denom = (d.n_before.saturating_sub(1)) as f64 * b.l_idle_ns;
-            let ratio = if denom > 0.0 { b.l_comp_ns / denom } else { self.rho };
+            let ratio = if denom > 0.0 {
+                b.l_comp_ns / denom
+            } else {
+                self.rho
+            };
             self.rho = clamp_factor(0.9 * self.rho.min(ratio));
             format!("rho -> {:.3}", self.rho)
         };
@@ -503,23 +578,44 @@ impl Gleaner {
         let now = self.util_now(c);
         let util_change = (now - r.total_util).abs() / r.total_util.max(self.cfg.idle_util);
         if util_change > self.cfg.major_util_change.max(2.0 * self.noise) {
-            return Some(format!("utilization changed {:.0} % ({:.2} -> {:.2})", util_change * 100.0, r.total_util, now));
+            return Some(format!(
+                "utilization changed {:.0} % ({:.2} -> {:.2})",
+                util_change * 100.0,
+                r.total_util,
+                now
+            ));
         }
         // A consolidated vCPU newly driven past the limit. One that was already that busy when
         // the consolidation was judged harmless (Figure 4(a) fills its vCPUs) is no news.
-        if self.active != self.allowed && c.max_vcpu_util > self.cfg.major_vcpu_util && r.max_vcpu_util <= self.cfg.major_vcpu_util {
-            return Some(format!("an active vCPU is {:.0} % busy", c.max_vcpu_util * 100.0));
+        if self.active != self.allowed
+            && c.max_vcpu_util > self.cfg.major_vcpu_util
+            && r.max_vcpu_util <= self.cfg.major_vcpu_util
+        {
+            return Some(format!(
+                "an active vCPU is {:.0} % busy",
+                c.max_vcpu_util * 100.0
+            ));
         }
         if r.g_comp_ns > 0.0 && c.g_comp_ns > 0.0 {
             let f = c.g_comp_ns / r.g_comp_ns;
             if f > self.cfg.major_gcomp_factor || f < 1.0 / self.cfg.major_gcomp_factor {
-                return Some(format!("g_comp changed {:.1}x ({} -> {})", f, us(r.g_comp_ns), us(c.g_comp_ns)));
+                return Some(format!(
+                    "g_comp changed {:.1}x ({} -> {})",
+                    f,
+                    us(r.g_comp_ns),
+                    us(c.g_comp_ns)
+                ));
             }
         }
         None
     }
 
-    fn try_deactivate(&mut self, sample: &PeriodSample, c: &Characteristics, events: &mut Vec<PolicyEvent>) {
+    fn try_deactivate(
+        &mut self,
+        sample: &PeriodSample,
+        c: &Characteristics,
+        events: &mut Vec<PolicyEvent>,
+    ) {
         let n = self.active.len();
         if n <= 1 {
             return;
@@ -547,14 +643,22 @@ impl Gleaner {
             .unwrap_or(1);
         let mut victims = Vec::new();
         for _ in 0..step {
-            let Some(victim) = least_busy(&sample.vcpus, &self.active) else { break };
+            let Some(victim) = least_busy(&sample.vcpus, &self.active) else {
+                break;
+            };
             self.active.remove(victim);
             victims.push(victim);
         }
-        let Some(&victim) = victims.first() else { return };
+        let Some(&victim) = victims.first() else {
+            return;
+        };
         let mut before = *c;
         before.total_util = self.util_before(c);
-        let d = Deactivation { cpus: victims.clone(), before, n_before: n };
+        let d = Deactivation {
+            cpus: victims.clone(),
+            before,
+            n_before: n,
+        };
         self.deactivated.push(d.clone());
         self.judging = Some(d);
         self.verdict = Verdict::default();
@@ -562,7 +666,11 @@ impl Gleaner {
         for &cpu in &victims[1..] {
             events.push(self.event(
                 EventKind::Deactivate { cpu },
-                format!("with vCPU {victim}: {} vCPUs' work fits in the idle time of the other {}", victims.len(), n - victims.len()),
+                format!(
+                    "with vCPU {victim}: {} vCPUs' work fits in the idle time of the other {}",
+                    victims.len(),
+                    n - victims.len()
+                ),
             ));
         }
         events.push(self.event(
@@ -597,12 +705,17 @@ impl Gleaner {
         // Judge a trial first: it decides whether retention stays at all.
         let mut judged_off = Vec::new();
         if let Some(t) = self.trial.clone() {
-            let verdict = if !settling && !idle { self.verdict.observe(c) } else { None };
+            let verdict = if !settling && !idle {
+                self.verdict.observe(c)
+            } else {
+                None
+            };
             if let Some(evidence) = verdict {
                 let after = evidence.mean;
                 if let Some(drop) = self.significant_drop(t.util_before, &evidence) {
                     judged_off = t.cpus.clone();
-                    self.retention_backoff = (self.retention_backoff * 2).min(self.cfg.max_backoff_periods);
+                    self.retention_backoff =
+                        (self.retention_backoff * 2).min(self.cfg.max_backoff_periods);
                     self.retention_blocked_until = self.period + self.retention_backoff as u64;
                     events.push(self.event(
                         EventKind::RetentionOff { cpus: t.cpus.clone() },
@@ -656,7 +769,15 @@ impl Gleaner {
                 && !changing_active
                 && self.trial.is_none()
                 && self.period >= self.retention_blocked_until
-                && v.is_some_and(|v| worth_retaining(v, secs, min_rate, self.cfg.min_retain_idle_ns as f64, self.cfg.retain_idle_factor * timeout.ns as f64));
+                && v.is_some_and(|v| {
+                    worth_retaining(
+                        v,
+                        secs,
+                        min_rate,
+                        self.cfg.min_retain_idle_ns as f64,
+                        self.cfg.retain_idle_factor * timeout.ns as f64,
+                    )
+                });
             if eligible {
                 st.retaining = true;
                 turned_on.push(cpu);
@@ -666,7 +787,10 @@ impl Gleaner {
             events.push(self.event(EventKind::RetentionOff { cpus: turned_off }, why_off));
         }
         if !turned_on.is_empty() {
-            self.trial = Some(RetentionTrial { cpus: turned_on.clone(), util_before: self.util_before(c) });
+            self.trial = Some(RetentionTrial {
+                cpus: turned_on.clone(),
+                util_before: self.util_before(c),
+            });
             self.verdict = Verdict::default();
             self.settle = self.settle.max(self.cfg.settle_periods);
             events.push(self.event(
@@ -681,14 +805,31 @@ impl Gleaner {
         }
         self.vcpus
             .iter()
-            .map(|(cpu, st)| (*cpu, if st.retaining { RetentionAction::Retain { timeout_ns: timeout.ns } } else { RetentionAction::Off }))
+            .map(|(cpu, st)| {
+                (
+                    *cpu,
+                    if st.retaining {
+                        RetentionAction::Retain {
+                            timeout_ns: timeout.ns,
+                        }
+                    } else {
+                        RetentionAction::Off
+                    },
+                )
+            })
             .collect()
     }
 }
 
 /// Retention pays on a vCPU with many idle periods that are mostly shorter than the hold and
 /// longer than the window in which a halted vCPU wakes cheaply anyway.
-fn worth_retaining(v: &VcpuSample, secs: f64, min_rate: f64, min_mean_idle_ns: f64, max_mean_idle_ns: f64) -> bool {
+fn worth_retaining(
+    v: &VcpuSample,
+    secs: f64,
+    min_rate: f64,
+    min_mean_idle_ns: f64,
+    max_mean_idle_ns: f64,
+) -> bool {
     let periods = v.idle_periods();
     if periods == 0 {
         return false;
@@ -700,7 +841,12 @@ fn worth_retaining(v: &VcpuSample, secs: f64, min_rate: f64, min_mean_idle_ns: f
 
 /// Why retention that is on stopped paying, if it did: too few idle periods to matter, or most
 /// holds timed out (the idle periods it saw outlived the hold).
-fn retention_not_paying(v: &VcpuSample, secs: f64, min_rate: f64, min_hit: f64) -> Option<&'static str> {
+fn retention_not_paying(
+    v: &VcpuSample,
+    secs: f64,
+    min_rate: f64,
+    min_hit: f64,
+) -> Option<&'static str> {
     let periods = v.idle_periods();
     if (periods as f64 / secs) < min_rate {
         return Some("too few idle periods to pay for a held vCPU");
@@ -715,7 +861,12 @@ fn retention_not_paying(v: &VcpuSample, secs: f64, min_rate: f64, min_hit: f64) 
 fn least_busy(vcpus: &[VcpuSample], active: &Cpuset) -> Option<usize> {
     active
         .iter()
-        .map(|cpu| (vcpus.iter().find(|v| v.cpu == cpu).map_or(0, |v| v.work_ns), cpu))
+        .map(|cpu| {
+            (
+                vcpus.iter().find(|v| v.cpu == cpu).map_or(0, |v| v.work_ns),
+                cpu,
+            )
+        })
         // Least work first; among equals the highest id, so CPU 0 (interrupts, the shell) stays.
         .min_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)))
         .map(|(_, cpu)| cpu)

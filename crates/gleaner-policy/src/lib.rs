@@ -18,4 +18,7 @@ pub use cpuset::{Cpuset, CpusetParseError};
 pub use engine::{Decision, EventKind, Gleaner, PolicyEvent, RetentionAction, FOREVER_NS};
 pub use observe::RunSummary;
 pub use retention::RetentionTimeout;
-pub use sample::{progress_signal, Characteristics, LatencyHistogram, PeriodSample, VcpuSample, WakeLatencies, LATENCY_BUCKETS};
+pub use sample::{
+    progress_signal, Characteristics, LatencyHistogram, PeriodSample, VcpuSample, WakeLatencies,
+    LATENCY_BUCKETS,
+};

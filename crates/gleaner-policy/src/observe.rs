@@ -36,7 +36,10 @@ impl RunSummary {
     pub fn add(&mut self, d: &Decision, idle_util: f64) {
         self.periods += 1;
         for e in &d.events {
-            let entry = self.proposed.entry(kind_name(&e.kind)).or_insert_with(|| (0, e.reason.clone()));
+            let entry = self
+                .proposed
+                .entry(kind_name(&e.kind))
+                .or_insert_with(|| (0, e.reason.clone()));
             entry.0 += 1;
         }
         let c = &d.characteristics;
@@ -73,14 +76,25 @@ impl RunSummary {
     /// The report printed at the end of a run; `observed` for an observe-only run, whose
     /// changes were proposed, not made.
     pub fn render(&self, policy: &Gleaner, observed: bool) -> String {
-        let (tag, verb, would) = if observed { ("observe", "would have", "would have changed nothing") } else { ("gleaner", "did", "changed nothing") };
-        let mut out = format!("{tag}: {} periods measured{}.\n", self.periods, if observed { ", nothing changed" } else { "" });
+        let (tag, verb, would) = if observed {
+            ("observe", "would have", "would have changed nothing")
+        } else {
+            ("gleaner", "did", "changed nothing")
+        };
+        let mut out = format!(
+            "{tag}: {} periods measured{}.\n",
+            self.periods,
+            if observed { ", nothing changed" } else { "" }
+        );
         if self.periods == 0 {
             return out;
         }
         let mean = self.mean_characteristics();
         if self.proposed.is_empty() {
-            out += &format!("{tag}: {} {would}, because (means over the busy periods):\n", if observed { "full mode" } else { "Gleaner" });
+            out += &format!(
+                "{tag}: {} {would}, because (means over the busy periods):\n",
+                if observed { "full mode" } else { "Gleaner" }
+            );
             let why = policy.why_unchanged(&mean);
             if why.is_empty() {
                 out += "  - no single period met the conditions, although their means do (the workload varies)\n";
@@ -89,9 +103,16 @@ impl RunSummary {
                 out += &format!("  - {w}\n");
             }
         } else {
-            out += &format!("{tag}: {} {verb}, in this many of the periods:\n", if observed { "full mode" } else { "Gleaner" });
+            out += &format!(
+                "{tag}: {} {verb}, in this many of the periods:\n",
+                if observed { "full mode" } else { "Gleaner" }
+            );
             for (kind, (n, reason)) in &self.proposed {
-                out += &format!("  - {kind}: {n} of {} ({:.0} %); first because {reason}\n", self.periods, *n as f64 * 100.0 / self.periods as f64);
+                out += &format!(
+                    "  - {kind}: {n} of {} ({:.0} %); first because {reason}\n",
+                    self.periods,
+                    *n as f64 * 100.0 / self.periods as f64
+                );
             }
         }
         out += &format!(

@@ -22,7 +22,9 @@ pub struct RetentionTimeout {
 impl RetentionTimeout {
     /// A hold given in microseconds, the unit of the `retention_timeout_us` setting.
     pub fn from_us(us: u64) -> Self {
-        Self { ns: us.saturating_mul(1_000) }
+        Self {
+            ns: us.saturating_mul(1_000),
+        }
     }
 
     /// In microseconds, as `gleaner status` prints it.
@@ -39,7 +41,9 @@ impl RetentionTimeout {
     /// (`halted_ns`, Table 2 setting C) versus on a vCPU kept busy (`busy_ns`, setting B).
     pub fn from_wake_costs(halted_ns: u64, busy_ns: u64) -> Self {
         let gain = halted_ns.saturating_sub(busy_ns);
-        Self { ns: gain.clamp(MIN_TIMEOUT_NS, MAX_TIMEOUT_NS) }
+        Self {
+            ns: gain.clamp(MIN_TIMEOUT_NS, MAX_TIMEOUT_NS),
+        }
     }
 
     /// The timeout adapted to the workload and the host (§4.1 footnote 5).
@@ -54,7 +58,9 @@ impl RetentionTimeout {
         // shortest gaps and consolidation carries the rest.
         let scale = 1.0 / (1.0 + 10.0 * steal);
         let ns = (self.ns as f64 * scale) as u64;
-        Self { ns: ns.clamp(MIN_TIMEOUT_NS, MAX_TIMEOUT_NS) }
+        Self {
+            ns: ns.clamp(MIN_TIMEOUT_NS, MAX_TIMEOUT_NS),
+        }
     }
 }
 
@@ -74,14 +80,23 @@ mod tests {
     fn derives_break_even_from_wake_costs() {
         assert_eq!(RetentionTimeout::from_wake_costs(46_000, 16_000).ns, 30_000);
         // Busy wakes dearer than halted ones: nothing to gain, hold the minimum.
-        assert_eq!(RetentionTimeout::from_wake_costs(10_000, 20_000).ns, MIN_TIMEOUT_NS);
-        assert_eq!(RetentionTimeout::from_wake_costs(u64::MAX, 0).ns, MAX_TIMEOUT_NS);
+        assert_eq!(
+            RetentionTimeout::from_wake_costs(10_000, 20_000).ns,
+            MIN_TIMEOUT_NS
+        );
+        assert_eq!(
+            RetentionTimeout::from_wake_costs(u64::MAX, 0).ns,
+            MAX_TIMEOUT_NS
+        );
     }
 
     #[test]
     fn steal_shortens_the_hold() {
         let us = RetentionTimeout::from_us(250);
-        assert_eq!((us.ns, us.as_us_f64(), us.as_secs_f64()), (250_000, 250.0, 0.00025));
+        assert_eq!(
+            (us.ns, us.as_us_f64(), us.as_secs_f64()),
+            (250_000, 250.0, 0.00025)
+        );
         let t = RetentionTimeout { ns: 40_000 };
         assert_eq!(t.adapted(0.0).ns, 40_000);
         assert_eq!(t.adapted(0.1).ns, 20_000);

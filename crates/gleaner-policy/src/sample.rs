@@ -238,7 +238,11 @@ mod signal_tests {
     fn progress_wins_over_utilization_when_given() {
         let mut s = PeriodSample {
             period_ns: 100_000_000,
-            vcpus: vec![VcpuSample { cpu: 0, work_ns: 50_000_000, ..VcpuSample::default() }],
+            vcpus: vec![VcpuSample {
+                cpu: 0,
+                work_ns: 50_000_000,
+                ..VcpuSample::default()
+            }],
             ..PeriodSample::default()
         };
         assert_eq!(progress_signal(&s), 5e8);

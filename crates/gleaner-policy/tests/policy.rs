@@ -14,14 +14,33 @@ fn sample(active: &Cpuset, all: usize, comp: u64, idle: u64, g: u64, cycles: u64
     let vcpus: Vec<VcpuSample> = (0..all)
         .map(|cpu| {
             if active.contains(cpu) {
-                VcpuSample { cpu, work_ns: comp * cycles, idle_ns: idle * cycles, idle_entries: cycles, ..Default::default() }
+                VcpuSample {
+                    cpu,
+                    work_ns: comp * cycles,
+                    idle_ns: idle * cycles,
+                    idle_entries: cycles,
+                    ..Default::default()
+                }
             } else {
-                VcpuSample { cpu, idle_ns: period, idle_entries: 1, ..Default::default() }
+                VcpuSample {
+                    cpu,
+                    idle_ns: period,
+                    idle_entries: 1,
+                    ..Default::default()
+                }
             }
         })
         .collect();
     let work: u64 = vcpus.iter().map(|v| v.work_ns).sum();
-    PeriodSample { period_ns: period, vcpus, work_switches: work / g, work_threads: all as u64, work_runnable_wait_ns: Some(0), wake_latency: None, progress: None }
+    PeriodSample {
+        period_ns: period,
+        vcpus,
+        work_switches: work / g,
+        work_threads: all as u64,
+        work_runnable_wait_ns: Some(0),
+        wake_latency: None,
+        progress: None,
+    }
 }
 
 /// The same total work as `sample(all vCPUs, ...)` spread over the `active` vCPUs only, as
@@ -44,7 +63,12 @@ fn spread(active: &Cpuset, all: usize, comp: u64, idle: u64, g: u64, cycles: u64
 }
 
 fn consolidation_only() -> PolicyConfig {
-    PolicyConfig { mode: Mode::Consolidation, settle_periods: 1, warmup_periods: 0, ..Default::default() }
+    PolicyConfig {
+        mode: Mode::Consolidation,
+        settle_periods: 1,
+        warmup_periods: 0,
+        ..Default::default()
+    }
 }
 
 #[test]
@@ -79,14 +103,18 @@ fn min_time_slice_bounds_the_granularity() {
 fn drive(g: &mut Gleaner, n: usize, make: impl Fn(&Cpuset) -> PeriodSample) -> Vec<Decision> {
     let mut out: Vec<Decision> = Vec::new();
     for _ in 0..n {
-        let active = out.last().map_or_else(|| g.active().clone(), |d| d.active.clone());
+        let active = out
+            .last()
+            .map_or_else(|| g.active().clone(), |d| d.active.clone());
         out.push(g.step(&make(&active)));
     }
     out
 }
 
 fn events(ds: &[Decision]) -> Vec<EventKind> {
-    ds.iter().flat_map(|d| d.events.iter().map(|e| e.kind.clone())).collect()
+    ds.iter()
+        .flat_map(|d| d.events.iter().map(|e| e.kind.clone()))
+        .collect()
 }
 
 #[test]
@@ -98,7 +126,11 @@ fn rollback_restores_the_last_vcpu_and_lowers_rho() {
     // The workload slowed down: utilization drops from 2.0 to 1.2, no vCPU saturated. One
     // settling period, then three periods of evidence.
     let ds = drive(&mut g, 4, |a| sample(a, 3, 3 * T, 2 * T, T, 10));
-    assert!(ds[..3].iter().all(|d| d.active.len() == 2), "judged too early: {:?}", events(&ds));
+    assert!(
+        ds[..3].iter().all(|d| d.active.len() == 2),
+        "judged too early: {:?}",
+        events(&ds)
+    );
     let d = ds.last().unwrap();
     assert_eq!(d.active, all, "{:?}", d.events);
     assert!(matches!(d.events[0].kind, EventKind::Rollback { cpu: 2 }));
@@ -121,7 +153,11 @@ fn rollback_on_a_saturated_vcpu_lowers_eta() {
         s
     });
     let d = ds.last().unwrap();
-    assert!(matches!(d.events[0].kind, EventKind::Rollback { cpu: 2 }), "{:?}", events(&ds));
+    assert!(
+        matches!(d.events[0].kind, EventKind::Rollback { cpu: 2 }),
+        "{:?}",
+        events(&ds)
+    );
     // eta = 0.9 x min(1, g_comp / l_idle) = 0.9 x min(1, t / t).
     assert!((d.eta - 0.9).abs() < 1e-9, "eta {}", d.eta);
     assert_eq!(d.rho, 1.0);
@@ -152,10 +188,16 @@ fn a_consolidation_that_lowers_utilization_but_raises_progress_is_kept() {
         })
     };
     let told = run(true);
-    assert!(told.iter().all(|d| d.active.len() == 3), "rolled back: {:?}", events(&told));
+    assert!(
+        told.iter().all(|d| d.active.len() == 3),
+        "rolled back: {:?}",
+        events(&told)
+    );
     let blind = run(false);
     assert!(
-        events(&blind).iter().any(|e| matches!(e, EventKind::Rollback { .. })),
+        events(&blind)
+            .iter()
+            .any(|e| matches!(e, EventKind::Rollback { .. })),
         "without progress the 8 % utilization drop is judged a slowdown: {:?}",
         events(&blind)
     );
@@ -182,12 +224,28 @@ fn noise_alone_does_not_roll_back() {
     let mut all = vec![];
     for i in 0..12 {
         let active = g.active().clone();
-        let mut s = if active.len() == 3 { sample(&active, 3, 2 * T, T, T, 10) } else { spread(&active, 3, 2 * T, T, T, 10) };
+        let mut s = if active.len() == 3 {
+            sample(&active, 3, 2 * T, T, T, 10)
+        } else {
+            spread(&active, 3, 2 * T, T, T, 10)
+        };
         wobble(i + 1, &mut s);
         all.push(g.step(&s));
     }
-    assert!(events(&all).iter().any(|e| matches!(e, EventKind::Deactivate { .. })), "{:?}", events(&all));
-    assert!(!events(&all).iter().any(|e| matches!(e, EventKind::Rollback { .. })), "{:?}", events(&all));
+    assert!(
+        events(&all)
+            .iter()
+            .any(|e| matches!(e, EventKind::Deactivate { .. })),
+        "{:?}",
+        events(&all)
+    );
+    assert!(
+        !events(&all)
+            .iter()
+            .any(|e| matches!(e, EventKind::Rollback { .. })),
+        "{:?}",
+        events(&all)
+    );
 }
 
 #[test]
@@ -200,7 +258,9 @@ fn major_change_reactivates_all() {
     // The workload becomes CPU-bound: every active vCPU busy.
     let ds = drive(&mut g, 2, |a| sample(a, 4, 10 * T, 0, 10 * T, 1));
     assert_eq!(ds.last().unwrap().active, all, "{:?}", events(&ds));
-    assert!(events(&ds).iter().any(|e| matches!(e, EventKind::MajorChange)));
+    assert!(events(&ds)
+        .iter()
+        .any(|e| matches!(e, EventKind::MajorChange)));
 }
 
 #[test]
@@ -210,32 +270,66 @@ fn granularity_change_is_a_major_change() {
     g.step(&sample(&all, 3, 2 * T, T, T, 10));
     // Settle and be judged harmless.
     let ds = drive(&mut g, 5, |a| spread(a, 3, 2 * T, T, T, 10));
-    assert!(!events(&ds).iter().any(|e| matches!(e, EventKind::Rollback { .. })), "{:?}", events(&ds));
+    assert!(
+        !events(&ds)
+            .iter()
+            .any(|e| matches!(e, EventKind::Rollback { .. })),
+        "{:?}",
+        events(&ds)
+    );
     assert_eq!(ds.last().unwrap().active.len(), 2);
     // Same utilization, but threads now switch 4x less often.
     let d4 = g.step(&spread(&ds.last().unwrap().active, 3, 2 * T, T, 4 * T, 10));
-    assert!(d4.events.iter().any(|e| matches!(e.kind, EventKind::MajorChange)), "{:?}", d4.events);
+    assert!(
+        d4.events
+            .iter()
+            .any(|e| matches!(e.kind, EventKind::MajorChange)),
+        "{:?}",
+        d4.events
+    );
     assert_eq!(d4.active, all);
 }
 
 #[test]
 fn retention_turns_on_for_short_frequent_idles_and_off_when_workload_is_crowded() {
-    let cfg = PolicyConfig { mode: Mode::Retention, settle_periods: 1, warmup_periods: 0, retention_timeout_ns: 30_000, ..Default::default() };
+    let cfg = PolicyConfig {
+        mode: Mode::Retention,
+        settle_periods: 1,
+        warmup_periods: 0,
+        retention_timeout_ns: 30_000,
+        ..Default::default()
+    };
     let mut g = Gleaner::new(cfg, Cpuset::first_n(2)).unwrap();
     let all = Cpuset::first_n(2);
     // 40 us of work then 20 us idle: 16,666 idle periods/s, each shorter than the hold.
     let d = g.step(&sample(&all, 2, 40_000, 20_000, 20_000, 1000));
-    assert!(d.retention.iter().all(|(_, a)| matches!(a, RetentionAction::Retain { timeout_ns: 30_000 })), "{:?}", d);
+    assert!(
+        d.retention
+            .iter()
+            .all(|(_, a)| matches!(a, RetentionAction::Retain { timeout_ns: 30_000 })),
+        "{:?}",
+        d
+    );
     // Workload threads now queue for CPU: retention must let go.
     let mut s = sample(&all, 2, 40_000, 20_000, 20_000, 1000);
     s.work_runnable_wait_ns = Some(s.period_ns / 2);
     let d = g.step(&s);
-    assert!(d.retention.iter().all(|(_, a)| *a == RetentionAction::Off), "{:?}", d);
+    assert!(
+        d.retention.iter().all(|(_, a)| *a == RetentionAction::Off),
+        "{:?}",
+        d
+    );
 }
 
 #[test]
 fn retention_stays_off_for_long_idle_periods_and_idle_workloads() {
-    let cfg = PolicyConfig { mode: Mode::Retention, settle_periods: 1, warmup_periods: 0, retention_timeout_ns: 30_000, ..Default::default() };
+    let cfg = PolicyConfig {
+        mode: Mode::Retention,
+        settle_periods: 1,
+        warmup_periods: 0,
+        retention_timeout_ns: 30_000,
+        ..Default::default()
+    };
     let mut g = Gleaner::new(cfg, Cpuset::first_n(2)).unwrap();
     let all = Cpuset::first_n(2);
     // 1 ms idle periods: far longer than the 30 us hold.
@@ -248,15 +342,38 @@ fn retention_stays_off_for_long_idle_periods_and_idle_workloads() {
 #[test]
 fn idle_periods_inside_the_host_poll_window_are_not_held() {
     // 20 us idle periods, but the host polls a halted vCPU for 100 us: nothing to gain.
-    let cfg = PolicyConfig { mode: Mode::Retention, warmup_periods: 0, retention_timeout_ns: 30_000, min_retain_idle_ns: 100_000, ..Default::default() };
+    let cfg = PolicyConfig {
+        mode: Mode::Retention,
+        warmup_periods: 0,
+        retention_timeout_ns: 30_000,
+        min_retain_idle_ns: 100_000,
+        ..Default::default()
+    };
     let mut g = Gleaner::new(cfg, Cpuset::first_n(2)).unwrap();
-    let d = g.step(&sample(&Cpuset::first_n(2), 2, 40_000, 20_000, 20_000, 1000));
-    assert!(d.retention.iter().all(|(_, a)| *a == RetentionAction::Off), "{:?}", d);
+    let d = g.step(&sample(
+        &Cpuset::first_n(2),
+        2,
+        40_000,
+        20_000,
+        20_000,
+        1000,
+    ));
+    assert!(
+        d.retention.iter().all(|(_, a)| *a == RetentionAction::Off),
+        "{:?}",
+        d
+    );
 }
 
 #[test]
 fn retention_that_slows_the_workload_is_undone_and_backs_off() {
-    let cfg = PolicyConfig { mode: Mode::Retention, settle_periods: 1, warmup_periods: 0, retention_timeout_ns: 30_000, ..Default::default() };
+    let cfg = PolicyConfig {
+        mode: Mode::Retention,
+        settle_periods: 1,
+        warmup_periods: 0,
+        retention_timeout_ns: 30_000,
+        ..Default::default()
+    };
     let mut g = Gleaner::new(cfg, Cpuset::first_n(2)).unwrap();
     let all = Cpuset::first_n(2);
     let good = sample(&all, 2, 40_000, 20_000, 20_000, 1000);
@@ -271,9 +388,18 @@ fn retention_that_slows_the_workload_is_undone_and_backs_off() {
         }
         s
     });
-    assert!(ds[..3].iter().all(|d| d.retention.iter().all(|(_, a)| *a != RetentionAction::Off)), "judged too early");
+    assert!(
+        ds[..3]
+            .iter()
+            .all(|d| d.retention.iter().all(|(_, a)| *a != RetentionAction::Off)),
+        "judged too early"
+    );
     let d = ds.last().unwrap();
-    assert!(d.retention.iter().all(|(_, a)| *a == RetentionAction::Off), "{:?}", d);
+    assert!(
+        d.retention.iter().all(|(_, a)| *a == RetentionAction::Off),
+        "{:?}",
+        d
+    );
     assert!(matches!(d.events[0].kind, EventKind::RetentionOff { .. }));
     // Not retried immediately.
     let d = g.step(&good);
@@ -282,7 +408,14 @@ fn retention_that_slows_the_workload_is_undone_and_backs_off() {
 
 #[test]
 fn nothing_changes_during_warm_up() {
-    let mut g = Gleaner::new(PolicyConfig { mode: Mode::Consolidation, ..Default::default() }, Cpuset::first_n(3)).unwrap();
+    let mut g = Gleaner::new(
+        PolicyConfig {
+            mode: Mode::Consolidation,
+            ..Default::default()
+        },
+        Cpuset::first_n(3),
+    )
+    .unwrap();
     let ds = drive(&mut g, 2, |a| sample(a, 3, 2 * T, T, T, 10));
     assert!(events(&ds).is_empty(), "{:?}", events(&ds));
     let d = g.step(&sample(&Cpuset::first_n(3), 3, 2 * T, T, T, 10));
@@ -291,47 +424,76 @@ fn nothing_changes_during_warm_up() {
 
 #[test]
 fn always_yield_holds_everything() {
-    let cfg = PolicyConfig { mode: Mode::AlwaysYield, ..Default::default() };
+    let cfg = PolicyConfig {
+        mode: Mode::AlwaysYield,
+        ..Default::default()
+    };
     let mut g = Gleaner::new(cfg, Cpuset::first_n(2)).unwrap();
     let d = g.step(&sample(&Cpuset::first_n(2), 2, 0, T, T, 1));
     assert_eq!(d.active.len(), 2);
-    assert!(d.retention.iter().all(|(_, a)| *a == RetentionAction::Retain { timeout_ns: FOREVER_NS }));
+    assert!(d.retention.iter().all(|(_, a)| *a
+        == RetentionAction::Retain {
+            timeout_ns: FOREVER_NS
+        }));
 }
 
 #[test]
 fn bad_factors_are_refused_with_a_fix() {
     for (rho, eta) in [(0.0, 1.0), (1.5, 1.0), (1.0, -0.1), (f64::NAN, 1.0)] {
-        let err = Gleaner::new(PolicyConfig { rho, eta, ..Default::default() }, Cpuset::first_n(2)).unwrap_err();
+        let err = Gleaner::new(
+            PolicyConfig {
+                rho,
+                eta,
+                ..Default::default()
+            },
+            Cpuset::first_n(2),
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("outside (0, 1]"), "{err}");
     }
     assert!(Gleaner::new(PolicyConfig::default(), Cpuset::new()).is_err());
 }
 
 fn arb_vcpu(cpu: usize) -> impl Strategy<Value = VcpuSample> {
-    (0u64..100_000_000, 0u64..100_000_000, 0u64..100_000_000, 0u64..5_000, 0u64..5_000, 0u64..10_000_000).prop_map(
-        move |(work_ns, yield_ns, idle_ns, yield_preemptions, idle_entries, steal_ns)| VcpuSample {
-            cpu,
-            work_ns,
-            yield_ns,
-            idle_ns,
-            steal_ns,
-            yield_preemptions,
-            idle_entries,
-        },
+    (
+        0u64..100_000_000,
+        0u64..100_000_000,
+        0u64..100_000_000,
+        0u64..5_000,
+        0u64..5_000,
+        0u64..10_000_000,
     )
+        .prop_map(
+            move |(work_ns, yield_ns, idle_ns, yield_preemptions, idle_entries, steal_ns)| {
+                VcpuSample {
+                    cpu,
+                    work_ns,
+                    yield_ns,
+                    idle_ns,
+                    steal_ns,
+                    yield_preemptions,
+                    idle_entries,
+                }
+            },
+        )
 }
 
 fn arb_sample(n: usize) -> impl Strategy<Value = PeriodSample> {
     let vcpus: Vec<_> = (0..n).map(arb_vcpu).collect();
-    (vcpus, 0u64..100_000, proptest::option::of(0u64..100_000_000)).prop_map(|(vcpus, work_switches, wait)| PeriodSample {
-        period_ns: 100_000_000,
+    (
         vcpus,
-        work_switches,
-        work_threads: 8,
-        work_runnable_wait_ns: wait,
-        wake_latency: None,
-        progress: None,
-    })
+        0u64..100_000,
+        proptest::option::of(0u64..100_000_000),
+    )
+        .prop_map(|(vcpus, work_switches, wait)| PeriodSample {
+            period_ns: 100_000_000,
+            vcpus,
+            work_switches,
+            work_threads: 8,
+            work_runnable_wait_ns: wait,
+            wake_latency: None,
+            progress: None,
+        })
 }
 
 proptest! {
@@ -375,20 +537,35 @@ fn observe_only_proposes_the_same_change_each_period_and_never_judges_it() {
     let mut summary = RunSummary::default();
     for _ in 0..6 {
         let d = g.step(&sample(&Cpuset::first_n(3), 3, 2 * T, T, T, 10));
-        assert_eq!(events(std::slice::from_ref(&d)), vec![EventKind::Deactivate { cpu: 2 }], "{:?}", d.events);
+        assert_eq!(
+            events(std::slice::from_ref(&d)),
+            vec![EventKind::Deactivate { cpu: 2 }],
+            "{:?}",
+            d.events
+        );
         summary.add(&d, 0.02);
         g.forget_changes();
         assert_eq!(g.active().len(), 3);
     }
     let report = summary.render(&g, true);
-    assert!(report.contains("deactivate a vCPU (consolidate): 6 of 6"), "{report}");
+    assert!(
+        report.contains("deactivate a vCPU (consolidate): 6 of 6"),
+        "{report}"
+    );
     assert!(!report.contains("roll"), "{report}");
 }
 
 #[test]
 fn observe_explains_why_nothing_would_change() {
     // Figure 4(b): g_comp = 2t > eta x l_idle; idle periods far too few and long to hold.
-    let mut g = Gleaner::new(PolicyConfig { warmup_periods: 0, ..Default::default() }, Cpuset::first_n(3)).unwrap();
+    let mut g = Gleaner::new(
+        PolicyConfig {
+            warmup_periods: 0,
+            ..Default::default()
+        },
+        Cpuset::first_n(3),
+    )
+    .unwrap();
     let mut summary = RunSummary::default();
     for _ in 0..4 {
         let d = g.step(&sample(&Cpuset::first_n(3), 3, 2 * T, T, 2 * T, 10));
@@ -397,6 +574,12 @@ fn observe_explains_why_nothing_would_change() {
     }
     let report = summary.render(&g, true);
     assert!(report.contains("would have changed nothing"), "{report}");
-    assert!(report.contains("retention:") && report.contains("idle periods/s per vCPU, fewer than"), "{report}");
-    assert!(report.contains("consolidation: g_comp") && report.contains("synchronize too rarely"), "{report}");
+    assert!(
+        report.contains("retention:") && report.contains("idle periods/s per vCPU, fewer than"),
+        "{report}"
+    );
+    assert!(
+        report.contains("consolidation: g_comp") && report.contains("synchronize too rarely"),
+        "{report}"
+    );
 }

@@ -78,11 +78,17 @@ impl Limiter {
     pub fn describe(self) -> &'static str {
         match self {
             Self::ScalesWell => "scales well over the measured range",
-            Self::BlockingSynchronization => "blocking synchronization (vCPU idle/wake transitions rise with cores)",
-            Self::OverheadEvents => "overhead events (instruction/TLB misses) grow faster than payload",
+            Self::BlockingSynchronization => {
+                "blocking synchronization (vCPU idle/wake transitions rise with cores)"
+            }
+            Self::OverheadEvents => {
+                "overhead events (instruction/TLB misses) grow faster than payload"
+            }
             Self::Coherence => "coherence/contention (USL kappa: speedup peaks and falls)",
             Self::SerialFraction => "serial fraction (Amdahl)",
-            Self::Inconclusive => "inconclusive: efficiency is low but no measured signal explains it",
+            Self::Inconclusive => {
+                "inconclusive: efficiency is low but no measured signal explains it"
+            }
             Self::NotEnoughData => "not enough data: measure at least two CPU counts",
         }
     }
@@ -108,7 +114,11 @@ pub struct Diagnosis {
 }
 
 /// Classifies the limiter from points sorted by CPU count (the first one is the baseline).
-pub fn classify(points: &[ScalingPoint], amdahl: Option<&AmdahlFit>, usl: Option<&UslFit>) -> Diagnosis {
+pub fn classify(
+    points: &[ScalingPoint],
+    amdahl: Option<&AmdahlFit>,
+    usl: Option<&UslFit>,
+) -> Diagnosis {
     let caveats = caveats(points, usl);
     let (Some(first), Some(last)) = (points.first(), points.last()) else {
         return not_enough_data(caveats);
@@ -136,7 +146,10 @@ pub fn classify(points: &[ScalingPoint], amdahl: Option<&AmdahlFit>, usl: Option
     );
     let mut findings = findings.into_iter();
     let (primary, also) = if efficiency >= GOOD_EFFICIENCY {
-        let primary = Finding { limiter: Limiter::ScalesWell, evidence: vec![efficiency_line] };
+        let primary = Finding {
+            limiter: Limiter::ScalesWell,
+            evidence: vec![efficiency_line],
+        };
         (primary, findings.collect())
     } else {
         match findings.next() {
@@ -144,16 +157,30 @@ pub fn classify(points: &[ScalingPoint], amdahl: Option<&AmdahlFit>, usl: Option
                 primary.evidence.insert(0, efficiency_line);
                 (primary, findings.collect())
             }
-            None => (Finding { limiter: Limiter::Inconclusive, evidence: vec![efficiency_line] }, Vec::new()),
+            None => (
+                Finding {
+                    limiter: Limiter::Inconclusive,
+                    evidence: vec![efficiency_line],
+                },
+                Vec::new(),
+            ),
         }
     };
     let suggestion = suggestion(primary.limiter);
-    Diagnosis { primary, also, suggestion, caveats }
+    Diagnosis {
+        primary,
+        also,
+        suggestion,
+        caveats,
+    }
 }
 
 fn not_enough_data(caveats: Vec<String>) -> Diagnosis {
     Diagnosis {
-        primary: Finding { limiter: Limiter::NotEnoughData, evidence: Vec::new() },
+        primary: Finding {
+            limiter: Limiter::NotEnoughData,
+            evidence: Vec::new(),
+        },
         also: Vec::new(),
         suggestion: None,
         caveats,
@@ -165,7 +192,11 @@ fn blocking_synchronization(first: &ScalingPoint, last: &ScalingPoint) -> Option
     let per_vcpu = rate / last.cpus as f64;
     let (before, after) = (first.idle_entries_per_run?, last.idle_entries_per_run?);
     // A baseline of zero idle entries still counts as "rising" if the top count is frequent.
-    let growth = if before > 0.0 { after / before } else { f64::INFINITY };
+    let growth = if before > 0.0 {
+        after / before
+    } else {
+        f64::INFINITY
+    };
     if per_vcpu < FREQUENT_IDLE_PER_VCPU_S || growth < IDLE_GROWTH {
         return None;
     }
@@ -190,7 +221,10 @@ fn blocking_synchronization(first: &ScalingPoint, last: &ScalingPoint) -> Option
             last.utilization * 100.0
         ));
     }
-    Some(Finding { limiter: Limiter::BlockingSynchronization, evidence })
+    Some(Finding {
+        limiter: Limiter::BlockingSynchronization,
+        evidence,
+    })
 }
 
 fn overhead_events(first: &ScalingPoint, last: &ScalingPoint) -> Option<Finding> {
@@ -220,7 +254,9 @@ fn overhead_events(first: &ScalingPoint, last: &ScalingPoint) -> Option<Finding>
 fn coherence(points: &[ScalingPoint], usl: Option<&UslFit>) -> Option<Finding> {
     let usl = usl.filter(|fit| !fit.kappa_held_at_zero && fit.kappa > 0.0)?;
     let largest = points.iter().map(|p| p.cpus).max()? as f64;
-    let best = points.iter().max_by(|a, b| a.speedup.total_cmp(&b.speedup))?;
+    let best = points
+        .iter()
+        .max_by(|a, b| a.speedup.total_cmp(&b.speedup))?;
     let last = points.last()?;
     let retrograde = last.cpus != best.cpus && last.speedup < 0.95 * best.speedup;
     let peak = usl.peak_cpus()?;
@@ -241,12 +277,17 @@ fn coherence(points: &[ScalingPoint], usl: Option<&UslFit>) -> Option<Finding> {
             best.speedup, best.cpus, last.speedup, last.cpus
         ));
     }
-    Some(Finding { limiter: Limiter::Coherence, evidence })
+    Some(Finding {
+        limiter: Limiter::Coherence,
+        evidence,
+    })
 }
 
 fn serial_fraction(amdahl: Option<&AmdahlFit>) -> Option<Finding> {
     let fit = amdahl.filter(|fit| fit.serial_fraction >= NOTABLE_SERIAL_FRACTION)?;
-    let limit = fit.speedup_limit().map_or("unbounded".to_string(), |limit| format!("{limit:.1}x"));
+    let limit = fit
+        .speedup_limit()
+        .map_or("unbounded".to_string(), |limit| format!("{limit:.1}x"));
     Some(Finding {
         limiter: Limiter::SerialFraction,
         evidence: vec![format!(
@@ -299,7 +340,10 @@ fn caveats(points: &[ScalingPoint], usl: Option<&UslFit>) -> Vec<String> {
         }
     }
     if usl.is_some_and(|fit| fit.kappa_held_at_zero) {
-        caveats.push("only one CPU count above 1: USL kappa held at 0 and no peak can be predicted".to_string());
+        caveats.push(
+            "only one CPU count above 1: USL kappa held at 0 and no peak can be predicted"
+                .to_string(),
+        );
     }
     caveats
 }
@@ -334,14 +378,26 @@ mod tests {
     }
 
     fn diagnose(points: &[ScalingPoint]) -> Diagnosis {
-        let speedups: Vec<SpeedupPoint> =
-            points.iter().map(|p| SpeedupPoint { cpus: p.cpus as f64, speedup: p.speedup }).collect();
-        classify(points, fit_amdahl(&speedups).as_ref(), fit_usl(&speedups).as_ref())
+        let speedups: Vec<SpeedupPoint> = points
+            .iter()
+            .map(|p| SpeedupPoint {
+                cpus: p.cpus as f64,
+                speedup: p.speedup,
+            })
+            .collect();
+        classify(
+            points,
+            fit_amdahl(&speedups).as_ref(),
+            fit_usl(&speedups).as_ref(),
+        )
     }
 
     #[test]
     fn linear_scaling_scales_well() {
-        let points: Vec<_> = [1, 2, 4, 8].iter().map(|&n| point(n, n as f64 * 0.97)).collect();
+        let points: Vec<_> = [1, 2, 4, 8]
+            .iter()
+            .map(|&n| point(n, n as f64 * 0.97))
+            .collect();
         let diagnosis = diagnose(&points);
         assert_eq!(diagnosis.primary.limiter, Limiter::ScalesWell);
         assert_eq!(diagnosis.suggestion, None);
@@ -349,38 +405,79 @@ mod tests {
 
     #[test]
     fn amdahl_curve_is_a_serial_fraction() {
-        let points: Vec<_> =
-            [1, 2, 4, 8, 16].iter().map(|&n| point(n, crate::fit::amdahl_speedup(0.2, n as f64))).collect();
+        let points: Vec<_> = [1, 2, 4, 8, 16]
+            .iter()
+            .map(|&n| point(n, crate::fit::amdahl_speedup(0.2, n as f64)))
+            .collect();
         let diagnosis = diagnose(&points);
         assert_eq!(diagnosis.primary.limiter, Limiter::SerialFraction);
-        assert!(diagnosis.primary.evidence.iter().any(|line| line.contains("s=0.200")), "{diagnosis:?}");
+        assert!(
+            diagnosis
+                .primary
+                .evidence
+                .iter()
+                .any(|line| line.contains("s=0.200")),
+            "{diagnosis:?}"
+        );
     }
 
     #[test]
     fn retrograde_curve_is_coherence() {
-        let points: Vec<_> =
-            [1, 2, 4, 8, 16, 32].iter().map(|&n| point(n, crate::fit::usl_speedup(0.02, 0.01, n as f64))).collect();
+        let points: Vec<_> = [1, 2, 4, 8, 16, 32]
+            .iter()
+            .map(|&n| point(n, crate::fit::usl_speedup(0.02, 0.01, n as f64)))
+            .collect();
         let diagnosis = diagnose(&points);
-        assert_eq!(diagnosis.primary.limiter, Limiter::Coherence, "{diagnosis:?}");
-        assert!(diagnosis.primary.evidence.iter().any(|line| line.contains("fell from")));
+        assert_eq!(
+            diagnosis.primary.limiter,
+            Limiter::Coherence,
+            "{diagnosis:?}"
+        );
+        assert!(diagnosis
+            .primary
+            .evidence
+            .iter()
+            .any(|line| line.contains("fell from")));
         // The same curve also has a large fitted serial fraction; it ranks lower.
-        assert!(diagnosis.also.iter().any(|f| f.limiter == Limiter::SerialFraction));
+        assert!(diagnosis
+            .also
+            .iter()
+            .any(|f| f.limiter == Limiter::SerialFraction));
     }
 
     #[test]
     fn rising_idle_entries_are_blocking_synchronization() {
-        let mut points: Vec<_> = [1, 2, 4].iter().map(|&n| point(n, [1.0, 1.5, 1.8][n.trailing_zeros() as usize])).collect();
+        let mut points: Vec<_> = [1, 2, 4]
+            .iter()
+            .map(|&n| point(n, [1.0, 1.5, 1.8][n.trailing_zeros() as usize]))
+            .collect();
         // Idle entries per run climb with cores, and utilization drops.
-        for (p, (per_run, util)) in points.iter_mut().zip([(40.0, 0.99), (4_000.0, 0.7), (20_000.0, 0.45)]) {
+        for (p, (per_run, util)) in
+            points
+                .iter_mut()
+                .zip([(40.0, 0.99), (4_000.0, 0.7), (20_000.0, 0.45)])
+        {
             let wall = 1.0 / p.speedup;
             p.idle_entries_per_run = Some(per_run);
             p.idle_entries_per_s = Some(per_run / wall);
             p.utilization = util;
         }
         let diagnosis = diagnose(&points);
-        assert_eq!(diagnosis.primary.limiter, Limiter::BlockingSynchronization, "{diagnosis:?}");
-        assert!(diagnosis.suggestion.as_deref().unwrap().contains("gleaner run"));
-        assert!(diagnosis.primary.evidence.iter().any(|line| line.contains("utilization fell")));
+        assert_eq!(
+            diagnosis.primary.limiter,
+            Limiter::BlockingSynchronization,
+            "{diagnosis:?}"
+        );
+        assert!(diagnosis
+            .suggestion
+            .as_deref()
+            .unwrap()
+            .contains("gleaner run"));
+        assert!(diagnosis
+            .primary
+            .evidence
+            .iter()
+            .any(|line| line.contains("utilization fell")));
     }
 
     #[test]
@@ -390,14 +487,21 @@ mod tests {
             p.idle_entries_per_run = Some(5_000.0);
             p.idle_entries_per_s = Some(5_000.0 * p.speedup);
         }
-        assert_ne!(diagnose(&points).primary.limiter, Limiter::BlockingSynchronization);
+        assert_ne!(
+            diagnose(&points).primary.limiter,
+            Limiter::BlockingSynchronization
+        );
     }
 
     #[test]
     fn overhead_outgrowing_payload_is_overhead_events() {
         // Paper's FFT: payload per core fell 1.9x for 4x cores (total ~ +2x), overhead +2.55x per core.
         let mut points = vec![point(16, 1.0), point(32, 1.4), point(64, 1.5)];
-        for (p, (payload, overhead)) in points.iter_mut().zip([(1.0e9, 1.0e7), (1.05e9, 3.0e7), (1.1e9, 1.0e8)]) {
+        for (p, (payload, overhead)) in
+            points
+                .iter_mut()
+                .zip([(1.0e9, 1.0e7), (1.05e9, 3.0e7), (1.1e9, 1.0e8)])
+        {
             p.payload_events = Some(payload);
             p.overhead_events = Some(overhead);
         }
@@ -406,8 +510,16 @@ mod tests {
             p.speedup *= 16.0;
         }
         let diagnosis = diagnose(&points);
-        assert_eq!(diagnosis.primary.limiter, Limiter::OverheadEvents, "{diagnosis:?}");
-        assert!(diagnosis.primary.evidence.iter().any(|line| line.contains("10.00x")));
+        assert_eq!(
+            diagnosis.primary.limiter,
+            Limiter::OverheadEvents,
+            "{diagnosis:?}"
+        );
+        assert!(diagnosis
+            .primary
+            .evidence
+            .iter()
+            .any(|line| line.contains("10.00x")));
     }
 
     #[test]

@@ -19,17 +19,33 @@ pub enum ScaleError {
     #[error("argument {argument:?} contains a NUL byte; remove it")]
     NulInArgument { argument: String },
     #[error("cannot start {program:?}: {source}; check that it is executable")]
-    Exec { program: String, source: std::io::Error },
+    Exec {
+        program: String,
+        source: std::io::Error,
+    },
     #[error("{what} failed: {source}")]
-    Io { what: &'static str, source: std::io::Error },
+    Io {
+        what: &'static str,
+        source: std::io::Error,
+    },
     #[error("{what} failed: {source}")]
-    Os { what: &'static str, source: nix::Error },
+    Os {
+        what: &'static str,
+        source: nix::Error,
+    },
     #[error("the command failed ({status}) at {cpus} CPU(s), run {run}; fix the command (its stderr is shown above) before measuring it")]
-    CommandFailed { cpus: usize, run: u32, status: String },
+    CommandFailed {
+        cpus: usize,
+        run: u32,
+        status: String,
+    },
     #[error("cannot read the CPU affinity of this process: {0}")]
     Affinity(std::io::Error),
     #[error("cannot read {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot parse {path}: {detail}")]
     Parse { path: PathBuf, detail: String },
     #[error("{0}")]
@@ -43,11 +59,28 @@ pub enum ScaleError {
     #[error("--lower-is-better applies to a metric read from the output: add --metric NAME|REGEX, or drop it (in wall-time mode shorter is always better)")]
     LowerWithoutMetric,
     #[error("no match for --metric {metric:?} in the program's stdout at {cpus} CPU(s), run {run}; check the pattern against its output (--show-output shows it){hint}")]
-    MetricNoMatch { metric: String, cpus: usize, run: u32, hint: String },
+    MetricNoMatch {
+        metric: String,
+        cpus: usize,
+        run: u32,
+        hint: String,
+    },
     #[error("--metric {metric:?} captured {text:?} at {cpus} CPU(s), run {run}, which is not a number; make the first capture group match only the number, e.g. ([0-9.]+)")]
-    MetricNotANumber { metric: String, text: String, cpus: usize, run: u32 },
+    MetricNotANumber {
+        metric: String,
+        text: String,
+        cpus: usize,
+        run: u32,
+    },
     #[error("--metric {metric:?} read {value} at {cpus} CPU(s), run {run}; a speedup needs a positive figure: check that the first capture group takes the right number")]
-    MetricNotPositive { metric: String, value: f64, cpus: usize, run: u32 },
-    #[error("cannot write the plot {path}: {detail}; check that the directory exists and is writable")]
+    MetricNotPositive {
+        metric: String,
+        value: f64,
+        cpus: usize,
+        run: u32,
+    },
+    #[error(
+        "cannot write the plot {path}: {detail}; check that the directory exists and is writable"
+    )]
     Plot { path: PathBuf, detail: String },
 }

@@ -94,7 +94,10 @@ fn informative(points: &[SpeedupPoint]) -> Vec<SpeedupPoint> {
 }
 
 fn sum_squared_error(points: &[SpeedupPoint], model: impl Fn(f64) -> f64) -> f64 {
-    points.iter().map(|p| (p.speedup - model(p.cpus)).powi(2)).sum()
+    points
+        .iter()
+        .map(|p| (p.speedup - model(p.cpus)).powi(2))
+        .sum()
 }
 
 /// RMS error in speedup units over all given points (the 1-CPU baseline
@@ -247,7 +250,10 @@ fn linearised_usl(data: &[SpeedupPoint], kappa_identifiable: bool) -> (f64, f64)
 fn solve_2x2(a11: f64, a12: f64, a22: f64, b1: f64, b2: f64) -> (f64, f64) {
     let determinant = a11 * a22 - a12 * a12;
     if determinant.abs() > 1e-12 * (a11 * a22).abs().max(1e-300) {
-        ((b1 * a22 - b2 * a12) / determinant, (a11 * b2 - a12 * b1) / determinant)
+        (
+            (b1 * a22 - b2 * a12) / determinant,
+            (a11 * b2 - a12 * b1) / determinant,
+        )
     } else {
         let x1 = if a11 > 0.0 { b1 / a11 } else { 0.0 };
         let x2 = if a22 > 0.0 { b2 / a22 } else { 0.0 };
@@ -267,7 +273,10 @@ mod tests {
     fn curve(model: impl Fn(f64) -> f64) -> Vec<SpeedupPoint> {
         CORE_COUNTS
             .iter()
-            .map(|&cpus| SpeedupPoint { cpus, speedup: model(cpus) })
+            .map(|&cpus| SpeedupPoint {
+                cpus,
+                speedup: model(cpus),
+            })
             .collect()
     }
 
@@ -303,7 +312,11 @@ mod tests {
         let points: Vec<SpeedupPoint> = curve(|n| usl_speedup(0.1, 0.001, n))
             .into_iter()
             .map(|p| SpeedupPoint {
-                speedup: if p.cpus == 1.0 { 1.0 } else { p.speedup * rng.gen_range(0.98..1.02) },
+                speedup: if p.cpus == 1.0 {
+                    1.0
+                } else {
+                    p.speedup * rng.gen_range(0.98..1.02)
+                },
                 ..p
             })
             .collect();
@@ -316,8 +329,14 @@ mod tests {
     #[test]
     fn usl_with_one_multi_cpu_point_holds_kappa_at_zero() {
         let points = [
-            SpeedupPoint { cpus: 1.0, speedup: 1.0 },
-            SpeedupPoint { cpus: 2.0, speedup: 1.6 },
+            SpeedupPoint {
+                cpus: 1.0,
+                speedup: 1.0,
+            },
+            SpeedupPoint {
+                cpus: 2.0,
+                speedup: 1.6,
+            },
         ];
         let fit = fit_usl(&points).unwrap();
         assert!(fit.kappa_held_at_zero);
@@ -330,8 +349,14 @@ mod tests {
     #[test]
     fn slowdown_with_more_cpus_peaks_at_one_cpu() {
         let points = [
-            SpeedupPoint { cpus: 1.0, speedup: 1.0 },
-            SpeedupPoint { cpus: 2.0, speedup: 0.9 },
+            SpeedupPoint {
+                cpus: 1.0,
+                speedup: 1.0,
+            },
+            SpeedupPoint {
+                cpus: 2.0,
+                speedup: 0.9,
+            },
         ];
         let fit = fit_usl(&points).unwrap();
         assert!(fit.sigma > 1.0, "{fit:?}");
@@ -342,15 +367,24 @@ mod tests {
     fn superlinear_speedup_clamps_parameters_at_zero() {
         let fit = fit_usl(&curve(|n| 1.1 * n)).unwrap();
         assert_eq!((fit.sigma, fit.kappa), (0.0, 0.0));
-        assert_eq!(fit_amdahl(&curve(|n| 1.1 * n)).unwrap().serial_fraction, 0.0);
+        assert_eq!(
+            fit_amdahl(&curve(|n| 1.1 * n)).unwrap().serial_fraction,
+            0.0
+        );
     }
 
     #[test]
     fn no_fit_without_a_multi_cpu_point() {
-        let only_baseline = [SpeedupPoint { cpus: 1.0, speedup: 1.0 }];
+        let only_baseline = [SpeedupPoint {
+            cpus: 1.0,
+            speedup: 1.0,
+        }];
         assert!(fit_amdahl(&only_baseline).is_none());
         assert!(fit_usl(&only_baseline).is_none());
-        let broken = [SpeedupPoint { cpus: 2.0, speedup: f64::NAN }];
+        let broken = [SpeedupPoint {
+            cpus: 2.0,
+            speedup: f64::NAN,
+        }];
         assert!(fit_usl(&broken).is_none());
     }
 

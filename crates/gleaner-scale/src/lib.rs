@@ -85,7 +85,11 @@ pub fn run(args: ScaleArgs) -> anyhow::Result<()> {
 /// Prints the report and writes the plot. Write errors on `out` are ignored:
 /// a reader that closed the pipe early (`gleaner scale … | head -1`) has
 /// taken what it wanted, and must not make us panic (as `println!` would).
-pub fn write_report(out: &mut impl std::io::Write, report: &ScaleReport, args: &ScaleArgs) -> anyhow::Result<()> {
+pub fn write_report(
+    out: &mut impl std::io::Write,
+    report: &ScaleReport,
+    args: &ScaleArgs,
+) -> anyhow::Result<()> {
     if args.json {
         let _ = writeln!(out, "{}", serde_json::to_string_pretty(report)?);
     } else {
@@ -113,7 +117,11 @@ pub fn measure(args: &ScaleArgs, roots: &SystemRoots) -> Result<ScaleReport, Sca
         return Err(ScaleError::LowerWithoutMetric);
     }
     // Parsed before anything runs, so a bad regex costs no measurement.
-    let metric = args.metric.as_deref().map(|spec| Metric::parse(spec, args.lower_is_better)).transpose()?;
+    let metric = args
+        .metric
+        .as_deref()
+        .map(|spec| Metric::parse(spec, args.lower_is_better))
+        .transpose()?;
     let allowed = allowed_cpus()?;
     let counts = cpu_counts(&args.cpus, allowed.len())?;
     let command = PreparedCommand::new(&args.command)?;
@@ -137,7 +145,8 @@ pub fn measure(args: &ScaleArgs, roots: &SystemRoots) -> Result<ScaleReport, Sca
             let measurement = runner.measure(&command, &allowed[..count], &mut idle);
             let measurement = match measurement {
                 Ok(mut measurement) => {
-                    let stdout = String::from_utf8_lossy(&std::mem::take(&mut measurement.stdout)).into_owned();
+                    let stdout = String::from_utf8_lossy(&std::mem::take(&mut measurement.stdout))
+                        .into_owned();
                     if repeat == 1 && index == 0 {
                         detected_metric = metric::detect_preset(&stdout);
                     }
@@ -182,7 +191,11 @@ pub fn measure(args: &ScaleArgs, roots: &SystemRoots) -> Result<ScaleReport, Sca
         metric: metric.as_ref().map(Metric::setup),
         detected_metric,
     };
-    let per_count = counts.iter().zip(runs).map(|(&count, runs)| (allowed[..count].to_vec(), runs)).collect();
+    let per_count = counts
+        .iter()
+        .zip(runs)
+        .map(|(&count, runs)| (allowed[..count].to_vec(), runs))
+        .collect();
     Ok(report::build(setup, per_count))
 }
 
@@ -195,10 +208,25 @@ fn read_metric(metric: &Metric, stdout: &str, cpus: usize, run: u32) -> Result<f
                 .filter(|preset| *preset != spec)
                 .map(|preset| format!("; its output looks like {preset}'s: try --metric {preset}"))
                 .unwrap_or_default();
-            ScaleError::MetricNoMatch { metric: spec, cpus, run, hint }
+            ScaleError::MetricNoMatch {
+                metric: spec,
+                cpus,
+                run,
+                hint,
+            }
         }
-        ReadError::NotANumber(text) => ScaleError::MetricNotANumber { metric: spec, text, cpus, run },
-        ReadError::NotPositive(value) => ScaleError::MetricNotPositive { metric: spec, value, cpus, run },
+        ReadError::NotANumber(text) => ScaleError::MetricNotANumber {
+            metric: spec,
+            text,
+            cpus,
+            run,
+        },
+        ReadError::NotPositive(value) => ScaleError::MetricNotPositive {
+            metric: spec,
+            value,
+            cpus,
+            run,
+        },
     })
 }
 
@@ -219,7 +247,10 @@ pub fn cpu_counts(requested: &[usize], available: usize) -> Result<Vec<usize>, S
                 return Err(ScaleError::ZeroCpus { available });
             }
             if count > available {
-                return Err(ScaleError::TooManyCpus { requested: count, available });
+                return Err(ScaleError::TooManyCpus {
+                    requested: count,
+                    available,
+                });
             }
         }
         let mut counts = requested.to_vec();
@@ -253,7 +284,10 @@ mod tests {
         let zero = cpu_counts(&[0], 2).unwrap_err();
         assert!(zero.to_string().starts_with("--cpus 0"), "{zero}");
         let too_many = cpu_counts(&[1, 99], 2).unwrap_err();
-        assert_eq!(too_many.to_string(), "--cpus 99 exceeds the 2 CPUs this process may use: use counts up to 2");
+        assert_eq!(
+            too_many.to_string(),
+            "--cpus 99 exceeds the 2 CPUs this process may use: use counts up to 2"
+        );
         for err in [zero, too_many] {
             assert!(!err.to_string().contains('\n'));
         }
@@ -262,26 +296,66 @@ mod tests {
     #[test]
     fn missing_command_and_zero_repeat_are_rejected_before_running() {
         let roots = SystemRoots::default();
-        let err = measure(&ScaleArgs { repeat: 3, ..Default::default() }, &roots).unwrap_err();
+        let err = measure(
+            &ScaleArgs {
+                repeat: 3,
+                ..Default::default()
+            },
+            &roots,
+        )
+        .unwrap_err();
         assert!(matches!(err, ScaleError::MissingCommand));
         assert!(err.to_string().contains("after `--`"));
-        let args = ScaleArgs { repeat: 0, command: vec!["true".into()], ..Default::default() };
-        assert!(matches!(measure(&args, &roots).unwrap_err(), ScaleError::ZeroRepeat));
-        let args = ScaleArgs { repeat: 1, cpus: vec![99], command: vec!["true".into()], ..Default::default() };
-        assert!(matches!(measure(&args, &roots).unwrap_err(), ScaleError::TooManyCpus { requested: 99, .. }));
+        let args = ScaleArgs {
+            repeat: 0,
+            command: vec!["true".into()],
+            ..Default::default()
+        };
+        assert!(matches!(
+            measure(&args, &roots).unwrap_err(),
+            ScaleError::ZeroRepeat
+        ));
+        let args = ScaleArgs {
+            repeat: 1,
+            cpus: vec![99],
+            command: vec!["true".into()],
+            ..Default::default()
+        };
+        assert!(matches!(
+            measure(&args, &roots).unwrap_err(),
+            ScaleError::TooManyCpus { requested: 99, .. }
+        ));
     }
 
     #[test]
     fn failing_command_is_named_with_its_cpu_count() {
-        let args =
-            ScaleArgs { repeat: 1, cpus: vec![1], command: vec!["false".into()], ..Default::default() };
+        let args = ScaleArgs {
+            repeat: 1,
+            cpus: vec![1],
+            command: vec!["false".into()],
+            ..Default::default()
+        };
         let err = measure(&args, &SystemRoots::default()).unwrap_err();
-        assert!(matches!(err, ScaleError::CommandFailed { cpus: 1, run: 1, .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                ScaleError::CommandFailed {
+                    cpus: 1,
+                    run: 1,
+                    ..
+                }
+            ),
+            "{err}"
+        );
     }
 
     /// A short run of `sh -c SCRIPT` at 1 CPU (and 2 where allowed).
     fn shell_args(script: &str, metric: Option<&str>) -> ScaleArgs {
-        let cpus = if allowed_cpus().unwrap().len() >= 2 { vec![1, 2] } else { vec![1] };
+        let cpus = if allowed_cpus().unwrap().len() >= 2 {
+            vec![1, 2]
+        } else {
+            vec![1]
+        };
         ScaleArgs {
             repeat: 1,
             cpus,
@@ -297,20 +371,49 @@ mod tests {
         // A bad regex fails before anything runs (the command would fail if it ran).
         let err = measure(&shell_args("exit 1", Some("([0-9")), &roots).unwrap_err();
         assert!(matches!(err, ScaleError::MetricRegex { .. }), "{err}");
-        let err = measure(&ScaleArgs { lower_is_better: true, ..shell_args("exit 1", None) }, &roots).unwrap_err();
+        let err = measure(
+            &ScaleArgs {
+                lower_is_better: true,
+                ..shell_args("exit 1", None)
+            },
+            &roots,
+        )
+        .unwrap_err();
         assert!(matches!(err, ScaleError::LowerWithoutMetric), "{err}");
 
         let mut messages = vec![err.to_string()];
-        let err = measure(&shell_args("echo rate unknown", Some(r"rate: ([0-9.]+)")), &roots).unwrap_err();
-        assert!(matches!(err, ScaleError::MetricNoMatch { cpus: 1, run: 1, .. }), "{err}");
+        let err = measure(
+            &shell_args("echo rate unknown", Some(r"rate: ([0-9.]+)")),
+            &roots,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ScaleError::MetricNoMatch {
+                    cpus: 1,
+                    run: 1,
+                    ..
+                }
+            ),
+            "{err}"
+        );
         assert!(err.to_string().contains("--show-output"), "{err}");
         messages.push(err.to_string());
-        let err = measure(&shell_args("echo rate: 1.2.3", Some(r"rate: ([0-9.]+)")), &roots).unwrap_err();
+        let err = measure(
+            &shell_args("echo rate: 1.2.3", Some(r"rate: ([0-9.]+)")),
+            &roots,
+        )
+        .unwrap_err();
         assert!(matches!(err, ScaleError::MetricNotANumber { .. }), "{err}");
         messages.push(err.to_string());
         // The error points to the preset that would read the output.
         let sysbench = "printf 'total time: 2.0s\\ntotal number of events: 10\\n'";
-        let err = measure(&shell_args(sysbench, Some(r"events per second:\s*([0-9.]+)")), &roots).unwrap_err();
+        let err = measure(
+            &shell_args(sysbench, Some(r"events per second:\s*([0-9.]+)")),
+            &roots,
+        )
+        .unwrap_err();
         assert!(err.to_string().ends_with("try --metric sysbench"), "{err}");
         messages.push(err.to_string());
         for message in messages {
@@ -343,14 +446,24 @@ mod tests {
             #[command(flatten)]
             args: ScaleArgs,
         }
-        let cli = Cli::try_parse_from(["scale", "--cpus", "1,2", "--repeat", "2", "--json", "--", "sh", "-c", "true"])
-            .unwrap();
+        let cli = Cli::try_parse_from([
+            "scale", "--cpus", "1,2", "--repeat", "2", "--json", "--", "sh", "-c", "true",
+        ])
+        .unwrap();
         assert_eq!(cli.args.cpus, vec![1, 2]);
         assert_eq!(cli.args.repeat, 2);
         assert!(cli.args.json);
         assert_eq!(cli.args.command, vec!["sh", "-c", "true"]);
         assert_eq!(cli.args.metric, None);
-        let cli = Cli::try_parse_from(["scale", "--metric", r"p50=([0-9.]+)", "--lower-is-better", "--", "true"]).unwrap();
+        let cli = Cli::try_parse_from([
+            "scale",
+            "--metric",
+            r"p50=([0-9.]+)",
+            "--lower-is-better",
+            "--",
+            "true",
+        ])
+        .unwrap();
         assert_eq!(cli.args.metric.as_deref(), Some(r"p50=([0-9.]+)"));
         assert!(cli.args.lower_is_better);
         assert!(Cli::try_parse_from(["scale", "--cpus", "x", "--", "true"]).is_err());

@@ -81,12 +81,18 @@ impl Metric {
                 let regex = compile(pattern)?;
                 // Group 0 is the whole match; the number must be group 1.
                 if regex.captures_len() < 2 {
-                    return Err(ScaleError::MetricNoGroup { pattern: pattern.to_string() });
+                    return Err(ScaleError::MetricNoGroup {
+                        pattern: pattern.to_string(),
+                    });
                 }
                 Source::Regex(regex)
             }
         };
-        Ok(Self { source, spec: spec.to_string(), higher_is_better: !lower_is_better })
+        Ok(Self {
+            source,
+            spec: spec.to_string(),
+            higher_is_better: !lower_is_better,
+        })
     }
 
     /// Reads the metric from one run's output: the last match, since a final
@@ -117,7 +123,9 @@ impl Metric {
 
     pub fn setup(&self) -> MetricSetup {
         let description = match (&self.source, self.spec.as_str()) {
-            (Source::Sysbench { .. }, _) => "sysbench events/s (total number of events / total time)".to_string(),
+            (Source::Sysbench { .. }, _) => {
+                "sysbench events/s (total number of events / total time)".to_string()
+            }
             (_, GLEANER_WORKLOAD) => "gleaner workload throughput (throughput= field)".to_string(),
             (_, pattern) => format!("first capture group of /{pattern}/"),
         };
@@ -148,15 +156,21 @@ pub fn speedup(baseline: f64, value: f64, higher_is_better: bool) -> f64 {
 /// used to name the exact `--metric` in the fixed-time warning.
 pub fn detect_preset(output: &str) -> Option<&'static str> {
     PRESET_NAMES.into_iter().find(|name| {
-        Metric::parse(name, false).map(|metric| metric.read(output).is_ok()).unwrap_or(false)
+        Metric::parse(name, false)
+            .map(|metric| metric.read(output).is_ok())
+            .unwrap_or(false)
     })
 }
 
 fn last_capture(regex: &Regex, output: &str) -> Result<f64, ReadError> {
-    let captures = regex.captures_iter(output).last().ok_or(ReadError::NoMatch)?;
+    let captures = regex
+        .captures_iter(output)
+        .last()
+        .ok_or(ReadError::NoMatch)?;
     // `captures_len() >= 2` was checked, but an optional group may not take part.
     let text = captures.get(1).ok_or(ReadError::NoMatch)?.as_str().trim();
-    text.parse::<f64>().map_err(|_| ReadError::NotANumber(text.to_string()))
+    text.parse::<f64>()
+        .map_err(|_| ReadError::NotANumber(text.to_string()))
 }
 
 /// Compiles a user's or a built-in pattern (the built-in ones are covered by tests).
@@ -171,7 +185,11 @@ fn compile(pattern: &str) -> Result<Regex, ScaleError> {
 /// then `error: …`); keep the last, which says what is wrong.
 fn one_line_regex_error(err: &regex::Error) -> String {
     let text = err.to_string();
-    let last = text.lines().rev().find(|line| !line.trim().is_empty()).unwrap_or("invalid");
+    let last = text
+        .lines()
+        .rev()
+        .find(|line| !line.trim().is_empty())
+        .unwrap_or("invalid");
     last.trim().trim_start_matches("error: ").to_string()
 }
 
@@ -200,8 +218,14 @@ Latency (ms):
     fn sysbench_preset_divides_events_by_time() {
         let metric = Metric::parse("sysbench", false).unwrap();
         assert_eq!(metric.read(SYSBENCH_THREADS), Ok(36200.0 / 2.007));
-        assert_eq!(metric.read("total number of events: 5\n"), Err(ReadError::NoMatch));
-        assert_eq!(metric.read("total time: 0.0s\ntotal number of events: 5\n"), Err(ReadError::NotPositive(0.0)));
+        assert_eq!(
+            metric.read("total number of events: 5\n"),
+            Err(ReadError::NoMatch)
+        );
+        assert_eq!(
+            metric.read("total time: 0.0s\ntotal number of events: 5\n"),
+            Err(ReadError::NotPositive(0.0))
+        );
     }
 
     #[test]
@@ -232,7 +256,10 @@ Latency (ms):
     fn unreadable_outputs_say_why() {
         let metric = Metric::parse(r"rate: (\S+)", false).unwrap();
         assert_eq!(metric.read("nothing here"), Err(ReadError::NoMatch));
-        assert_eq!(metric.read("rate: fast"), Err(ReadError::NotANumber("fast".to_string())));
+        assert_eq!(
+            metric.read("rate: fast"),
+            Err(ReadError::NotANumber("fast".to_string()))
+        );
         assert_eq!(metric.read("rate: 0"), Err(ReadError::NotPositive(0.0)));
         assert_eq!(metric.read("rate: -3"), Err(ReadError::NotPositive(-3.0)));
         // An optional first group that does not take part is no match, not a panic.
@@ -252,7 +279,10 @@ Latency (ms):
     #[test]
     fn presets_are_detected_from_output() {
         assert_eq!(detect_preset(SYSBENCH_THREADS), Some("sysbench"));
-        assert_eq!(detect_preset("mutex: threads=2 ops=5 elapsed=1.000s throughput=5.0 ops/s"), Some("gleaner-workload"));
+        assert_eq!(
+            detect_preset("mutex: threads=2 ops=5 elapsed=1.000s throughput=5.0 ops/s"),
+            Some("gleaner-workload")
+        );
         assert_eq!(detect_preset("hello\n"), None);
     }
 

@@ -114,15 +114,25 @@ const CPU_TIME_GROWTH: f64 = 1.5;
 /// Builds the report from `(cpus used, runs)` per CPU count, sorted by count
 /// with the 1-CPU baseline first.
 pub fn build(setup: Setup, per_count: Vec<(Vec<usize>, Vec<Measurement>)>) -> ScaleReport {
-    let mut rows: Vec<Row> = per_count.into_iter().map(|(cpu_list, runs)| summarise(cpu_list, runs)).collect();
+    let mut rows: Vec<Row> = per_count
+        .into_iter()
+        .map(|(cpu_list, runs)| summarise(cpu_list, runs))
+        .collect();
     set_speedups(&mut rows, setup.metric.as_ref());
     let warnings = match setup.metric {
-        None => fixed_time_warning(&rows, setup.detected_metric).into_iter().collect(),
+        None => fixed_time_warning(&rows, setup.detected_metric)
+            .into_iter()
+            .collect(),
         Some(_) => Vec::new(),
     };
 
-    let speedups: Vec<SpeedupPoint> =
-        rows.iter().map(|row| SpeedupPoint { cpus: row.cpus as f64, speedup: row.speedup }).collect();
+    let speedups: Vec<SpeedupPoint> = rows
+        .iter()
+        .map(|row| SpeedupPoint {
+            cpus: row.cpus as f64,
+            speedup: row.speedup,
+        })
+        .collect();
     let amdahl = fit_amdahl(&speedups);
     let usl = fit_usl(&speedups);
     let largest = rows.iter().map(|row| row.cpus).max().unwrap_or(1);
@@ -130,7 +140,10 @@ pub fn build(setup: Setup, per_count: Vec<(Vec<usize>, Vec<Measurement>)>) -> Sc
         .map(|fit| {
             [2, 4, 8]
                 .iter()
-                .map(|factor| ModelPrediction { cpus: largest * factor, speedup: fit.speedup((largest * factor) as f64) })
+                .map(|factor| ModelPrediction {
+                    cpus: largest * factor,
+                    speedup: fit.speedup((largest * factor) as f64),
+                })
                 .collect()
         })
         .unwrap_or_default();
@@ -156,17 +169,28 @@ pub fn build(setup: Setup, per_count: Vec<(Vec<usize>, Vec<Measurement>)>) -> Sc
         })
         .collect();
     let diagnosis = classify(&points, fits.amdahl.as_ref(), fits.usl.as_ref());
-    ScaleReport { setup, rows, fits, diagnosis, warnings }
+    ScaleReport {
+        setup,
+        rows,
+        fits,
+        diagnosis,
+        warnings,
+    }
 }
 
 /// Fills in speedup, efficiency and relative work against the first (1-CPU) row.
 fn set_speedups(rows: &mut [Row], metric: Option<&MetricSetup>) {
-    let Some(baseline) = rows.first().cloned() else { return };
+    let Some(baseline) = rows.first().cloned() else {
+        return;
+    };
     for row in rows.iter_mut() {
         (row.speedup, row.relative_work) = match metric {
             None => (baseline.wall_s / row.wall_s, 1.0),
             Some(metric) => {
-                let (base, value) = (baseline.metric.unwrap_or(f64::NAN), row.metric.unwrap_or(f64::NAN));
+                let (base, value) = (
+                    baseline.metric.unwrap_or(f64::NAN),
+                    row.metric.unwrap_or(f64::NAN),
+                );
                 let work = match metric.higher_is_better {
                     true => (value * row.wall_s) / (base * baseline.wall_s),
                     false => 1.0,
@@ -186,16 +210,24 @@ pub fn fixed_time_warning(rows: &[Row], detected_metric: Option<&str>) -> Option
         return None;
     }
     let walls = rows.iter().map(|row| row.wall_s);
-    let (shortest, longest) = (walls.clone().fold(f64::INFINITY, f64::min), walls.fold(0.0, f64::max));
+    let (shortest, longest) = (
+        walls.clone().fold(f64::INFINITY, f64::min),
+        walls.fold(0.0, f64::max),
+    );
     if !(shortest > 0.0 && longest <= shortest * (1.0 + FIXED_TIME_TOLERANCE)) {
         return None;
     }
     let fix = match detected_metric {
         Some(preset) => format!("use --metric {preset} (its output looks like {preset}'s)"),
-        None => format!("use --metric 'REGEX' whose first group captures its rate, e.g. --metric '{}'", metric::EXAMPLE_REGEX),
+        None => format!(
+            "use --metric 'REGEX' whose first group captures its rate, e.g. --metric '{}'",
+            metric::EXAMPLE_REGEX
+        ),
     };
     let cpu_time = |row: &Row| median(row.runs.iter().map(|run| run.cpu_s));
-    let cpu_growth = cpu_time(last).zip(cpu_time(first)).map(|(last, first)| last / first);
+    let cpu_growth = cpu_time(last)
+        .zip(cpu_time(first))
+        .map(|(last, first)| last / first);
     let span = format!(
         "wall time stayed within {:.0}% ({:.3}-{:.3} s) from {} to {} CPUs",
         FIXED_TIME_TOLERANCE * 100.0,
@@ -224,15 +256,26 @@ fn summarise(cpu_list: Vec<usize>, runs: Vec<Measurement>) -> Row {
         let values: Option<Vec<f64>> = runs.iter().map(value).collect();
         median(values?.into_iter())
     };
-    let software = |event: SoftwareEvent| all(&|run: &Measurement| run.software.get(&event).map(|&v| v as f64));
+    let software = |event: SoftwareEvent| {
+        all(&|run: &Measurement| run.software.get(&event).map(|&v| v as f64))
+    };
     let hardware: BTreeMap<HardwareEvent, f64> = HardwareEvent::ALL
         .iter()
-        .filter_map(|&event| all(&|run: &Measurement| run.hardware.get(&event).map(|&v| v as f64)).map(|v| (event, v)))
+        .filter_map(|&event| {
+            all(&|run: &Measurement| run.hardware.get(&event).map(|&v| v as f64))
+                .map(|v| (event, v))
+        })
         .collect();
     let role_sum = |role: EventRole| {
-        let events: Vec<HardwareEvent> = HardwareEvent::ALL.into_iter().filter(|e| e.role() == role).collect();
+        let events: Vec<HardwareEvent> = HardwareEvent::ALL
+            .into_iter()
+            .filter(|e| e.role() == role)
+            .collect();
         // Only when every event of the role was counted, so sums compare across rows.
-        events.iter().map(|event| hardware.get(event)).sum::<Option<f64>>()
+        events
+            .iter()
+            .map(|event| hardware.get(event))
+            .sum::<Option<f64>>()
     };
     let idle_entries_per_run = all(&|run: &Measurement| run.idle_entries.map(|v| v as f64));
     let metrics: Option<Vec<f64>> = runs.iter().map(|run| run.metric).collect();
@@ -241,22 +284,35 @@ fn summarise(cpu_list: Vec<usize>, runs: Vec<Measurement>) -> Row {
         wall_s,
         wall_s_min: walls().fold(f64::INFINITY, f64::min),
         wall_s_max: walls().fold(f64::NEG_INFINITY, f64::max),
-        metric: metrics.as_ref().and_then(|values| median(values.iter().copied())),
-        metric_min: metrics.as_ref().and_then(|values| values.iter().copied().reduce(f64::min)),
-        metric_max: metrics.as_ref().and_then(|values| values.iter().copied().reduce(f64::max)),
+        metric: metrics
+            .as_ref()
+            .and_then(|values| median(values.iter().copied())),
+        metric_min: metrics
+            .as_ref()
+            .and_then(|values| values.iter().copied().reduce(f64::min)),
+        metric_max: metrics
+            .as_ref()
+            .and_then(|values| values.iter().copied().reduce(f64::max)),
         // Set by `set_speedups`, which needs the baseline row.
         relative_work: 1.0,
         speedup: f64::NAN,
         efficiency: f64::NAN,
-        utilization: all(&|run: &Measurement| Some(run.cpu_s / (run.wall_s * cpus as f64))).unwrap_or(f64::NAN),
-        idle_entries_per_s: all(&|run: &Measurement| run.idle_entries.map(|v| v as f64 / run.wall_s)),
+        utilization: all(&|run: &Measurement| Some(run.cpu_s / (run.wall_s * cpus as f64)))
+            .unwrap_or(f64::NAN),
+        idle_entries_per_s: all(&|run: &Measurement| {
+            run.idle_entries.map(|v| v as f64 / run.wall_s)
+        }),
         idle_entries_per_run,
-        voluntary_switches: all(&|run: &Measurement| Some(run.voluntary_switches as f64)).unwrap_or(f64::NAN),
-        involuntary_switches: all(&|run: &Measurement| Some(run.involuntary_switches as f64)).unwrap_or(f64::NAN),
+        voluntary_switches: all(&|run: &Measurement| Some(run.voluntary_switches as f64))
+            .unwrap_or(f64::NAN),
+        involuntary_switches: all(&|run: &Measurement| Some(run.involuntary_switches as f64))
+            .unwrap_or(f64::NAN),
         context_switches: software(SoftwareEvent::ContextSwitches),
         migrations: software(SoftwareEvent::CpuMigrations),
         task_clock_s: software(SoftwareEvent::TaskClock).map(|ns| ns / 1e9),
-        steal_fraction: all(&|run: &Measurement| run.steal_s.map(|steal| steal / (run.wall_s * cpus as f64))),
+        steal_fraction: all(&|run: &Measurement| {
+            run.steal_s.map(|steal| steal / (run.wall_s * cpus as f64))
+        }),
         payload_events: role_sum(EventRole::Payload),
         overhead_events: role_sum(EventRole::Overhead),
         hardware,
@@ -273,7 +329,11 @@ fn median(values: impl Iterator<Item = f64>) -> Option<f64> {
     }
     sorted.sort_by(f64::total_cmp);
     let middle = sorted.len() / 2;
-    Some(if sorted.len().is_multiple_of(2) { (sorted[middle - 1] + sorted[middle]) / 2.0 } else { sorted[middle] })
+    Some(if sorted.len().is_multiple_of(2) {
+        (sorted[middle - 1] + sorted[middle]) / 2.0
+    } else {
+        sorted[middle]
+    })
 }
 
 /// Compact counts: 950, 12.3k, 4.56M.
@@ -300,7 +360,9 @@ fn format_metric(value: f64) -> String {
 }
 
 fn format_percent(value: Option<f64>) -> String {
-    value.filter(|v| v.is_finite()).map_or("-".to_string(), |v| format!("{:.0}%", v * 100.0))
+    value
+        .filter(|v| v.is_finite())
+        .map_or("-".to_string(), |v| format!("{:.0}%", v * 100.0))
 }
 
 /// Right-aligns every column to its widest cell.
@@ -312,8 +374,11 @@ fn aligned(header: &[&str], rows: &[Vec<String>]) -> String {
         }
     }
     let line = |cells: Vec<String>| {
-        let padded: Vec<String> =
-            cells.iter().zip(&widths).map(|(cell, &width)| format!("{cell:>width$}")).collect();
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(cell, &width)| format!("{cell:>width$}"))
+            .collect();
         padded.join("  ").trim_end().to_string()
     };
     let mut out = line(header.iter().map(|h| h.to_string()).collect());
@@ -340,10 +405,16 @@ pub fn render_table(report: &ScaleReport) -> String {
                 out,
                 "speedup from the metric: {} ({} is better)\n",
                 metric.description,
-                if metric.higher_is_better { "higher" } else { "lower" }
+                if metric.higher_is_better {
+                    "higher"
+                } else {
+                    "lower"
+                }
             );
         }
-        None => out.push_str("speedup from wall time (use --metric for programs that run for a fixed time)\n\n"),
+        None => out.push_str(
+            "speedup from wall time (use --metric for programs that run for a fixed time)\n\n",
+        ),
     }
     let hardware = !setup.counters.hardware.is_empty();
     let throughput = setup.metric.is_some();
@@ -352,7 +423,8 @@ pub fn render_table(report: &ScaleReport) -> String {
         header.push("metric");
     }
     header.extend([
-        "spread", "speedup", "eff", "util", "idle/s", "vol_cs", "invol_cs", "ctx_sw", "migr", "steal",
+        "spread", "speedup", "eff", "util", "idle/s", "vol_cs", "invol_cs", "ctx_sw", "migr",
+        "steal",
     ]);
     if hardware {
         header.extend(["IPC", "payload", "overhead"]);
@@ -375,7 +447,11 @@ pub fn render_table(report: &ScaleReport) -> String {
                 _ => 50.0 * (row.wall_s_max - row.wall_s_min) / row.wall_s,
             };
             cells.extend([
-                if spread.is_finite() { format!("±{spread:.0}%") } else { "-".to_string() },
+                if spread.is_finite() {
+                    format!("±{spread:.0}%")
+                } else {
+                    "-".to_string()
+                },
                 format!("{:.2}", row.speedup),
                 format_percent(Some(row.efficiency)),
                 format_percent(Some(row.utilization)),
@@ -406,8 +482,16 @@ pub fn render_table(report: &ScaleReport) -> String {
         out,
         "(idle/s: vCPU idle entries per second on the run's CPUs; counts are per run; \
          spread: half the min-max range of {}{})",
-        if throughput { "the metric" } else { "wall time" },
-        if hardware { "; payload: L1d misses, overhead: L1i + dTLB + iTLB misses" } else { "" }
+        if throughput {
+            "the metric"
+        } else {
+            "wall time"
+        },
+        if hardware {
+            "; payload: L1d misses, overhead: L1i + dTLB + iTLB misses"
+        } else {
+            ""
+        }
     );
     for warning in &report.warnings {
         let _ = writeln!(out, "\nWARNING: {warning}");
@@ -417,7 +501,9 @@ pub fn render_table(report: &ScaleReport) -> String {
     let fits = &report.fits;
     match &fits.amdahl {
         Some(fit) => {
-            let limit = fit.speedup_limit().map_or("unbounded".to_string(), |l| format!("{l:.1}x"));
+            let limit = fit
+                .speedup_limit()
+                .map_or("unbounded".to_string(), |l| format!("{l:.1}x"));
             let _ = writeln!(
                 out,
                 "Amdahl: serial fraction s = {:.4}  (rms error {:.3}; speedup limit {limit})",
@@ -435,7 +521,11 @@ pub fn render_table(report: &ScaleReport) -> String {
                     true => format!("none: speedup rises toward {:.1}", 1.0 / fit.sigma),
                     false => "none: linear".to_string(),
                 });
-            let held = if fit.kappa_held_at_zero { ", kappa held at 0: one CPU count above 1" } else { "" };
+            let held = if fit.kappa_held_at_zero {
+                ", kappa held at 0: one CPU count above 1"
+            } else {
+                ""
+            };
             let _ = writeln!(
                 out,
                 "USL: sigma = {:.4}, kappa = {:.5}  (rms error {:.3}{held}); predicted peak: {peak}",
@@ -445,8 +535,11 @@ pub fn render_table(report: &ScaleReport) -> String {
         None => out.push_str("USL: not fitted (needs a CPU count above 1)\n"),
     }
     if !fits.predictions.is_empty() {
-        let predictions: Vec<String> =
-            fits.predictions.iter().map(|p| format!("{} CPUs -> {:.2}", p.cpus, p.speedup)).collect();
+        let predictions: Vec<String> = fits
+            .predictions
+            .iter()
+            .map(|p| format!("{} CPUs -> {:.2}", p.cpus, p.speedup))
+            .collect();
         let _ = writeln!(out, "{}: {}", fits.predictions_note, predictions.join(", "));
     }
 
@@ -467,9 +560,10 @@ pub fn render_table(report: &ScaleReport) -> String {
 
     let mut notes: Vec<String> = diagnosis.caveats.clone();
     match setup.idle_source {
-        IdleEntrySource::Unavailable => {
-            notes.push(format!("idle transitions {}", describe_idle_source(IdleEntrySource::Unavailable)))
-        }
+        IdleEntrySource::Unavailable => notes.push(format!(
+            "idle transitions {}",
+            describe_idle_source(IdleEntrySource::Unavailable)
+        )),
         source => notes.push(format!(
             "idle entries from {}; they include other activity on those CPUs",
             describe_idle_source(source)
@@ -488,14 +582,21 @@ pub fn render_table(report: &ScaleReport) -> String {
 /// Draws speedup (measured, ideal, fits and the USL prediction) and the key
 /// counters against cores into a PNG at `path`.
 pub fn write_plot(report: &ScaleReport, path: &Path) -> Result<(), ScaleError> {
-    let plot_error = |detail: String| ScaleError::Plot { path: path.to_owned(), detail };
+    let plot_error = |detail: String| ScaleError::Plot {
+        path: path.to_owned(),
+        detail,
+    };
     // The font is compiled in (DejaVu Sans), so plotting needs no system fonts.
     plotters::style::register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular())
         .map_err(|_| plot_error("the built-in font could not be loaded".to_string()))?;
-    let has_hardware = report.rows.iter().any(|row| row.payload_events.is_some() && row.overhead_events.is_some());
+    let has_hardware = report
+        .rows
+        .iter()
+        .any(|row| row.payload_events.is_some() && row.overhead_events.is_some());
     let panels = if has_hardware { 3 } else { 2 };
     let root = BitMapBackend::new(path, (560 * panels as u32, 480)).into_drawing_area();
-    root.fill(&WHITE).map_err(|err| plot_error(err.to_string()))?;
+    root.fill(&WHITE)
+        .map_err(|err| plot_error(err.to_string()))?;
     let areas = root.split_evenly((1, panels));
     draw_speedup(report, &areas[0]).map_err(|err| plot_error(err.to_string()))?;
     draw_rates(report, &areas[1]).map_err(|err| plot_error(err.to_string()))?;
@@ -514,7 +615,12 @@ fn draw_speedup(report: &ScaleReport, area: &Area<'_>) -> PlotResult {
     let largest = report.rows.iter().map(|row| row.cpus).max().unwrap_or(1) as f64;
     // Extend to twice the measured range so the USL prediction is visible.
     let x_max = (largest * 2.0).max(2.0);
-    let measured_max = report.rows.iter().map(|row| row.speedup).filter(|s| s.is_finite()).fold(1.0, f64::max);
+    let measured_max = report
+        .rows
+        .iter()
+        .map(|row| row.speedup)
+        .filter(|s| s.is_finite())
+        .fold(1.0, f64::max);
     let y_max = (measured_max.max(largest) * 1.15).max(1.5);
     let mut chart = ChartBuilder::on(area)
         .caption("Speedup vs CPUs", ("sans-serif", 22))
@@ -533,12 +639,18 @@ fn draw_speedup(report: &ScaleReport, area: &Area<'_>) -> PlotResult {
     let steps = 200;
     let xs = move || (0..=steps).map(move |i| 1.0 + (x_max - 1.0) * i as f64 / steps as f64);
     chart
-        .draw_series(LineSeries::new([(1.0, 1.0), (x_max.min(y_max), x_max.min(y_max))], BLACK.mix(0.3)))?
+        .draw_series(LineSeries::new(
+            [(1.0, 1.0), (x_max.min(y_max), x_max.min(y_max))],
+            BLACK.mix(0.3),
+        ))?
         .label("ideal")
         .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], BLACK.mix(0.3)));
     if let Some(fit) = report.fits.amdahl {
         chart
-            .draw_series(LineSeries::new(xs().map(|n| (n, fit.speedup(n))), GREEN.stroke_width(2)))?
+            .draw_series(LineSeries::new(
+                xs().map(|n| (n, fit.speedup(n))),
+                GREEN.stroke_width(2),
+            ))?
             .label(format!("Amdahl s={:.3}", fit.serial_fraction))
             .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], GREEN.stroke_width(2)));
     }
@@ -548,7 +660,10 @@ fn draw_speedup(report: &ScaleReport, area: &Area<'_>) -> PlotResult {
         let beyond = xs().filter(|&n| n >= largest).map(|n| (n, fit.speedup(n)));
         chart
             .draw_series(DashedLineSeries::new(beyond, 6, 4, BLUE.stroke_width(2)))?
-            .label(format!("USL σ={:.3} κ={:.4} (dashed: model prediction)", fit.sigma, fit.kappa))
+            .label(format!(
+                "USL σ={:.3} κ={:.4} (dashed: model prediction)",
+                fit.sigma, fit.kappa
+            ))
             .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], BLUE.stroke_width(2)));
     }
     let measured: Vec<(f64, f64)> = report
@@ -558,7 +673,11 @@ fn draw_speedup(report: &ScaleReport, area: &Area<'_>) -> PlotResult {
         .map(|row| (row.cpus as f64, row.speedup))
         .collect();
     chart
-        .draw_series(measured.iter().map(|&point| Circle::new(point, 5, RED.filled())))?
+        .draw_series(
+            measured
+                .iter()
+                .map(|&point| Circle::new(point, 5, RED.filled())),
+        )?
         .label("measured (median)")
         .legend(|(x, y)| Circle::new((x + 9, y), 4, RED.filled()));
     chart
@@ -578,12 +697,24 @@ fn draw_log_series(
     y_desc: &str,
     series: &[Series<'_>],
 ) -> PlotResult {
-    let largest = series.iter().flat_map(|(_, _, points)| points.iter().map(|p| p.0)).fold(1.0, f64::max);
-    let positive = || series.iter().flat_map(|(_, _, points)| points.iter().map(|p| p.1)).filter(|v| *v > 0.0 && v.is_finite());
+    let largest = series
+        .iter()
+        .flat_map(|(_, _, points)| points.iter().map(|p| p.0))
+        .fold(1.0, f64::max);
+    let positive = || {
+        series
+            .iter()
+            .flat_map(|(_, _, points)| points.iter().map(|p| p.1))
+            .filter(|v| *v > 0.0 && v.is_finite())
+    };
     let y_min = positive().fold(f64::INFINITY, f64::min);
     let y_max = positive().fold(0.0, f64::max);
     // A decade of headroom on top keeps the legend clear of the data.
-    let (y_min, y_max) = if y_min.is_finite() { (y_min / 2.0, y_max * 20.0) } else { (0.1, 10.0) };
+    let (y_min, y_max) = if y_min.is_finite() {
+        (y_min / 2.0, y_max * 20.0)
+    } else {
+        (0.1, 10.0)
+    };
     let mut chart = ChartBuilder::on(area)
         .caption(caption, ("sans-serif", 22))
         .margin(12)
@@ -599,13 +730,21 @@ fn draw_log_series(
         .light_line_style(WHITE)
         .draw()?;
     for (label, color, points) in series {
-        let points: Vec<(f64, f64)> = points.iter().copied().filter(|p| p.1 > 0.0 && p.1.is_finite()).collect();
+        let points: Vec<(f64, f64)> = points
+            .iter()
+            .copied()
+            .filter(|p| p.1 > 0.0 && p.1.is_finite())
+            .collect();
         let color = *color;
         chart
             .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
             .label(*label)
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color.stroke_width(2)));
-        chart.draw_series(points.into_iter().map(|p| Circle::new(p, 4, color.filled())))?;
+        chart.draw_series(
+            points
+                .into_iter()
+                .map(|p| Circle::new(p, 4, color.filled())),
+        )?;
     }
     chart
         .configure_series_labels()
@@ -619,31 +758,67 @@ fn draw_log_series(
 
 fn draw_rates(report: &ScaleReport, area: &Area<'_>) -> PlotResult {
     let per_second = |value: fn(&Row) -> Option<f64>| -> Vec<(f64, f64)> {
-        report.rows.iter().filter_map(|row| value(row).map(|v| (row.cpus as f64, v / row.wall_s))).collect()
+        report
+            .rows
+            .iter()
+            .filter_map(|row| value(row).map(|v| (row.cpus as f64, v / row.wall_s)))
+            .collect()
     };
     let mut series = vec![
-        ("voluntary ctx switches/s", BLUE, per_second(|row| Some(row.voluntary_switches))),
-        ("involuntary ctx switches/s", CYAN, per_second(|row| Some(row.involuntary_switches))),
+        (
+            "voluntary ctx switches/s",
+            BLUE,
+            per_second(|row| Some(row.voluntary_switches)),
+        ),
+        (
+            "involuntary ctx switches/s",
+            CYAN,
+            per_second(|row| Some(row.involuntary_switches)),
+        ),
         ("migrations/s", MAGENTA, per_second(|row| row.migrations)),
     ];
-    let idle: Vec<(f64, f64)> =
-        report.rows.iter().filter_map(|row| row.idle_entries_per_s.map(|v| (row.cpus as f64, v))).collect();
+    let idle: Vec<(f64, f64)> = report
+        .rows
+        .iter()
+        .filter_map(|row| row.idle_entries_per_s.map(|v| (row.cpus as f64, v)))
+        .collect();
     if !idle.is_empty() {
         series.insert(0, ("vCPU idle entries/s", RED, idle));
     }
-    draw_log_series(area, "Blocking signals vs CPUs", "events per second", &series)
+    draw_log_series(
+        area,
+        "Blocking signals vs CPUs",
+        "events per second",
+        &series,
+    )
 }
 
 fn draw_events(report: &ScaleReport, area: &Area<'_>) -> PlotResult {
     // Per unit of work: a fixed-time run at more CPUs does more of it.
     let per_run = |value: fn(&Row) -> Option<f64>| -> Vec<(f64, f64)> {
-        report.rows.iter().filter_map(|row| value(row).map(|v| (row.cpus as f64, v / row.relative_work))).collect()
+        report
+            .rows
+            .iter()
+            .filter_map(|row| value(row).map(|v| (row.cpus as f64, v / row.relative_work)))
+            .collect()
     };
     let series = [
-        ("payload (L1d misses)", GREEN, per_run(|row| row.payload_events)),
-        ("overhead (L1i + TLB misses)", RED, per_run(|row| row.overhead_events)),
+        (
+            "payload (L1d misses)",
+            GREEN,
+            per_run(|row| row.payload_events),
+        ),
+        (
+            "overhead (L1i + TLB misses)",
+            RED,
+            per_run(|row| row.overhead_events),
+        ),
     ];
-    let unit = if report.setup.metric.is_some() { "events per 1-CPU run's work" } else { "events per run" };
+    let unit = if report.setup.metric.is_some() {
+        "events per 1-CPU run's work"
+    } else {
+        "events per run"
+    };
     draw_log_series(area, "Hardware events per unit of work", unit, &series)
 }
 
@@ -670,12 +845,21 @@ mod tests {
 
     /// A run of a fixed-time benchmark: `cpu_s` of CPU time in 2 s, printing `rate`.
     fn fixed_time_run(cpu_s: f64, rate: Option<f64>) -> Measurement {
-        Measurement { wall_s: 2.0, cpu_s, metric: rate, ..measurement(2.0, 100) }
+        Measurement {
+            wall_s: 2.0,
+            cpu_s,
+            metric: rate,
+            ..measurement(2.0, 100)
+        }
     }
 
     fn throughput_setup(higher_is_better: bool) -> Setup {
-        let metric = crate::metric::Metric::parse(crate::metric::EXAMPLE_REGEX, !higher_is_better).unwrap();
-        Setup { metric: Some(metric.setup()), ..setup() }
+        let metric =
+            crate::metric::Metric::parse(crate::metric::EXAMPLE_REGEX, !higher_is_better).unwrap();
+        Setup {
+            metric: Some(metric.setup()),
+            ..setup()
+        }
     }
 
     fn setup() -> Setup {
@@ -694,7 +878,14 @@ mod tests {
         build(
             setup(),
             vec![
-                (vec![0], vec![measurement(1.0, 10), measurement(1.2, 12), measurement(0.9, 11)]),
+                (
+                    vec![0],
+                    vec![
+                        measurement(1.0, 10),
+                        measurement(1.2, 12),
+                        measurement(0.9, 11),
+                    ],
+                ),
                 (vec![0, 1], vec![measurement(0.55, 20); 3]),
                 (vec![0, 1, 2, 3], vec![measurement(0.4, 40); 3]),
             ],
@@ -718,18 +909,33 @@ mod tests {
         assert_eq!(report.rows[2].migrations, Some(3.0));
         // No software context-switch counter in these runs: shown as absent, not zero.
         assert_eq!(report.rows[2].context_switches, None);
-        assert_eq!(report.fits.predictions.iter().map(|p| p.cpus).collect::<Vec<_>>(), vec![8, 16, 32]);
+        assert_eq!(
+            report
+                .fits
+                .predictions
+                .iter()
+                .map(|p| p.cpus)
+                .collect::<Vec<_>>(),
+            vec![8, 16, 32]
+        );
     }
 
     #[test]
     fn table_has_one_aligned_row_per_cpu_count() {
         let table = render_table(&sample_report());
         let lines: Vec<&str> = table.lines().collect();
-        let header = lines.iter().position(|line| line.trim_start().starts_with("cpus")).unwrap();
+        let header = lines
+            .iter()
+            .position(|line| line.trim_start().starts_with("cpus"))
+            .unwrap();
         for (offset, cpus) in ["1", "2", "4"].iter().enumerate() {
             let row = lines[header + 1 + offset];
             assert_eq!(row.split_whitespace().next(), Some(*cpus), "{table}");
-            assert_eq!(row.chars().count(), lines[header].chars().count(), "misaligned:\n{table}");
+            assert_eq!(
+                row.chars().count(),
+                lines[header].chars().count(),
+                "misaligned:\n{table}"
+            );
         }
         assert!(table.contains("Limiter:"));
         assert!(table.contains("USL model predictions, not measurements"));
@@ -750,7 +956,14 @@ mod tests {
         let report = build(
             throughput_setup(true),
             vec![
-                (vec![0], vec![fixed_time_run(2.0, Some(1000.0)), fixed_time_run(2.0, Some(1100.0)), fixed_time_run(2.0, Some(900.0))]),
+                (
+                    vec![0],
+                    vec![
+                        fixed_time_run(2.0, Some(1000.0)),
+                        fixed_time_run(2.0, Some(1100.0)),
+                        fixed_time_run(2.0, Some(900.0)),
+                    ],
+                ),
                 (vec![0, 1], vec![fixed_time_run(4.0, Some(1900.0)); 3]),
             ],
         );
@@ -761,12 +974,22 @@ mod tests {
         // Twice the work in the same time: per-run counts compare per unit of work.
         assert!((report.rows[1].relative_work - 1.9).abs() < 1e-12);
         // The fits use the metric speedup: almost no serial fraction (wall time would say s = 1).
-        assert!(report.fits.amdahl.unwrap().serial_fraction < 0.1, "{:?}", report.fits.amdahl);
-        assert_eq!(report.diagnosis.primary.limiter, crate::classify::Limiter::ScalesWell);
+        assert!(
+            report.fits.amdahl.unwrap().serial_fraction < 0.1,
+            "{:?}",
+            report.fits.amdahl
+        );
+        assert_eq!(
+            report.diagnosis.primary.limiter,
+            crate::classify::Limiter::ScalesWell
+        );
         assert!(report.warnings.is_empty(), "{:?}", report.warnings);
         let table = render_table(&report);
         assert!(table.contains("speedup from the metric"), "{table}");
-        let header = table.lines().find(|line| line.trim_start().starts_with("cpus")).unwrap();
+        let header = table
+            .lines()
+            .find(|line| line.trim_start().starts_with("cpus"))
+            .unwrap();
         assert!(header.contains("metric"), "{table}");
         assert!(table.contains("±10%"), "spread of the metric: {table}");
         let json = serde_json::to_value(&report).unwrap();
@@ -778,7 +1001,10 @@ mod tests {
     fn lower_is_better_inverts_the_ratio() {
         let report = build(
             throughput_setup(false),
-            vec![(vec![0], vec![fixed_time_run(2.0, Some(8.0))]), (vec![0, 1], vec![fixed_time_run(2.0, Some(5.0))])],
+            vec![
+                (vec![0], vec![fixed_time_run(2.0, Some(8.0))]),
+                (vec![0, 1], vec![fixed_time_run(2.0, Some(5.0))]),
+            ],
         );
         assert!((report.rows[1].speedup - 1.6).abs() < 1e-12);
         assert_eq!(report.rows[1].relative_work, 1.0);
@@ -789,25 +1015,54 @@ mod tests {
         let fixed_time = || {
             vec![
                 (vec![0], vec![fixed_time_run(2.0, None)]),
-                (vec![0, 1], vec![Measurement { wall_s: 2.04, ..fixed_time_run(4.0, None) }]),
+                (
+                    vec![0, 1],
+                    vec![Measurement {
+                        wall_s: 2.04,
+                        ..fixed_time_run(4.0, None)
+                    }],
+                ),
             ]
         };
-        let report = build(Setup { detected_metric: Some("sysbench"), ..setup() }, fixed_time());
+        let report = build(
+            Setup {
+                detected_metric: Some("sysbench"),
+                ..setup()
+            },
+            fixed_time(),
+        );
         assert_eq!(report.warnings.len(), 1, "{:?}", report.warnings);
         let warning = &report.warnings[0];
-        assert!(warning.contains("seems to run for a fixed time"), "{warning}");
+        assert!(
+            warning.contains("seems to run for a fixed time"),
+            "{warning}"
+        );
         assert!(warning.contains("CPU time grew 2.0x"), "{warning}");
         assert!(warning.contains("--metric sysbench"), "{warning}");
         assert!(render_table(&report).contains(&format!("WARNING: {warning}")));
-        assert_eq!(serde_json::to_value(&report).unwrap()["warnings"][0], warning.as_str());
+        assert_eq!(
+            serde_json::to_value(&report).unwrap()["warnings"][0],
+            warning.as_str()
+        );
 
         // CPU time flat too (a serial program): both readings are offered, with a regex example.
         let serial = build(
             setup(),
-            vec![(vec![0], vec![fixed_time_run(2.0, None)]), (vec![0, 1], vec![fixed_time_run(2.0, None)])],
+            vec![
+                (vec![0], vec![fixed_time_run(2.0, None)]),
+                (vec![0, 1], vec![fixed_time_run(2.0, None)]),
+            ],
         );
-        assert!(serial.warnings[0].contains("uses one CPU only"), "{:?}", serial.warnings);
-        assert!(serial.warnings[0].contains(crate::metric::EXAMPLE_REGEX), "{:?}", serial.warnings);
+        assert!(
+            serial.warnings[0].contains("uses one CPU only"),
+            "{:?}",
+            serial.warnings
+        );
+        assert!(
+            serial.warnings[0].contains(crate::metric::EXAMPLE_REGEX),
+            "{:?}",
+            serial.warnings
+        );
 
         // A real change in wall time, or throughput mode: no warning.
         assert!(sample_report().warnings.is_empty());
@@ -816,7 +1071,9 @@ mod tests {
         for (_, runs) in &mut throughput {
             runs[0].metric = Some(10.0);
         }
-        assert!(build(throughput_setup(true), throughput).warnings.is_empty());
+        assert!(build(throughput_setup(true), throughput)
+            .warnings
+            .is_empty());
     }
 
     #[test]
@@ -826,7 +1083,8 @@ mod tests {
         write_plot(&sample_report(), &path).unwrap();
         let bytes = std::fs::read(&path).unwrap();
         assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
-        let err = write_plot(&sample_report(), &dir.path().join("missing-dir/scale.png")).unwrap_err();
+        let err =
+            write_plot(&sample_report(), &dir.path().join("missing-dir/scale.png")).unwrap_err();
         assert!(err.to_string().contains("missing-dir"), "{err}");
     }
 }

@@ -22,8 +22,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::time::Instant;
 
-use nix::fcntl::OFlag;
 use gleaner_sys::affinity::CpuMask;
+use nix::fcntl::OFlag;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::{ForkResult, Pid};
 use perf_event::events::{Cache, CacheId, CacheOp, CacheResult, Hardware, Software};
@@ -113,7 +113,11 @@ impl HardwareEvent {
     }
 
     fn builder(self) -> Builder<'static> {
-        let read_miss = |which| Cache { which, operation: CacheOp::READ, result: CacheResult::MISS };
+        let read_miss = |which| Cache {
+            which,
+            operation: CacheOp::READ,
+            result: CacheResult::MISS,
+        };
         match self {
             Self::Instructions => Builder::new(Hardware::INSTRUCTIONS),
             Self::Cycles => Builder::new(Hardware::CPU_CYCLES),
@@ -158,14 +162,18 @@ impl CounterPlan {
 
         let mut hardware_errors: Vec<(HardwareEvent, std::io::Error)> = Vec::new();
         for event in HardwareEvent::ALL {
-            let opened = event.builder().exclude_kernel(false).build().or_else(|err| {
-                if err.raw_os_error() == Some(libc::EACCES) {
-                    plan.hardware_user_only = true;
-                    event.builder().exclude_kernel(true).build()
-                } else {
-                    Err(err)
-                }
-            });
+            let opened = event
+                .builder()
+                .exclude_kernel(false)
+                .build()
+                .or_else(|err| {
+                    if err.raw_os_error() == Some(libc::EACCES) {
+                        plan.hardware_user_only = true;
+                        event.builder().exclude_kernel(true).build()
+                    } else {
+                        Err(err)
+                    }
+                });
             match opened {
                 Ok(_) => plan.hardware.push(event),
                 Err(err) => hardware_errors.push((event, err)),
@@ -180,8 +188,14 @@ impl CounterPlan {
                 ));
             }
         } else if !hardware_errors.is_empty() {
-            let missing: Vec<&str> = hardware_errors.iter().map(|(event, _)| event.label()).collect();
-            plan.notes.push(format!("hardware events not supported here: {}", missing.join(", ")));
+            let missing: Vec<&str> = hardware_errors
+                .iter()
+                .map(|(event, _)| event.label())
+                .collect();
+            plan.notes.push(format!(
+                "hardware events not supported here: {}",
+                missing.join(", ")
+            ));
         }
         if plan.hardware_user_only && !plan.hardware.is_empty() {
             plan.notes.push(
@@ -195,7 +209,9 @@ impl CounterPlan {
 
 fn permission_hint(err: &std::io::Error) -> &'static str {
     match err.raw_os_error() {
-        Some(libc::EACCES) | Some(libc::EPERM) => " (run as root or set kernel.perf_event_paranoid to 1 or less)",
+        Some(libc::EACCES) | Some(libc::EPERM) => {
+            " (run as root or set kernel.perf_event_paranoid to 1 or less)"
+        }
         _ => "",
     }
 }
@@ -211,12 +227,21 @@ pub struct PreparedCommand {
 impl PreparedCommand {
     pub fn new(command: &[String]) -> Result<Self, ScaleError> {
         let program = command.first().ok_or(ScaleError::MissingCommand)?;
-        let path = resolve_program(program, std::env::var_os("PATH").as_deref())
-            .ok_or_else(|| ScaleError::CommandNotFound { program: program.clone() })?;
+        let path =
+            resolve_program(program, std::env::var_os("PATH").as_deref()).ok_or_else(|| {
+                ScaleError::CommandNotFound {
+                    program: program.clone(),
+                }
+            })?;
         let to_cstring = |text: &str| {
-            CString::new(text).map_err(|_| ScaleError::NulInArgument { argument: text.to_string() })
+            CString::new(text).map_err(|_| ScaleError::NulInArgument {
+                argument: text.to_string(),
+            })
         };
-        let argv = command.iter().map(|arg| to_cstring(arg)).collect::<Result<Vec<_>, _>>()?;
+        let argv = command
+            .iter()
+            .map(|arg| to_cstring(arg))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             display: command.join(" "),
             path: to_cstring(&path.to_string_lossy())?,
@@ -339,7 +364,11 @@ pub struct Runner {
 
 impl Runner {
     pub fn new(roots: SystemRoots, plan: CounterPlan, show_output: bool) -> Self {
-        Self { roots, plan, show_output }
+        Self {
+            roots,
+            plan,
+            show_output,
+        }
     }
 
     /// Runs `command` once with its affinity set to `cpus` and returns what was
@@ -352,20 +381,33 @@ impl Runner {
     ) -> Result<Measurement, ScaleError> {
         // Built here: applying it after the fork must not allocate.
         let cpu_mask = CpuMask::new(&cpus.iter().copied().collect());
-        let (go_read, go_write) = nix::unistd::pipe2(OFlag::O_CLOEXEC)
-            .map_err(|source| ScaleError::Os { what: "creating the start pipe", source })?;
-        let (error_read, error_write) = nix::unistd::pipe2(OFlag::O_CLOEXEC)
-            .map_err(|source| ScaleError::Os { what: "creating the exec-error pipe", source })?;
+        let (go_read, go_write) =
+            nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|source| ScaleError::Os {
+                what: "creating the start pipe",
+                source,
+            })?;
+        let (error_read, error_write) =
+            nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|source| ScaleError::Os {
+                what: "creating the exec-error pipe",
+                source,
+            })?;
         // Always captured: throughput mode reads the metric from it, and wall-time
         // mode looks in it for a known benchmark to name in its fixed-time warning.
-        let (stdout_read, stdout_target) = nix::unistd::pipe2(OFlag::O_CLOEXEC)
-            .map_err(|source| ScaleError::Os { what: "creating the child's stdout pipe", source })?;
-        let mut argv_pointers: Vec<*const libc::c_char> = command.argv.iter().map(|arg| arg.as_ptr()).collect();
+        let (stdout_read, stdout_target) =
+            nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|source| ScaleError::Os {
+                what: "creating the child's stdout pipe",
+                source,
+            })?;
+        let mut argv_pointers: Vec<*const libc::c_char> =
+            command.argv.iter().map(|arg| arg.as_ptr()).collect();
         argv_pointers.push(std::ptr::null());
 
         // SAFETY: the child branch only makes async-signal-safe system calls on
         // data prepared above and never returns (it execs or `_exit`s).
-        let fork = unsafe { nix::unistd::fork() }.map_err(|source| ScaleError::Os { what: "fork", source })?;
+        let fork = unsafe { nix::unistd::fork() }.map_err(|source| ScaleError::Os {
+            what: "fork",
+            source,
+        })?;
         let child = match fork {
             ForkResult::Child => child_after_fork(ChildSetup {
                 cpu_mask: &cpu_mask,
@@ -378,17 +420,28 @@ impl Runner {
             ForkResult::Parent { child } => child,
         };
         drop((go_read, error_write, stdout_target));
-        let mut guard = ChildGuard { pid: child, reaped: false };
+        let mut guard = ChildGuard {
+            pid: child,
+            reaped: false,
+        };
         let stdout = OutputCollector::start(stdout_read, self.show_output);
 
-        let software = self.open_counters(child, &self.plan.software, |event| event.builder(), false);
-        let hardware =
-            self.open_counters(child, &self.plan.hardware, |event| event.builder(), self.plan.hardware_user_only);
+        let software =
+            self.open_counters(child, &self.plan.software, |event| event.builder(), false);
+        let hardware = self.open_counters(
+            child,
+            &self.plan.hardware,
+            |event| event.builder(),
+            self.plan.hardware_user_only,
+        );
         let idle_before = idle.total(cpus);
         let steal_before = read_steal_ns(&self.roots, cpus).ok();
 
         let started = Instant::now();
-        nix::unistd::write(&go_write, &[1]).map_err(|source| ScaleError::Os { what: "starting the child", source })?;
+        nix::unistd::write(&go_write, &[1]).map_err(|source| ScaleError::Os {
+            what: "starting the child",
+            source,
+        })?;
         drop(go_write);
         if let Some(exec_error) = read_exec_error(&error_read)? {
             guard.reap()?;
@@ -398,7 +451,9 @@ impl Runner {
         let wall_s = started.elapsed().as_secs_f64();
         let stdout = stdout.finish();
 
-        let idle_entries = idle_before.zip(idle.total(cpus)).map(|(before, after)| after.saturating_sub(before));
+        let idle_entries = idle_before
+            .zip(idle.total(cpus))
+            .map(|(before, after)| after.saturating_sub(before));
         let steal_after = read_steal_ns(&self.roots, cpus).ok();
         let seconds = |time: libc::timeval| time.tv_sec as f64 + time.tv_usec as f64 / 1e6;
         Ok(Measurement {
@@ -452,7 +507,8 @@ fn read_counters<E: Ord>(counters: Vec<(E, Counter)>) -> BTreeMap<E, u64> {
         .filter_map(|(event, mut counter)| {
             let reading = counter.read_count_and_time().ok()?;
             let count = if reading.time_running > 0 && reading.time_running < reading.time_enabled {
-                (reading.count as u128 * reading.time_enabled as u128 / reading.time_running as u128) as u64
+                (reading.count as u128 * reading.time_enabled as u128
+                    / reading.time_running as u128) as u64
             } else {
                 reading.count
             };
@@ -512,8 +568,14 @@ impl ExecError {
     fn into_error(self, program: &str) -> ScaleError {
         let source = nix::errno::Errno::from_raw(self.errno);
         match self.stage {
-            STAGE_AFFINITY => ScaleError::Os { what: "setting the child's CPU affinity", source },
-            _ => ScaleError::Exec { program: program.to_string(), source: std::io::Error::from_raw_os_error(self.errno) },
+            STAGE_AFFINITY => ScaleError::Os {
+                what: "setting the child's CPU affinity",
+                source,
+            },
+            _ => ScaleError::Exec {
+                program: program.to_string(),
+                source: std::io::Error::from_raw_os_error(self.errno),
+            },
         }
     }
 }
@@ -527,7 +589,12 @@ fn read_exec_error(error_read: &OwnedFd) -> Result<Option<ExecError>, ScaleError
             Ok(0) => break,
             Ok(read) => filled += read,
             Err(nix::errno::Errno::EINTR) => continue,
-            Err(source) => return Err(ScaleError::Os { what: "reading the exec-error pipe", source }),
+            Err(source) => {
+                return Err(ScaleError::Os {
+                    what: "reading the exec-error pipe",
+                    source,
+                })
+            }
         }
     }
     if filled < message.len() {
@@ -538,7 +605,10 @@ fn read_exec_error(error_read: &OwnedFd) -> Result<Option<ExecError>, ScaleError
         bytes.copy_from_slice(&message[range]);
         bytes
     };
-    Ok(Some(ExecError { stage: u32::from_ne_bytes(word(0..4)), errno: i32::from_ne_bytes(word(4..8)) }))
+    Ok(Some(ExecError {
+        stage: u32::from_ne_bytes(word(0..4)),
+        errno: i32::from_ne_bytes(word(4..8)),
+    }))
 }
 
 /// Owns the forked child: it is reaped on success and killed and reaped on any
@@ -562,7 +632,10 @@ impl ChildGuard {
             }
             let errno = nix::errno::Errno::last();
             if errno != nix::errno::Errno::EINTR {
-                return Err(ScaleError::Os { what: "waiting for the child", source: errno });
+                return Err(ScaleError::Os {
+                    what: "waiting for the child",
+                    source: errno,
+                });
             }
         }
     }
@@ -592,7 +665,13 @@ mod tests {
     /// An idle counter with no source (its roots do not exist).
     fn no_idle_counter(cpu: usize) -> IdleCounter {
         let missing = std::path::PathBuf::from("/nonexistent-gleaner-test-root");
-        IdleCounter::open(&SystemRoots { sys: missing.clone(), proc: missing }, &[cpu])
+        IdleCounter::open(
+            &SystemRoots {
+                sys: missing.clone(),
+                proc: missing,
+            },
+            &[cpu],
+        )
     }
 
     #[test]
@@ -600,14 +679,21 @@ mod tests {
         // A fake cpuidle tree whose counter the child itself advances from 10 to 50.
         let dir = tempfile::tempdir().unwrap();
         let cpu = crate::system::allowed_cpus().unwrap()[0];
-        let state = dir.path().join(format!("devices/system/cpu/cpu{cpu}/cpuidle/state0"));
+        let state = dir
+            .path()
+            .join(format!("devices/system/cpu/cpu{cpu}/cpuidle/state0"));
         std::fs::create_dir_all(&state).unwrap();
         let usage = state.join("usage");
         std::fs::write(&usage, "10\n").unwrap();
-        let roots = SystemRoots { sys: dir.path().to_path_buf(), proc: "/proc".into() };
+        let roots = SystemRoots {
+            sys: dir.path().to_path_buf(),
+            proc: "/proc".into(),
+        };
         let mut idle = IdleCounter::open(&roots, &[cpu]);
         let script = format!("echo 50 > '{}'", usage.display());
-        let measurement = runner().measure(&command(&["sh", "-c", &script]), &[cpu], &mut idle).unwrap();
+        let measurement = runner()
+            .measure(&command(&["sh", "-c", &script]), &[cpu], &mut idle)
+            .unwrap();
         assert!(measurement.exit_status.success());
         assert_eq!(measurement.idle_entries, Some(40));
     }
@@ -635,7 +721,10 @@ mod tests {
         let err = PreparedCommand::new(&["definitely-not-a-program-xyz".to_string()]).unwrap_err();
         assert!(matches!(err, ScaleError::CommandNotFound { .. }));
         assert!(!err.to_string().contains('\n'));
-        assert!(matches!(PreparedCommand::new(&[]).unwrap_err(), ScaleError::MissingCommand));
+        assert!(matches!(
+            PreparedCommand::new(&[]).unwrap_err(),
+            ScaleError::MissingCommand
+        ));
     }
 
     #[test]
@@ -645,9 +734,16 @@ mod tests {
         let cpu = crate::system::allowed_cpus().unwrap()[0];
         let script = format!("grep -q '^Cpus_allowed_list:[[:space:]]*{cpu}$' /proc/self/status");
         let measurement = runner()
-            .measure(&command(&["sh", "-c", &script]), &[cpu], &mut no_idle_counter(cpu))
+            .measure(
+                &command(&["sh", "-c", &script]),
+                &[cpu],
+                &mut no_idle_counter(cpu),
+            )
             .unwrap();
-        assert!(measurement.exit_status.success(), "child was not restricted to CPU {cpu}");
+        assert!(
+            measurement.exit_status.success(),
+            "child was not restricted to CPU {cpu}"
+        );
         assert!(measurement.wall_s > 0.0 && measurement.wall_s < 5.0);
         assert_eq!(measurement.idle_entries, None);
     }
@@ -656,7 +752,11 @@ mod tests {
     fn failing_command_reports_its_status() {
         let cpu = crate::system::allowed_cpus().unwrap()[0];
         let measurement = runner()
-            .measure(&command(&["sh", "-c", "exit 3"]), &[cpu], &mut no_idle_counter(cpu))
+            .measure(
+                &command(&["sh", "-c", "exit 3"]),
+                &[cpu],
+                &mut no_idle_counter(cpu),
+            )
             .unwrap();
         assert_eq!(measurement.exit_status.code(), Some(3));
     }
@@ -671,7 +771,11 @@ mod tests {
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
         let cpu = crate::system::allowed_cpus().unwrap()[0];
         let err = runner()
-            .measure(&command(&[script.to_str().unwrap()]), &[cpu], &mut no_idle_counter(cpu))
+            .measure(
+                &command(&[script.to_str().unwrap()]),
+                &[cpu],
+                &mut no_idle_counter(cpu),
+            )
             .unwrap_err();
         assert!(matches!(err, ScaleError::Exec { .. }), "{err}");
     }
@@ -680,14 +784,21 @@ mod tests {
     fn software_counters_see_the_childs_threads() {
         let plan = CounterPlan::probe();
         if !plan.software.contains(&SoftwareEvent::TaskClock) {
-            eprintln!("skipping: software perf events unavailable: {:?}", plan.notes);
+            eprintln!(
+                "skipping: software perf events unavailable: {:?}",
+                plan.notes
+            );
             return;
         }
         let cpu = crate::system::allowed_cpus().unwrap()[0];
         // A subshell pipeline: the counted work happens in grandchildren.
         let measurement = Runner::new(SystemRoots::default(), plan, false)
             .measure(
-                &command(&["sh", "-c", "i=0; while [ $i -lt 3000 ]; do i=$((i+1)); done | cat"]),
+                &command(&[
+                    "sh",
+                    "-c",
+                    "i=0; while [ $i -lt 3000 ]; do i=$((i+1)); done | cat",
+                ]),
                 &[cpu],
                 &mut no_idle_counter(cpu),
             )
@@ -695,7 +806,10 @@ mod tests {
         let task_clock_s = measurement.software[&SoftwareEvent::TaskClock] as f64 / 1e9;
         assert!(task_clock_s > 0.0);
         // Task clock and rusage CPU time describe the same work.
-        assert!(task_clock_s <= measurement.wall_s * 1.5 + 0.01, "{measurement:?}");
+        assert!(
+            task_clock_s <= measurement.wall_s * 1.5 + 0.01,
+            "{measurement:?}"
+        );
         assert!(measurement.software[&SoftwareEvent::ContextSwitches] >= 1);
     }
 }

@@ -27,7 +27,10 @@ pub struct SystemRoots {
 
 impl Default for SystemRoots {
     fn default() -> Self {
-        Self { sys: PathBuf::from("/sys"), proc: PathBuf::from("/proc") }
+        Self {
+            sys: PathBuf::from("/sys"),
+            proc: PathBuf::from("/proc"),
+        }
     }
 }
 
@@ -41,7 +44,10 @@ pub struct IdleCounter {
 impl IdleCounter {
     /// Opens the best idle-entry source available for `cpus`.
     pub fn open(roots: &SystemRoots, cpus: &[usize]) -> Self {
-        Self { counter: IdleEntryCounter::open(&roots.sys, &roots.proc, cpus), cpus: cpus.to_vec() }
+        Self {
+            counter: IdleEntryCounter::open(&roots.sys, &roots.proc, cpus),
+            cpus: cpus.to_vec(),
+        }
     }
 
     pub fn source(&self) -> IdleEntrySource {
@@ -56,7 +62,12 @@ impl IdleCounter {
         }
         let counts = self.counter.read();
         cpus.iter()
-            .map(|cpu| self.cpus.iter().position(|c| c == cpu).and_then(|i| counts.get(i).copied()))
+            .map(|cpu| {
+                self.cpus
+                    .iter()
+                    .position(|c| c == cpu)
+                    .and_then(|i| counts.get(i).copied())
+            })
             .sum()
     }
 }
@@ -82,11 +93,14 @@ pub fn read_steal_ns(roots: &SystemRoots, cpus: &[usize]) -> Result<u64, ScaleEr
     let stat = ProcFs::new(&roots.proc).stat()?;
     let mut total = 0;
     for &cpu in cpus {
-        let line = stat
-            .per_cpu
-            .iter()
-            .find(|c| c.cpu == cpu)
-            .ok_or_else(|| ScaleError::MissingCpu { path: roots.proc.join("stat"), cpu })?;
+        let line =
+            stat.per_cpu
+                .iter()
+                .find(|c| c.cpu == cpu)
+                .ok_or_else(|| ScaleError::MissingCpu {
+                    path: roots.proc.join("stat"),
+                    cpu,
+                })?;
         total += line.times.steal_ns;
     }
     Ok(total)
@@ -94,7 +108,10 @@ pub fn read_steal_ns(roots: &SystemRoots, cpus: &[usize]) -> Result<u64, ScaleEr
 
 /// The CPUs this process may run on, in ascending order.
 pub fn allowed_cpus() -> Result<Vec<usize>, ScaleError> {
-    Ok(gleaner_sys::affinity::thread_affinity(0).map_err(ScaleError::Affinity)?.iter().collect())
+    Ok(gleaner_sys::affinity::thread_affinity(0)
+        .map_err(ScaleError::Affinity)?
+        .iter()
+        .collect())
 }
 
 #[cfg(test)]
@@ -109,7 +126,10 @@ mod tests {
         intr 1 2 3\nctxt 12345\nprocs_running 1\nprocs_blocked 0\n";
 
     fn fake_roots(dir: &Path) -> SystemRoots {
-        SystemRoots { sys: dir.join("sys"), proc: dir.join("proc") }
+        SystemRoots {
+            sys: dir.join("sys"),
+            proc: dir.join("proc"),
+        }
     }
 
     #[test]
@@ -117,7 +137,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let roots = fake_roots(dir.path());
         for (cpu, usage) in [(2, 10), (3, 32)] {
-            let state_dir = roots.sys.join(format!("devices/system/cpu/cpu{cpu}/cpuidle/state0"));
+            let state_dir = roots
+                .sys
+                .join(format!("devices/system/cpu/cpu{cpu}/cpuidle/state0"));
             fs::create_dir_all(&state_dir).unwrap();
             fs::write(state_dir.join("usage"), format!("{usage}\n")).unwrap();
         }
@@ -146,7 +168,10 @@ mod tests {
         assert!(err.to_string().contains("stat"), "{err}");
         fs::create_dir_all(&roots.proc).unwrap();
         fs::write(roots.proc.join("stat"), PROC_STAT).unwrap();
-        assert_eq!(read_steal_ns(&roots, &[0, 1]).unwrap(), ProcFs::new(&roots.proc).ticks_to_ns(9));
+        assert_eq!(
+            read_steal_ns(&roots, &[0, 1]).unwrap(),
+            ProcFs::new(&roots.proc).ticks_to_ns(9)
+        );
         assert!(read_steal_ns(&roots, &[7]).is_err());
     }
 }

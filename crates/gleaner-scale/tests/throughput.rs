@@ -3,6 +3,8 @@
 //! like no scaling at all, so the report must say so; read through `--metric`,
 //! its speedup is the ratio of the printed rates.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed assumption is a failed test
+
 use gleaner_scale::report::render_table;
 use gleaner_scale::system::{allowed_cpus, SystemRoots};
 use gleaner_scale::{measure, ScaleArgs};
@@ -13,7 +15,11 @@ const FAKE_BENCHMARK: &str = r#"echo "events per second: 123.4"; sleep 0.1"#;
 const LONGER_FAKE_BENCHMARK: &str = r#"echo "events per second: 123.4"; sleep 0.5"#;
 
 fn args(metric: Option<&str>) -> ScaleArgs {
-    let cpus = if allowed_cpus().unwrap().len() >= 2 { vec![1, 2] } else { vec![1] };
+    let cpus = if allowed_cpus().unwrap().len() >= 2 {
+        vec![1, 2]
+    } else {
+        vec![1]
+    };
     eprintln!("measuring at CPU counts {cpus:?}");
     ScaleArgs {
         cpus,
@@ -26,7 +32,11 @@ fn args(metric: Option<&str>) -> ScaleArgs {
 
 #[test]
 fn metric_read_from_the_output_gives_the_speedup() {
-    let report = measure(&args(Some(r"events per second:\s*([0-9.]+)")), &SystemRoots::default()).unwrap();
+    let report = measure(
+        &args(Some(r"events per second:\s*([0-9.]+)")),
+        &SystemRoots::default(),
+    )
+    .unwrap();
     for row in &report.rows {
         assert_eq!(row.metric, Some(123.4), "{row:?}");
         assert_eq!(row.runs[0].metric, Some(123.4));
@@ -35,15 +45,23 @@ fn metric_read_from_the_output_gives_the_speedup() {
     }
     assert!(report.warnings.is_empty(), "{:?}", report.warnings);
     let table = render_table(&report);
-    assert!(table.contains("speedup from the metric: first capture group of"), "{table}");
+    assert!(
+        table.contains("speedup from the metric: first capture group of"),
+        "{table}"
+    );
     let json = serde_json::to_value(&report).unwrap();
-    assert_eq!(json["setup"]["metric"]["spec"], r"events per second:\s*([0-9.]+)");
+    assert_eq!(
+        json["setup"]["metric"]["spec"],
+        r"events per second:\s*([0-9.]+)"
+    );
 }
 
 #[test]
 fn wall_time_mode_warns_about_a_fixed_time_program() {
     let args = ScaleArgs {
-        command: ["sh", "-c", LONGER_FAKE_BENCHMARK].map(String::from).to_vec(),
+        command: ["sh", "-c", LONGER_FAKE_BENCHMARK]
+            .map(String::from)
+            .to_vec(),
         ..args(None)
     };
     let mut report = measure(&args, &SystemRoots::default()).unwrap();
@@ -59,7 +77,16 @@ fn wall_time_mode_warns_about_a_fixed_time_program() {
             report = measure(&args, &SystemRoots::default()).unwrap();
         }
     }
-    assert_eq!(report.warnings.len(), 1, "{:?}", report.rows.iter().map(|r| r.wall_s).collect::<Vec<_>>());
-    assert!(report.warnings[0].contains("--metric"), "{}", report.warnings[0]);
+    assert_eq!(
+        report.warnings.len(),
+        1,
+        "{:?}",
+        report.rows.iter().map(|r| r.wall_s).collect::<Vec<_>>()
+    );
+    assert!(
+        report.warnings[0].contains("--metric"),
+        "{}",
+        report.warnings[0]
+    );
     assert!(render_table(&report).contains("WARNING: wall time stayed within 5%"));
 }

@@ -16,7 +16,9 @@ use std::time::Instant;
 use gleaner_sim::{simulate, Scenario};
 
 fn scenario(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../scenarios")
+        .join(name)
 }
 
 /// Peak resident memory of this process so far, in KiB.
@@ -32,7 +34,11 @@ fn peak_rss_kib() -> u64 {
 }
 
 fn measure(label: &str, s: &Scenario) {
-    let threads: usize = s.vms.iter().map(|v| v.expanded().0.iter().map(|g| g.count).sum::<usize>()).sum();
+    let threads: usize = s
+        .vms
+        .iter()
+        .map(|v| v.expanded().0.iter().map(|g| g.count).sum::<usize>())
+        .sum();
     let t0 = Instant::now();
     let r = simulate(s);
     let wall = t0.elapsed().as_secs_f64();

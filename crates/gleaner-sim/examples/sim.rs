@@ -18,7 +18,10 @@ fn machine() -> gleaner_sim::lab::Machine {
     let sysfs = gleaner_linux::SysFs::new("/sys");
     gleaner_sim::lab::Machine {
         kernel: procfs.kernel_release().ok(),
-        cpuidle_driver: sysfs.cpuidle_driver().ok().map(|d| d.unwrap_or_else(|| "none".into())),
+        cpuidle_driver: sysfs
+            .cpuidle_driver()
+            .ok()
+            .map(|d| d.unwrap_or_else(|| "none".into())),
         loadavg_at_start: procfs.loadavg().ok().map(|l| [l.one, l.five, l.fifteen]),
         ..gleaner_sim::lab::Machine::here()
     }

@@ -117,7 +117,8 @@ fn run_scenario(args: SimArgs, scenario_path: &std::path::Path) -> anyhow::Resul
                 }
                 reports.push(timed(&scenario));
             }
-            let relative: Vec<Option<f64>> = reports.iter().map(|r| r.relative_to(&reports[0])).collect();
+            let relative: Vec<Option<f64>> =
+                reports.iter().map(|r| r.relative_to(&reports[0])).collect();
             let rows: Vec<_> = reports
                 .iter()
                 .zip(&sweep.labels)
@@ -135,8 +136,12 @@ fn run_scenario(args: SimArgs, scenario_path: &std::path::Path) -> anyhow::Resul
         }
     };
     if let Some(path) = &args.out {
-        std::fs::write(path, format!("{json}\n"))
-            .with_context(|| format!("cannot write {}: check the directory exists", path.display()))?;
+        std::fs::write(path, format!("{json}\n")).with_context(|| {
+            format!(
+                "cannot write {}: check the directory exists",
+                path.display()
+            )
+        })?;
     }
     if args.json {
         println!("{json}");

@@ -248,7 +248,10 @@ impl Host {
 
     /// Count `v` as belonging to `p`'s run queue (running or queued).
     fn attach(&mut self, p: usize, v: u32) {
-        let (vm, w) = (self.vcpus[v as usize].vm as usize, self.vcpus[v as usize].weight);
+        let (vm, w) = (
+            self.vcpus[v as usize].vm as usize,
+            self.vcpus[v as usize].weight,
+        );
         self.pcpus[p].load += w;
         if !self.occupancy.is_empty() {
             let n = self.npcpus();
@@ -257,7 +260,10 @@ impl Host {
     }
 
     fn detach(&mut self, p: usize, v: u32) {
-        let (vm, w) = (self.vcpus[v as usize].vm as usize, self.vcpus[v as usize].weight);
+        let (vm, w) = (
+            self.vcpus[v as usize].vm as usize,
+            self.vcpus[v as usize].weight,
+        );
         self.pcpus[p].load -= w;
         if !self.occupancy.is_empty() {
             let n = self.npcpus();
@@ -324,7 +330,11 @@ impl Host {
         let pc = &mut self.pcpus[p];
         pc.tick_gen += 1;
         pc.tick_armed = true;
-        self.fx.push(Effect::Tick { pcpu: p as u32, at, gen: pc.tick_gen });
+        self.fx.push(Effect::Tick {
+            pcpu: p as u32,
+            at,
+            gen: pc.tick_gen,
+        });
     }
 
     /// A halted vCPU became runnable (an IPI or a timer for it arrived).
@@ -343,7 +353,9 @@ impl Host {
             self.stats.migrations += 1;
         }
         // place_entity: a sleeper keeps its vruntime but gets at most latency/2 of credit.
-        let floor = self.pcpus[p].min_vruntime.saturating_sub(self.p.latency / 2);
+        let floor = self.pcpus[p]
+            .min_vruntime
+            .saturating_sub(self.p.latency / 2);
         let hv = &mut self.vcpus[v as usize];
         hv.vruntime = hv.vruntime.max(floor);
         hv.state = VState::Queued(p as u32);
@@ -418,7 +430,10 @@ impl Host {
             self.vcpus[c as usize].state = VState::Queued(p as u32);
             self.vcpus[c as usize].preemptions += 1;
             self.pcpus[p].curr = None;
-            self.fx.push(Effect::Preempted { pcpu: p as u32, vcpu: c });
+            self.fx.push(Effect::Preempted {
+                pcpu: p as u32,
+                vcpu: c,
+            });
         }
         match next {
             Some(n) => {
@@ -438,7 +453,11 @@ impl Host {
                 hv.last_pcpu = p as u32;
                 hv.switches_in += 1;
                 self.stats.vcpu_switches += 1;
-                self.fx.push(Effect::Run { pcpu: p as u32, vcpu: n, overhead });
+                self.fx.push(Effect::Run {
+                    pcpu: p as u32,
+                    vcpu: n,
+                    overhead,
+                });
                 self.arm_tick(p, now);
             }
             None => {
@@ -464,9 +483,8 @@ impl Host {
         if let Some(b) = self.pcpus[p].next_buddy.take() {
             let left = self.pcpus[p].rq.first();
             let hv = &self.vcpus[b as usize];
-            let fair = left.is_some_and(|(vr, _)| {
-                hv.vruntime <= vr + self.p.wakeup_gran * 1024 / hv.weight
-            });
+            let fair = left
+                .is_some_and(|(vr, _)| hv.vruntime <= vr + self.p.wakeup_gran * 1024 / hv.weight);
             if hv.state == VState::Queued(p as u32) && fair && !self.p.policy.is_cosched() {
                 return Some(b);
             }
@@ -503,7 +521,9 @@ impl Host {
             if b == a || self.vcpus[b as usize].dirty {
                 continue;
             }
-            let VState::Queued(q) = self.vcpus[b as usize].state else { continue };
+            let VState::Queued(q) = self.vcpus[b as usize].state else {
+                continue;
+            };
             let q = q as usize;
             let ord_b = self.pcpus[q].rq.rank(&self.key(b));
             let delta = ord_a.abs_diff(ord_b);
@@ -587,7 +607,11 @@ impl Host {
         // The VM's allowed pCPUs if it has a list, else prev's LLC domain starting at prev.
         let list: &[u32] = self.vm_allowed[vm as usize].as_deref().unwrap_or(&[]);
         let d = self.domain(prev);
-        let len = if self.vm_allowed[vm as usize].is_some() { 0 } else { d.len() };
+        let len = if self.vm_allowed[vm as usize].is_some() {
+            0
+        } else {
+            d.len()
+        };
         let candidates = || {
             list.iter()
                 .map(|&c| c as usize)
@@ -602,7 +626,11 @@ impl Host {
         candidates()
             .filter(|&q| ok(q))
             .min_by_key(|&q| self.nr_running(q))
-            .or_else(|| (0..self.npcpus()).filter(|&q| ok(q)).min_by_key(|&q| self.nr_running(q)))
+            .or_else(|| {
+                (0..self.npcpus())
+                    .filter(|&q| ok(q))
+                    .min_by_key(|&q| self.nr_running(q))
+            })
             .unwrap_or(prev)
     }
 
@@ -611,9 +639,13 @@ impl Host {
     fn movable(&self, q: usize, p: usize) -> Option<u32> {
         let rq = &self.pcpus[q].rq;
         let spreads = self.p.policy.spreads_siblings();
-        (0..rq.len()).rev().filter_map(|i| rq.select(i)).map(|(_, v)| v).find(|&v| {
-            self.allowed(v, p) && !(spreads && self.sibling_on(self.vcpus[v as usize].vm, p))
-        })
+        (0..rq.len())
+            .rev()
+            .filter_map(|i| rq.select(i))
+            .map(|(_, v)| v)
+            .find(|&v| {
+                self.allowed(v, p) && !(spreads && self.sibling_on(self.vcpus[v as usize].vm, p))
+            })
     }
 
     fn migrate(&mut self, v: u32, from: usize, to: usize, now: Ns) {
@@ -654,7 +686,11 @@ impl Host {
         }
         self.pcpus[p].balances += 1;
         let whole_host = self.pcpus[p].balances.is_multiple_of(8);
-        let span = if whole_host { 0..self.npcpus() } else { self.domain(p) };
+        let span = if whole_host {
+            0..self.npcpus()
+        } else {
+            self.domain(p)
+        };
         let here = self.nr_running(p);
         let busiest = span
             .filter(|&q| q != p && !self.pcpus[q].rq.is_empty())
@@ -674,7 +710,9 @@ impl Host {
     /// buddy and that queue reschedules now. Its vruntime is untouched, so the boost is
     /// bounded by wakeup_granularity, as in CFS.
     pub fn yield_to(&mut self, target: u32, now: Ns) {
-        let VState::Queued(q) = self.vcpus[target as usize].state else { return };
+        let VState::Queued(q) = self.vcpus[target as usize].state else {
+            return;
+        };
         let q = q as usize;
         self.stats.directed_yields += 1;
         self.pcpus[q].next_buddy = Some(target);
@@ -684,8 +722,11 @@ impl Host {
     /// Start the next gang slot (co-scheduling only).
     pub fn gang_slot(&mut self, now: Ns) {
         let nvms = self.vm_vcpus.len() as u32;
-        let runnable =
-            |h: &Host, vm: u32| h.vm_vcpus[vm as usize].iter().any(|&v| h.vcpus[v as usize].state != VState::Halted);
+        let runnable = |h: &Host, vm: u32| {
+            h.vm_vcpus[vm as usize]
+                .iter()
+                .any(|&v| h.vcpus[v as usize].state != VState::Halted)
+        };
         let mut next = (self.slot_vm + 1) % nvms;
         for _ in 0..nvms {
             if runnable(self, next) {
@@ -698,7 +739,9 @@ impl Host {
         for p in 0..self.npcpus() {
             self.schedule(p, now);
         }
-        self.fx.push(Effect::Slot { at: now + self.p.gang_slice });
+        self.fx.push(Effect::Slot {
+            at: now + self.p.gang_slice,
+        });
     }
 
     /// A slice timer fired.
@@ -741,7 +784,12 @@ mod tests {
     }
 
     fn vm(vcpus: usize) -> VmSpec {
-        VmSpec { vcpus, weight: 1024, allowed: None, pinned: false }
+        VmSpec {
+            vcpus,
+            weight: 1024,
+            allowed: None,
+            pinned: false,
+        }
     }
 
     /// Put halted vCPU `v` into `p`'s queue with the given vruntime, as if it had woken there.
@@ -767,9 +815,23 @@ mod tests {
         queue(&mut h, 1, 0, 100);
         h.schedule(0, 0);
         assert_eq!(h.current(0), Some(1));
-        assert_eq!(h.fx[0], Effect::Run { pcpu: 0, vcpu: 1, overhead: 8_000 + 59_000 });
+        assert_eq!(
+            h.fx[0],
+            Effect::Run {
+                pcpu: 0,
+                vcpu: 1,
+                overhead: 8_000 + 59_000
+            }
+        );
         // Two equal tasks: each gets half of sched_latency.
-        assert_eq!(h.fx[1], Effect::Tick { pcpu: 0, at: 12 * MS, gen: 1 });
+        assert_eq!(
+            h.fx[1],
+            Effect::Tick {
+                pcpu: 0,
+                at: 12 * MS,
+                gen: 1
+            }
+        );
     }
 
     #[test]
@@ -787,7 +849,11 @@ mod tests {
         running(&mut h, 0, 0, 0);
         h.vcpus[1].vruntime = 0;
         h.wake(1, 2 * MS);
-        assert_eq!(h.current(0), Some(0), "2 ms ahead is within the granularity");
+        assert_eq!(
+            h.current(0),
+            Some(0),
+            "2 ms ahead is within the granularity"
+        );
     }
 
     #[test]
@@ -796,7 +862,11 @@ mod tests {
         running(&mut h, 2, 0, 0);
         h.vcpus[0].last_pcpu = 0;
         h.wake(0, 0);
-        assert_eq!(h.vcpus[0].state, VState::Running(1), "idle pCPU 1 is chosen over busy 0");
+        assert_eq!(
+            h.vcpus[0].state,
+            VState::Running(1),
+            "idle pCPU 1 is chosen over busy 0"
+        );
 
         // BAL: vCPU 1's sibling runs on pCPU 1, pCPU 0 is busy with another VM: it queues on 0.
         let mut h = Host::new(params(HostPolicy::Bal), 2, &[vm(2), vm(1)], 0);
@@ -817,7 +887,12 @@ mod tests {
     /// pCPU 0: idle, queue [x0 (vr 100), o1 (vr 200)]. pCPU 1: runs o2; queue
     /// [o3, o4, o5, o6, x1]: x1's ordinate is 4, its queue length 6, D_threshold = 2/3 × 6 = 4.
     fn sbco_setup(policy: HostPolicy) -> Host {
-        let mut h = Host::new(params(policy), 2, &[vm(2), vm(1), vm(1), vm(1), vm(1), vm(1), vm(1)], 0);
+        let mut h = Host::new(
+            params(policy),
+            2,
+            &[vm(2), vm(1), vm(1), vm(1), vm(1), vm(1), vm(1)],
+            0,
+        );
         queue(&mut h, 0, 0, 100);
         queue(&mut h, 2, 0, 200);
         running(&mut h, 3, 1, 0);
@@ -862,9 +937,10 @@ mod tests {
 
     #[test]
     fn strict_gang_idles_where_relaxed_backfills() {
-        for (policy, expect) in
-            [(HostPolicy::CoschedStrict, None), (HostPolicy::CoschedRelaxed, Some(2))]
-        {
+        for (policy, expect) in [
+            (HostPolicy::CoschedStrict, None),
+            (HostPolicy::CoschedRelaxed, Some(2)),
+        ] {
             // VM 0 (2 vCPUs) bound to pCPUs 0 and 1; VM 1 (1 vCPU) bound to pCPU 0.
             let mut h = Host::new(params(policy), 2, &[vm(2), vm(1)], 0);
             assert_eq!(h.vcpus[2].gang_pcpu, 0);
@@ -886,7 +962,11 @@ mod tests {
         running(&mut h, 2, 0, 0);
         queue(&mut h, 0, 0, 3 * MS);
         h.yield_to(0, MS);
-        assert_eq!(h.current(0), Some(0), "next buddy within wakeup_granularity runs");
+        assert_eq!(
+            h.current(0),
+            Some(0),
+            "next buddy within wakeup_granularity runs"
+        );
         assert_eq!(h.vcpus[0].vruntime, 3 * MS, "and keeps its vruntime");
         assert_eq!(h.stats.directed_yields, 1);
 
@@ -905,7 +985,11 @@ mod tests {
         queue(&mut h, 1, 0, 10);
         queue(&mut h, 2, 0, 20);
         h.balance(1, 0);
-        assert_eq!(h.current(1), Some(2), "the queued task with most vruntime moves");
+        assert_eq!(
+            h.current(1),
+            Some(2),
+            "the queued task with most vruntime moves"
+        );
         assert_eq!(h.nr_running(0), 2);
     }
 }

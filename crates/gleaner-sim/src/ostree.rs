@@ -31,7 +31,12 @@ pub struct OsTree<K> {
 
 impl<K: Ord + Copy> Default for OsTree<K> {
     fn default() -> Self {
-        Self { nodes: Vec::new(), free: Vec::new(), root: NIL, prio_state: 0x9E37_79B9 }
+        Self {
+            nodes: Vec::new(),
+            free: Vec::new(),
+            root: NIL,
+            prio_state: 0x9E37_79B9,
+        }
     }
 }
 
@@ -115,7 +120,13 @@ impl<K: Ord + Copy> OsTree<K> {
             return false;
         }
         let priority = self.next_priority();
-        let node = Node { key, priority, left: NIL, right: NIL, size: 1 };
+        let node = Node {
+            key,
+            priority,
+            left: NIL,
+            right: NIL,
+            size: 1,
+        };
         let idx = match self.free.pop() {
             Some(i) => {
                 self.nodes[i as usize] = node;
@@ -142,7 +153,11 @@ impl<K: Ord + Copy> OsTree<K> {
                 break;
             }
             parent = n;
-            n = if *key < node.key { node.left } else { node.right };
+            n = if *key < node.key {
+                node.left
+            } else {
+                node.right
+            };
         }
         if n == NIL {
             return false;
@@ -162,7 +177,11 @@ impl<K: Ord + Copy> OsTree<K> {
         while m != NIL && m != merged {
             self.nodes[m as usize].size -= 1;
             let node = &self.nodes[m as usize];
-            m = if *key < node.key { node.left } else { node.right };
+            m = if *key < node.key {
+                node.left
+            } else {
+                node.right
+            };
         }
         true
     }
@@ -174,7 +193,11 @@ impl<K: Ord + Copy> OsTree<K> {
             if node.key == *key {
                 return true;
             }
-            n = if *key < node.key { node.left } else { node.right };
+            n = if *key < node.key {
+                node.left
+            } else {
+                node.right
+            };
         }
         false
     }

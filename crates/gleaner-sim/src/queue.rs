@@ -17,7 +17,10 @@ pub struct EventQueue<E> {
 
 impl<E> Default for EventQueue<E> {
     fn default() -> Self {
-        Self { heap: Vec::new(), next_seq: 0 }
+        Self {
+            heap: Vec::new(),
+            next_seq: 0,
+        }
     }
 }
 
@@ -111,7 +114,10 @@ mod tests {
         q.push(3, "b");
         q.push(5, "e");
         let order: Vec<_> = std::iter::from_fn(|| q.pop()).collect();
-        assert_eq!(order, vec![(1, "a"), (3, "b"), (5, "c"), (5, "d"), (5, "e")]);
+        assert_eq!(
+            order,
+            vec![(1, "a"), (3, "b"), (5, "c"), (5, "d"), (5, "e")]
+        );
         assert!(q.is_empty());
     }
 }

@@ -88,7 +88,11 @@ impl Histogram {
     pub fn summary(&self) -> LatencySummary {
         LatencySummary {
             count: self.total,
-            mean_ns: if self.total == 0 { 0.0 } else { self.sum as f64 / self.total as f64 },
+            mean_ns: if self.total == 0 {
+                0.0
+            } else {
+                self.sum as f64 / self.total as f64
+            },
             min_ns: self.min,
             p50_ns: self.quantile(0.5),
             p90_ns: self.quantile(0.9),
@@ -227,8 +231,20 @@ pub fn speedup_of(vm: &VmReport, base_time: Option<Ns>, base_tput: f64) -> Optio
 pub fn table(rows: &[(Option<String>, &SimReport, Option<f64>)]) -> String {
     let mut out = String::new();
     let header = [
-        "sweep", "vm", "guest", "host", "run time", "thruput/s", "wake p50", "wake p99",
-        "vcpu sw", "idle tr", "steal", "speedup", "wspeedup", "rel",
+        "sweep",
+        "vm",
+        "guest",
+        "host",
+        "run time",
+        "thruput/s",
+        "wake p50",
+        "wake p99",
+        "vcpu sw",
+        "idle tr",
+        "steal",
+        "speedup",
+        "wspeedup",
+        "rel",
     ];
     let mut lines: Vec<Vec<String>> = vec![header.iter().map(|s| s.to_string()).collect()];
     for (label, r, rel) in rows {
@@ -252,16 +268,34 @@ pub fn table(rows: &[(Option<String>, &SimReport, Option<f64>)]) -> String {
                 vm.idle_transitions.to_string(),
                 format!("{:.1}%", 100.0 * vm.steal_ns as f64 / total as f64),
                 vm.speedup.map_or("-".into(), |s| format!("{s:.3}")),
-                if first { r.weighted_speedup.map_or("-".into(), |s| format!("{s:.3}")) } else { String::new() },
-                if first { rel.map_or("-".into(), |s| format!("{s:.3}")) } else { String::new() },
+                if first {
+                    r.weighted_speedup.map_or("-".into(), |s| format!("{s:.3}"))
+                } else {
+                    String::new()
+                },
+                if first {
+                    rel.map_or("-".into(), |s| format!("{s:.3}"))
+                } else {
+                    String::new()
+                },
             ]);
         }
     }
-    let widths: Vec<usize> =
-        (0..header.len()).map(|c| lines.iter().map(|l| l[c].chars().count()).max().unwrap_or(0)).collect();
+    let widths: Vec<usize> = (0..header.len())
+        .map(|c| {
+            lines
+                .iter()
+                .map(|l| l[c].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
     for line in lines {
-        let cells: Vec<String> =
-            line.iter().zip(&widths).map(|(cell, w)| format!("{cell:>w$}", w = *w)).collect();
+        let cells: Vec<String> = line
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:>w$}", w = *w))
+            .collect();
         out.push_str(cells.join("  ").trim_end());
         out.push('\n');
     }
@@ -292,8 +326,16 @@ mod tests {
         assert_eq!(s.min_ns, 1000);
         assert_eq!(s.max_ns, 100_000);
         assert!((s.mean_ns - 50_500.0).abs() < 1e-9);
-        assert!((s.p50_ns as f64 - 50_000.0).abs() < 50_000.0 * 0.04, "{}", s.p50_ns);
-        assert!((s.p99_ns as f64 - 99_000.0).abs() < 99_000.0 * 0.04, "{}", s.p99_ns);
+        assert!(
+            (s.p50_ns as f64 - 50_000.0).abs() < 50_000.0 * 0.04,
+            "{}",
+            s.p50_ns
+        );
+        assert!(
+            (s.p99_ns as f64 - 99_000.0).abs() < 99_000.0 * 0.04,
+            "{}",
+            s.p99_ns
+        );
         let mut one = Histogram::default();
         one.record(37_000);
         assert_eq!(one.quantile(0.5), 37_000, "clamped to the exact min/max");

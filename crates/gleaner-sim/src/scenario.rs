@@ -18,11 +18,22 @@ pub enum ScenarioError {
     // The I/O error is part of this message and deliberately not its `source`: a chain
     // printer (`{:#}`) would repeat it ("No such file or directory: No such file ...").
     #[error("cannot read scenario {path}: {error}")]
-    Read { path: PathBuf, error: std::io::Error },
+    Read {
+        path: PathBuf,
+        error: std::io::Error,
+    },
     #[error("{path}:{at}{message}")]
-    Parse { path: PathBuf, at: Position, message: String },
+    Parse {
+        path: PathBuf,
+        at: Position,
+        message: String,
+    },
     #[error("{path}: {field}: {problem}")]
-    Invalid { path: PathBuf, field: String, problem: String },
+    Invalid {
+        path: PathBuf,
+        field: String,
+        problem: String,
+    },
     #[error("bad --sweep {spec:?}: {problem} (expected PATH=V1,V2,..., e.g. host.pcpus=4,8,16)")]
     Sweep { spec: String, problem: String },
 }
@@ -159,7 +170,10 @@ pub struct SimConfig {
 
 impl Default for SimConfig {
     fn default() -> Self {
-        Self { duration: Dur(10_000 * MS), weighted_speedup: false }
+        Self {
+            duration: Dur(10_000 * MS),
+            weighted_speedup: false,
+        }
     }
 }
 
@@ -421,7 +435,10 @@ impl Scenario {
         };
         let h = &self.host;
         if h.pcpus == 0 || h.pcpus > 65_536 {
-            return Err(bad("host.pcpus".into(), format!("{} must be 1..=65536", h.pcpus)));
+            return Err(bad(
+                "host.pcpus".into(),
+                format!("{} must be 1..=65536", h.pcpus),
+            ));
         }
         if h.min_granularity.0 == 0 || h.sched_latency.0 < h.min_granularity.0 {
             return Err(bad(
@@ -436,7 +453,10 @@ impl Scenario {
             ));
         }
         if !(h.sbco_alpha > 0.0 && h.sbco_alpha < 1.0) {
-            return Err(bad("host.sbco_alpha".into(), format!("{} must be in (0, 1)", h.sbco_alpha)));
+            return Err(bad(
+                "host.sbco_alpha".into(),
+                format!("{} must be in (0, 1)", h.sbco_alpha),
+            ));
         }
         if self.sim.duration.0 == 0 {
             return Err(bad("sim.duration".into(), "must be > 0".into()));
@@ -449,7 +469,10 @@ impl Scenario {
             ));
         }
         if self.vms.is_empty() {
-            return Err(bad("vm".into(), "no [[vm]] tables; add at least one VM".into()));
+            return Err(bad(
+                "vm".into(),
+                "no [[vm]] tables; add at least one VM".into(),
+            ));
         }
         for (i, vm) in self.vms.iter().enumerate() {
             let f = |name: &str| format!("vm[{i}].{name}");
@@ -458,7 +481,10 @@ impl Scenario {
             }
             if let Some(k) = vm.active_vcpus {
                 if k == 0 || k > vm.vcpus {
-                    return Err(bad(f("active_vcpus"), format!("{k} must be 1..={} (the VM's vcpus)", vm.vcpus)));
+                    return Err(bad(
+                        f("active_vcpus"),
+                        format!("{k} must be 1..={} (the VM's vcpus)", vm.vcpus),
+                    ));
                 }
                 if vm.guest == GuestPolicy::Retention || vm.guest == GuestPolicy::Gleaner {
                     return Err(bad(f("active_vcpus"), "a fixed cpuset conflicts with the policy's own; use guest none, haltpoll or hold".into()));
@@ -467,7 +493,9 @@ impl Scenario {
             if vm.weight == 0 {
                 return Err(bad(f("weight"), "must be > 0 (1024 is nice 0)".into()));
             }
-            let host_cpus = self.host_cpus(i).map_err(|p| bad(f("host_cpus"), p.to_string()))?;
+            let host_cpus = self
+                .host_cpus(i)
+                .map_err(|p| bad(f("host_cpus"), p.to_string()))?;
             if vm.pin_vcpus && host_cpus.len() < vm.vcpus {
                 return Err(bad(
                     f("pin_vcpus"),
@@ -488,13 +516,16 @@ impl Scenario {
                 ));
             }
             if let Some(cfg) = &vm.gleaner {
-                if cfg.retention_timeout_ns != gleaner_policy::PolicyConfig::default().retention_timeout_ns {
+                if cfg.retention_timeout_ns
+                    != gleaner_policy::PolicyConfig::default().retention_timeout_ns
+                {
                     return Err(bad(
                         f("gleaner.retention_timeout_ns"),
                         "the simulator sets the hold; use vm.retention_timeout instead".into(),
                     ));
                 }
-                cfg.validate().map_err(|e| bad(f("gleaner"), e.to_string()))?;
+                cfg.validate()
+                    .map_err(|e| bad(f("gleaner"), e.to_string()))?;
             }
             let (threads, _) = vm.expanded();
             if threads.is_empty() {
@@ -515,9 +546,16 @@ impl Scenario {
                     }
                 }
                 if group.count == 0 || group.count > 1_000_000 {
-                    return Err(bad(gf("count"), format!("{} must be 1..=1000000", group.count)));
+                    return Err(bad(
+                        gf("count"),
+                        format!("{} must be 1..=1000000", group.count),
+                    ));
                 }
-                if !group.program.iter().any(|op| matches!(op, Op::Compute(_) | Op::Sleep(_))) {
+                if !group
+                    .program
+                    .iter()
+                    .any(|op| matches!(op, Op::Compute(_) | Op::Sleep(_)))
+                {
                     return Err(bad(
                         gf("program"),
                         "needs at least one compute or sleep op so that time advances".into(),
@@ -538,13 +576,18 @@ impl Scenario {
                 if *parties == 0 || *parties > users {
                     return Err(bad(
                         f(&format!("barriers.{name}")),
-                        format!("{parties} parties but {users} threads use it; it would never open"),
+                        format!(
+                            "{parties} parties but {users} threads use it; it would never open"
+                        ),
                     ));
                 }
             }
             let (_, queues) = vm.expanded();
             if let Some((name, _)) = queues.iter().find(|(_, cap)| **cap == 0) {
-                return Err(bad(f(&format!("queues.{name}")), "capacity must be ≥ 1".into()));
+                return Err(bad(
+                    f(&format!("queues.{name}")),
+                    "capacity must be ≥ 1".into(),
+                ));
             }
         }
         Ok(())
@@ -553,12 +596,18 @@ impl Scenario {
     /// The pCPUs VM `i` may use.
     pub fn host_cpus(&self, i: usize) -> Result<Vec<usize>, HostCpusError> {
         let all: Vec<usize> = (0..self.host.pcpus).collect();
-        let Some(list) = &self.vms[i].host_cpus else { return Ok(all) };
-        let set: gleaner_policy::Cpuset =
-            list.parse().map_err(|e| HostCpusError::Syntax(format!("{e}")))?;
+        let Some(list) = &self.vms[i].host_cpus else {
+            return Ok(all);
+        };
+        let set: gleaner_policy::Cpuset = list
+            .parse()
+            .map_err(|e| HostCpusError::Syntax(format!("{e}")))?;
         let cpus: Vec<usize> = set.iter().collect();
         if let Some(&cpu) = cpus.iter().find(|&&c| c >= self.host.pcpus) {
-            return Err(HostCpusError::NoSuchCpu { cpu, pcpus: self.host.pcpus });
+            return Err(HostCpusError::NoSuchCpu {
+                cpu,
+                pcpus: self.host.pcpus,
+            });
         }
         if cpus.is_empty() {
             return Err(HostCpusError::Empty);
@@ -577,7 +626,10 @@ impl Scenario {
     /// The retention hold for VM `i`: explicit, or the break-even of the cost model (a wake on
     /// a halted vCPU costs halt_wake + vcpu_switch more than on a busy one).
     pub fn retention_timeout(&self, i: usize) -> Ns {
-        if let Some(d) = self.vms[i].retention_timeout.or(self.guest.retention_timeout) {
+        if let Some(d) = self.vms[i]
+            .retention_timeout
+            .or(self.guest.retention_timeout)
+        {
             return d.0;
         }
         let c = &self.costs;
@@ -597,7 +649,10 @@ impl Scenario {
 
 /// A scenario file's text.
 pub fn read_text(path: &Path) -> Result<String, ScenarioError> {
-    std::fs::read_to_string(path).map_err(|error| ScenarioError::Read { path: path.to_path_buf(), error })
+    std::fs::read_to_string(path).map_err(|error| ScenarioError::Read {
+        path: path.to_path_buf(),
+        error,
+    })
 }
 
 pub fn load_value(path: &Path) -> Result<toml::Value, ScenarioError> {
@@ -608,16 +663,22 @@ pub fn load_value(path: &Path) -> Result<toml::Value, ScenarioError> {
 fn position_of(text: &str, at: usize) -> (usize, usize) {
     let before = &text[..at.min(text.len())];
     let line = before.matches('\n').count() + 1;
-    let column = before.chars().count() - before.rfind('\n').map_or(0, |p| before[..=p].chars().count()) + 1;
+    let column = before.chars().count()
+        - before
+            .rfind('\n')
+            .map_or(0, |p| before[..=p].chars().count())
+        + 1;
     (line, column)
 }
 
 pub fn parse_value(text: &str, path: &Path) -> Result<toml::Value, ScenarioError> {
-    text.parse::<toml::Table>().map(toml::Value::Table).map_err(|e| ScenarioError::Parse {
-        path: path.to_path_buf(),
-        at: Position(e.span().map(|span| position_of(text, span.start))),
-        message: one_line(e.message()),
-    })
+    text.parse::<toml::Table>()
+        .map(toml::Value::Table)
+        .map_err(|e| ScenarioError::Parse {
+            path: path.to_path_buf(),
+            at: Position(e.span().map(|span| position_of(text, span.start))),
+            message: one_line(e.message()),
+        })
 }
 
 /// A parsed `--sweep PATH=V1,V2,...`; `PATH1+PATH2=...` sets several fields to each value
@@ -632,11 +693,17 @@ pub struct Sweep {
 
 impl Sweep {
     pub fn parse(spec: &str) -> Result<Sweep, ScenarioError> {
-        let err = |problem: &str| ScenarioError::Sweep { spec: spec.into(), problem: problem.into() };
+        let err = |problem: &str| ScenarioError::Sweep {
+            spec: spec.into(),
+            problem: problem.into(),
+        };
         let (path, list) = spec.split_once('=').ok_or_else(|| err("missing '='"))?;
         let path = path.trim();
         let paths: Vec<String> = path.split('+').map(|p| p.trim().to_string()).collect();
-        if paths.iter().any(|p| p.is_empty() || p.split('.').any(str::is_empty)) {
+        if paths
+            .iter()
+            .any(|p| p.is_empty() || p.split('.').any(str::is_empty))
+        {
             return Err(err("empty path segment"));
         }
         let labels: Vec<String> = list.split(',').map(|v| v.trim().to_string()).collect();
@@ -644,15 +711,22 @@ impl Sweep {
             return Err(err("empty value in the list"));
         }
         let values = labels.iter().map(|raw| parse_scalar(raw)).collect();
-        Ok(Sweep { path: path.into(), paths, values, labels })
+        Ok(Sweep {
+            path: path.into(),
+            paths,
+            values,
+            labels,
+        })
     }
 
     /// Set the sweep path to its `k`-th value in a scenario's TOML tree.
     pub fn apply(&self, root: &mut toml::Value, k: usize) -> Result<(), ScenarioError> {
         for path in &self.paths {
-            set_path(root, path, self.values[k].clone()).map_err(|problem| ScenarioError::Sweep {
-                spec: format!("{}={}", self.path, self.labels.join(",")),
-                problem: problem.to_string(),
+            set_path(root, path, self.values[k].clone()).map_err(|problem| {
+                ScenarioError::Sweep {
+                    spec: format!("{}={}", self.path, self.labels.join(",")),
+                    problem: problem.to_string(),
+                }
             })?;
         }
         Ok(())
@@ -672,7 +746,11 @@ fn parse_scalar(raw: &str) -> toml::Value {
 /// Set `a.b.0.c` in a TOML tree: table keys by name, array elements by index. Missing tables
 /// and the last key are created, so optional fields and sections can be swept too (a wrong
 /// name is then reported by the scenario's own `unknown field` check).
-pub fn set_path(root: &mut toml::Value, path: &str, value: toml::Value) -> Result<(), SetPathError> {
+pub fn set_path(
+    root: &mut toml::Value,
+    path: &str,
+    value: toml::Value,
+) -> Result<(), SetPathError> {
     let parts: Vec<&str> = path.split('.').collect();
     let mut node = root;
     for (i, part) in parts.iter().enumerate() {
@@ -684,20 +762,28 @@ pub fn set_path(root: &mut toml::Value, path: &str, value: toml::Value) -> Resul
                     return Ok(());
                 }
                 // A section the file leaves out (all defaults) is created, so it can be swept.
-                t.entry(part.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()))
+                t.entry(part.to_string())
+                    .or_insert_with(|| toml::Value::Table(toml::Table::new()))
             }
             toml::Value::Array(a) => {
-                let idx: usize =
-                    part.parse().map_err(|_| SetPathError::NotAnIndex { part: part.to_string() })?;
+                let idx: usize = part.parse().map_err(|_| SetPathError::NotAnIndex {
+                    part: part.to_string(),
+                })?;
                 let len = a.len();
-                let slot = a.get_mut(idx).ok_or(SetPathError::OutOfRange { index: idx, len })?;
+                let slot = a
+                    .get_mut(idx)
+                    .ok_or(SetPathError::OutOfRange { index: idx, len })?;
                 if last {
                     *slot = value;
                     return Ok(());
                 }
                 slot
             }
-            _ => return Err(SetPathError::NotATable { part: part.to_string() }),
+            _ => {
+                return Err(SetPathError::NotATable {
+                    part: part.to_string(),
+                })
+            }
         };
     }
     Ok(())
@@ -766,7 +852,9 @@ mod tests {
         }
         // A tree changed by a sweep has no text: no position at all.
         let value = parse_value(text, Path::new("t.toml")).unwrap();
-        let err = Scenario::from_value(value, Path::new("t.toml")).unwrap_err().to_string();
+        let err = Scenario::from_value(value, Path::new("t.toml"))
+            .unwrap_err()
+            .to_string();
         assert!(err.starts_with("t.toml: invalid type"), "{err}");
     }
 
@@ -775,7 +863,11 @@ mod tests {
         let err = Scenario::load(Path::new("/nonexistent/scenario.toml")).unwrap_err();
         // What `gleaner sim` prints: the error with its chain of causes.
         let shown = format!("{:#}", anyhow::Error::from(err));
-        assert_eq!(shown.matches("No such file or directory").count(), 1, "{shown}");
+        assert_eq!(
+            shown.matches("No such file or directory").count(),
+            1,
+            "{shown}"
+        );
         assert!(shown.contains("/nonexistent/scenario.toml"), "{shown}");
     }
 
@@ -791,15 +883,30 @@ mod tests {
         let mut value = parse_value(MINIMAL, Path::new("t")).unwrap();
         sweep.apply(&mut value, 0).unwrap();
         let s = Scenario::from_value(value, Path::new("t")).unwrap();
-        assert_eq!((s.vms[0].guest, s.vms[0].name.as_str()), (GuestPolicy::Hold, "hold"));
+        assert_eq!(
+            (s.vms[0].guest, s.vms[0].name.as_str()),
+            (GuestPolicy::Hold, "hold")
+        );
 
         let sweep = Sweep::parse("costs.ipi=5us").unwrap();
         let mut value = parse_value(MINIMAL, Path::new("t")).unwrap();
         sweep.apply(&mut value, 0).unwrap();
-        assert_eq!(Scenario::from_value(value, Path::new("t")).unwrap().costs.ipi.0, 5_000);
+        assert_eq!(
+            Scenario::from_value(value, Path::new("t"))
+                .unwrap()
+                .costs
+                .ipi
+                .0,
+            5_000
+        );
         let mut value = parse_value(MINIMAL, Path::new("t")).unwrap();
-        Sweep::parse("costs.ipj=5us").unwrap().apply(&mut value, 0).unwrap();
-        let err = Scenario::from_value(value, Path::new("t")).unwrap_err().to_string();
+        Sweep::parse("costs.ipj=5us")
+            .unwrap()
+            .apply(&mut value, 0)
+            .unwrap();
+        let err = Scenario::from_value(value, Path::new("t"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("unknown field `ipj`"), "{err}");
 
         let sweep = Sweep::parse("host.pcpus=4,8").unwrap();
@@ -808,7 +915,10 @@ mod tests {
         assert!(Sweep::parse("host..pcpus=1").is_err());
         assert!(Sweep::parse("host.pcpus+=1").is_err());
         let mut value = parse_value(MINIMAL, Path::new("t")).unwrap();
-        let err = Sweep::parse("vm.3.guest=none").unwrap().apply(&mut value, 0).unwrap_err();
+        let err = Sweep::parse("vm.3.guest=none")
+            .unwrap()
+            .apply(&mut value, 0)
+            .unwrap_err();
         assert!(err.to_string().contains("out of range"));
     }
 }

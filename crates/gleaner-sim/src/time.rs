@@ -28,7 +28,9 @@ impl Dur {
 /// Parse `"250"`, `"250ns"`, `"37us"`, `"1.5ms"`, `"2s"` into nanoseconds.
 pub fn parse_duration(text: &str) -> Result<Ns, String> {
     let s = text.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_')).unwrap_or(s.len());
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_'))
+        .unwrap_or(s.len());
     let (number, unit) = s.split_at(split);
     let number = number.replace('_', "");
     let scale: f64 = match unit.trim() {
@@ -37,11 +39,14 @@ pub fn parse_duration(text: &str) -> Result<Ns, String> {
         "ms" => 1e6,
         "s" => 1e9,
         other => {
-            return Err(format!("unknown unit {other:?} in duration {text:?} (use ns, us, ms or s)"))
+            return Err(format!(
+                "unknown unit {other:?} in duration {text:?} (use ns, us, ms or s)"
+            ))
         }
     };
-    let value: f64 =
-        number.parse().map_err(|_| format!("{text:?} is not a duration (e.g. \"37us\", \"2ms\")"))?;
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration (e.g. \"37us\", \"2ms\")"))?;
     let ns = value * scale;
     if !ns.is_finite() || ns < 0.0 || ns > u64::MAX as f64 / 2.0 {
         return Err(format!("duration {text:?} is out of range"));
@@ -86,7 +91,9 @@ impl<'de> Deserialize<'de> for Dur {
                 Ok(Dur(v))
             }
             fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Dur, E> {
-                u64::try_from(v).map(Dur).map_err(|_| E::custom(format!("negative duration {v}")))
+                u64::try_from(v)
+                    .map(Dur)
+                    .map_err(|_| E::custom(format!("negative duration {v}")))
             }
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Dur, E> {
                 parse_duration(v).map(Dur).map_err(E::custom)

@@ -268,7 +268,11 @@ impl Preset {
     pub fn expand(&self, vcpus: usize) -> Expanded {
         let mut out = Expanded::default();
         match self {
-            Preset::Dedup { threads, items, handoff_alloc } => {
+            Preset::Dedup {
+                threads,
+                items,
+                handoff_alloc,
+            } => {
                 // PARSEC dedup barely scales past 4 cores natively (7.1 s on 4, 7.6 s on 16):
                 // the serial fragment stage bounds it, and chunk allocation and the hash
                 // table are hot mutexes (in the guest kernel and libc). Per-chunk costs are
@@ -291,8 +295,11 @@ impl Preset {
                     program,
                 };
                 let locked = |lock: &str, hold: u64| {
-                    let take =
-                        if lock == "alloc" && *handoff_alloc { Op::HandoffLock(s(lock)) } else { Op::Lock(s(lock)) };
+                    let take = if lock == "alloc" && *handoff_alloc {
+                        Op::HandoffLock(s(lock))
+                    } else {
+                        Op::Lock(s(lock))
+                    };
                     [take, c(Dist::Exp(hold)), Op::Unlock(s(lock))]
                 };
                 let mut fragment = vec![c(Dist::Exp(8_000))];
@@ -311,9 +318,17 @@ impl Preset {
                 compress.extend(locked("alloc", 3_000));
                 compress.push(Op::Push(s("packed")));
                 out.threads.push(group(n, per, compress));
-                out.threads.push(group(1, items, vec![Op::Pop(s("packed")), c(Dist::Exp(2_000))]));
+                out.threads.push(group(
+                    1,
+                    items,
+                    vec![Op::Pop(s("packed")), c(Dist::Exp(2_000))],
+                ));
             }
-            Preset::Streamcluster { threads, phases, work } => {
+            Preset::Streamcluster {
+                threads,
+                phases,
+                work,
+            } => {
                 let n = threads.unwrap_or(vcpus).max(1);
                 out.threads.push(ThreadGroup {
                     count: n,
@@ -353,7 +368,12 @@ impl Preset {
                     program: vec![Op::Sleep(Dist::Const(50_000)), c(Dist::Const(2_000))],
                 });
             }
-            Preset::Pingpong { vcpu_a, vcpu_b, iterations, work } => {
+            Preset::Pingpong {
+                vcpu_a,
+                vcpu_b,
+                iterations,
+                work,
+            } => {
                 out.queues.insert(s("ping"), 1);
                 out.queues.insert(s("pong"), 1);
                 out.threads.push(ThreadGroup {
@@ -369,7 +389,11 @@ impl Preset {
                     program: vec![Op::Pop(s("ping")), c(work.clone()), Op::Push(s("pong"))],
                 });
             }
-            Preset::Spinlock { threads, work, hold } => {
+            Preset::Spinlock {
+                threads,
+                work,
+                hold,
+            } => {
                 out.threads.push(ThreadGroup {
                     count: threads.unwrap_or(vcpus).max(1),
                     pin: None,
@@ -394,13 +418,26 @@ mod tests {
 
     #[test]
     fn dedup_runs_a_thread_per_vcpu_per_stage_and_can_hand_off_the_allocator() {
-        let e = Preset::Dedup { threads: None, items: 100, handoff_alloc: false }.expand(4);
+        let e = Preset::Dedup {
+            threads: None,
+            items: 100,
+            handoff_alloc: false,
+        }
+        .expand(4);
         let counts: Vec<usize> = e.threads.iter().map(|g| g.count).collect();
         assert_eq!(counts, vec![1, 4, 4, 4, 1]);
         // The serial fragment stage allocates too.
         assert!(e.threads[0].program.contains(&Op::Lock(s("alloc"))));
-        assert!(!e.threads.iter().any(|g| g.program.iter().any(|o| matches!(o, Op::HandoffLock(_)))));
-        let h = Preset::Dedup { threads: None, items: 100, handoff_alloc: true }.expand(16);
+        assert!(!e
+            .threads
+            .iter()
+            .any(|g| g.program.iter().any(|o| matches!(o, Op::HandoffLock(_)))));
+        let h = Preset::Dedup {
+            threads: None,
+            items: 100,
+            handoff_alloc: true,
+        }
+        .expand(16);
         assert_eq!(h.threads[1].count, 16);
         assert!(h.threads[0].program.contains(&Op::HandoffLock(s("alloc"))));
         assert!(h.threads[2].program.contains(&Op::Lock(s("hashtable"))));
@@ -428,7 +465,12 @@ mod tests {
 
     #[test]
     fn dedup_stages_balance_items() {
-        let e = Preset::Dedup { threads: Some(3), items: 100, handoff_alloc: false }.expand(4);
+        let e = Preset::Dedup {
+            threads: Some(3),
+            items: 100,
+            handoff_alloc: false,
+        }
+        .expand(4);
         let total = |g: &ThreadGroup| g.count as u64 * g.iterations.unwrap();
         // 100 rounds down to 99 so that 3 threads per stage split the chunks evenly.
         assert!(e.threads.iter().all(|g| total(g) == 99));

@@ -10,7 +10,9 @@ use gleaner_sim::scenario::{load_value, set_path};
 use gleaner_sim::{run, simulate, Scenario, SimArgs, SimReport};
 
 fn scenario_file(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../scenarios")
+        .join(name)
 }
 
 /// A shipped scenario with some fields overridden (to keep tests short).
@@ -39,19 +41,32 @@ fn vm<'a>(r: &'a SimReport, name: &str) -> &'a VmReport {
 fn table2_wake_latencies_match_the_paper() {
     // (file, expected median µs). A–C are exact by construction of the cost model; D is the
     // immediate-preemption case, and some wakes wait longer (the paper's "> 96 µs").
-    for (file, expect_us) in
-        [("table2-a.toml", 6.0), ("table2-b.toml", 17.0), ("table2-c.toml", 37.0), ("table2-d.toml", 96.0)]
-    {
+    for (file, expect_us) in [
+        ("table2-a.toml", 6.0),
+        ("table2-b.toml", 17.0),
+        ("table2-c.toml", 37.0),
+        ("table2-d.toml", 96.0),
+    ] {
         let s = shipped(file, &[("vm.0.workload.iterations", int(300))]);
         let r = simulate(&s);
         let lat = &vm(&r, "pingpong").wake_latency;
         assert!(lat.count >= 500, "{file}: {} wakes", lat.count);
         let p50 = lat.p50_ns as f64 / 1000.0;
-        assert!((p50 - expect_us).abs() <= expect_us * 0.03, "{file}: p50 {p50} µs, expected {expect_us}");
+        assert!(
+            (p50 - expect_us).abs() <= expect_us * 0.03,
+            "{file}: p50 {p50} µs, expected {expect_us}"
+        );
         if file == "table2-d.toml" {
-            assert!(lat.mean_ns >= 96_000.0 && lat.min_ns == 96_000, "{file}: {lat:?}");
+            assert!(
+                lat.mean_ns >= 96_000.0 && lat.min_ns == 96_000,
+                "{file}: {lat:?}"
+            );
         } else {
-            assert_eq!((lat.min_ns, lat.max_ns), (lat.p50_ns, lat.p50_ns), "{file}: every wake costs the same");
+            assert_eq!(
+                (lat.min_ns, lat.max_ns),
+                (lat.p50_ns, lat.p50_ns),
+                "{file}: every wake costs the same"
+            );
         }
     }
 }
@@ -81,20 +96,42 @@ fn policy_samples_split_wake_latency_by_wakee_state_and_count_progress() {
     let mut all = gleaner_policy::WakeLatencies::default();
     for (vm_index, sample) in &samples {
         assert_eq!(*vm_index, 0);
-        all.merge(sample.wake_latency.as_ref().expect("the simulator sees every wake-up"));
+        all.merge(
+            sample
+                .wake_latency
+                .as_ref()
+                .expect("the simulator sees every wake-up"),
+        );
     }
     let bucket = gleaner_policy::LatencyHistogram::bucket_of;
     assert!(all.halted.count > 0 && all.polling.count > 0, "{all:?}");
-    assert_eq!(all.halted.buckets[bucket(26_000)], all.halted.count, "halted wakes cost 26 µs");
-    assert_eq!(all.polling.buckets[bucket(6_000)], all.polling.count, "held wakes cost 6 µs");
+    assert_eq!(
+        all.halted.buckets[bucket(26_000)],
+        all.halted.count,
+        "halted wakes cost 26 µs"
+    );
+    assert_eq!(
+        all.polling.buckets[bucket(6_000)],
+        all.polling.count,
+        "held wakes cost 6 µs"
+    );
     assert_eq!(all.running.count, 0, "no thread wakes another here");
     // Progress is the compute completed, in µs: 20 µs per iteration of each thread.
-    let progress: u64 = samples.iter().map(|(_, s)| s.progress.expect("the simulator counts work done")).sum();
+    let progress: u64 = samples
+        .iter()
+        .map(|(_, s)| s.progress.expect("the simulator counts work done"))
+        .sum();
     let v = vm(&r, "sleepy");
     // Each of the 2 threads may have finished its burst but not yet its sleep.
-    assert!((0..=2).contains(&((v.completed_work_ns - 20_000 * v.iterations) / 20_000)), "{v:?}");
+    assert!(
+        (0..=2).contains(&((v.completed_work_ns - 20_000 * v.iterations) / 20_000)),
+        "{v:?}"
+    );
     let done_us = v.completed_work_ns / 1_000;
-    assert!(progress <= done_us && progress + 2 * 20 >= done_us, "{progress} of {done_us} µs");
+    assert!(
+        progress <= done_us && progress + 2 * 20 >= done_us,
+        "{progress} of {done_us} µs"
+    );
 }
 
 #[test]
@@ -125,7 +162,11 @@ fn two_vcpus_on_one_pcpu_switch_every_half_latency() {
     assert_eq!(ins, vec![10, 11]);
     // Each vCPU waited while the other ran: steal is the other's run time, ~half of 246 ms.
     for c in &v.vcpus {
-        assert!((110_000_000..=136_000_000).contains(&c.steal_ns), "steal {}", c.steal_ns);
+        assert!(
+            (110_000_000..=136_000_000).contains(&c.steal_ns),
+            "steal {}",
+            c.steal_ns
+        );
         assert_eq!(c.halts, 0);
     }
     // Every switch pays the switch cost; switching between different vCPUs also the refill.
@@ -163,8 +204,14 @@ fn strict_gang_runs_siblings_together_relaxed_backfills() {
     assert_eq!(strict.host.gang_slots, 20);
     let busy_strict = vm(&strict, "busy").work_ns;
     let busy_relaxed = vm(&relaxed, "busy").work_ns;
-    assert!(busy_strict <= 2 * 120_000_000, "strict: at most its own slots ({busy_strict})");
-    assert!(busy_relaxed > busy_strict + 40_000_000, "relaxed backfills: {busy_relaxed} vs {busy_strict}");
+    assert!(
+        busy_strict <= 2 * 120_000_000,
+        "strict: at most its own slots ({busy_strict})"
+    );
+    assert!(
+        busy_relaxed > busy_strict + 40_000_000,
+        "relaxed backfills: {busy_relaxed} vs {busy_strict}"
+    );
 }
 
 #[test]
@@ -172,17 +219,27 @@ fn coscheduling_removes_lock_holder_preemption() {
     let s = |policy: &str| {
         shipped(
             "spinlock-rq6.toml",
-            &[("sim.duration", toml::Value::String("400ms".into())), ("host.policy", toml::Value::String(policy.into()))],
+            &[
+                ("sim.duration", toml::Value::String("400ms".into())),
+                ("host.policy", toml::Value::String(policy.into())),
+            ],
         )
     };
     let ple = |r: &SimReport| vm(r, "spin").vcpus.iter().map(|c| c.ple_exits).sum::<u64>();
     let cfs = simulate(&s("cfs"));
     let strict = simulate(&s("cosched-strict"));
     let sbco = simulate(&s("sbco"));
-    assert!(ple(&cfs) > 10, "CFS preempts lock holders: {} PLE exits", ple(&cfs));
+    assert!(
+        ple(&cfs) > 10,
+        "CFS preempts lock holders: {} PLE exits",
+        ple(&cfs)
+    );
     assert!(cfs.host.directed_yields > 0);
     assert_eq!(ple(&strict), 0, "siblings always run together");
-    assert!(sbco.host.sbco_boosts > 0, "SBCO rebalances siblings far apart");
+    assert!(
+        sbco.host.sbco_boosts > 0,
+        "SBCO rebalances siblings far apart"
+    );
 }
 
 #[test]
@@ -190,7 +247,13 @@ fn haltpoll_polls_away_short_idle_periods() {
     // Setting C with 20 µs of work per hand-off: vCPU idle periods are ~60 µs, under the
     // 200 µs haltpoll maximum, so after the first wake the poll limit grows to 50–100 µs and
     // later wakes find the vCPU polling: poll_wake + guest_switch = 7 µs, no halts.
-    let none = shipped("table2-c.toml", &[("vm.0.workload.iterations", int(500)), ("vm.0.workload.work", toml::Value::String("20us".into()))]);
+    let none = shipped(
+        "table2-c.toml",
+        &[
+            ("vm.0.workload.iterations", int(500)),
+            ("vm.0.workload.work", toml::Value::String("20us".into())),
+        ],
+    );
     let mut poll = none.clone();
     poll.vms[0].guest = gleaner_sim::scenario::GuestPolicy::Haltpoll;
     let (r_none, r_poll) = (simulate(&none), simulate(&poll));
@@ -228,7 +291,11 @@ fn gleaner_retention_holds_vcpus_through_short_sleeps() {
     let on = simulate(&s("retention"));
     let (a, b) = (vm(&off, "sleepy"), vm(&on, "sleepy"));
     assert_eq!(a.wake_latency.p50_ns, 26_000);
-    assert!(b.retaining_vcpus.contains(&2), "retention never turned on: {:?}", b.policy_events);
+    assert!(
+        b.retaining_vcpus.contains(&2),
+        "retention never turned on: {:?}",
+        b.policy_events
+    );
     assert!(b.vcpus.iter().map(|c| c.yield_ns).sum::<u64>() > 0);
     assert!(b.vcpus.iter().map(|c| c.yield_preemptions).sum::<u64>() > 1000);
     assert_eq!(b.wake_latency.p50_ns, 6_000, "most wakes hit a held vCPU");
@@ -256,13 +323,23 @@ fn gleaner_consolidates_a_fine_grained_pipeline() {
     let r = simulate(&s);
     let v = vm(&r, "dedup");
     assert_eq!(v.active_vcpus.len(), 15);
-    assert!(*v.active_vcpus.last().unwrap() < 8, "active: {:?}", v.active_vcpus);
-    assert!(v.policy_events.iter().any(|e| matches!(e.kind, gleaner_policy::EventKind::Deactivate { .. })));
+    assert!(
+        *v.active_vcpus.last().unwrap() < 8,
+        "active: {:?}",
+        v.active_vcpus
+    );
+    assert!(v
+        .policy_events
+        .iter()
+        .any(|e| matches!(e.kind, gleaner_policy::EventKind::Deactivate { .. })));
 }
 
 #[test]
 fn same_seed_same_bytes_and_seed_matters() {
-    let s = shipped("fig7-dedup-matmul.toml", &[("vm.0.workload.items", int(20_000))]);
+    let s = shipped(
+        "fig7-dedup-matmul.toml",
+        &[("vm.0.workload.items", int(20_000))],
+    );
     let a = serde_json::to_string(&simulate(&s)).unwrap();
     let b = serde_json::to_string(&simulate(&s)).unwrap();
     assert_eq!(a, b);
@@ -273,7 +350,10 @@ fn same_seed_same_bytes_and_seed_matters() {
 
 #[test]
 fn weighted_speedup_sums_speedups_against_solo_runs() {
-    let s = shipped("table1-shared-matmul-4.toml", &[("vm.0.workload.items", int(4_000))]);
+    let s = shipped(
+        "table1-shared-matmul-4.toml",
+        &[("vm.0.workload.items", int(4_000))],
+    );
     let r = simulate(&s);
     let ws = r.weighted_speedup.unwrap();
     let d = vm(&r, "dedup");
@@ -312,23 +392,44 @@ fn cli_writes_json_and_reports_bad_files_in_one_line() {
         json: false,
     };
     run(args).unwrap();
-    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     assert_eq!(json["runs"].as_array().unwrap().len(), 2);
     assert_eq!(json["runs"][1]["seed"], 5);
     assert_eq!(json["runs"][1]["vms"][0]["iterations"], 200);
 
     let bad = dir.path().join("bad.toml");
     for (text, needle) in [
-        ("[host]\npcpus = \"many\"\n[[vm]]\nvcpus = 1\nworkload = { preset = \"matmul\" }\n", "invalid type"),
-        ("[host]\npcpus = 1\n[[vm]]\nvcpus = 1\nworkload = { preset = \"dedupe\" }\n", "unknown variant"),
+        (
+            "[host]\npcpus = \"many\"\n[[vm]]\nvcpus = 1\nworkload = { preset = \"matmul\" }\n",
+            "invalid type",
+        ),
+        (
+            "[host]\npcpus = 1\n[[vm]]\nvcpus = 1\nworkload = { preset = \"dedupe\" }\n",
+            "unknown variant",
+        ),
         ("[host\npcpus = 1\n", "bad.toml:1:"),
     ] {
         std::fs::write(&bad, text).unwrap();
-        let args = SimArgs { command: None, scenario: Some(bad.clone()), sweep: None, out: None, seed: None, json: true };
+        let args = SimArgs {
+            command: None,
+            scenario: Some(bad.clone()),
+            sweep: None,
+            out: None,
+            seed: None,
+            json: true,
+        };
         let err = format!("{:#}", run(args).unwrap_err());
         assert!(!err.contains('\n') && err.contains(needle), "{err}");
     }
-    let missing = SimArgs { command: None, scenario: Some(dir.path().join("nope.toml")), sweep: None, out: None, seed: None, json: true };
+    let missing = SimArgs {
+        command: None,
+        scenario: Some(dir.path().join("nope.toml")),
+        sweep: None,
+        out: None,
+        seed: None,
+        json: true,
+    };
     assert!(format!("{:#}", run(missing).unwrap_err()).contains("cannot read scenario"));
     let bad_sweep = SimArgs {
         command: None,
@@ -368,10 +469,18 @@ fn gleaners_idle_time_runs_from_hlt_until_the_guest_resumes() {
     let v = vm(&r, "sleepy");
     assert!(v.retaining_vcpus.iter().all(|&n| n == 0));
     let c = v.last_characteristics.as_ref().unwrap();
-    assert!((c.l_idle_ns - 25_000.0).abs() < 500.0, "l_idle {} ns", c.l_idle_ns);
+    assert!(
+        (c.l_idle_ns - 25_000.0).abs() < 500.0,
+        "l_idle {} ns",
+        c.l_idle_ns
+    );
     // Work is the compute plus the guest switch into the thread (6 µs); the host's switch-in
     // happened while the guest was in HLT, so none of it is counted as work.
-    assert!((c.l_comp_ns - 26_000.0).abs() < 1_000.0, "l_comp {} ns", c.l_comp_ns);
+    assert!(
+        (c.l_comp_ns - 26_000.0).abs() < 1_000.0,
+        "l_comp {} ns",
+        c.l_comp_ns
+    );
 }
 
 #[test]
@@ -401,9 +510,22 @@ fn handoff_lock_gives_the_lock_to_the_sleeping_waiter() {
     let (b, h) = (vm(&barging, "lk"), vm(&handoff, "lk"));
     // Hand-off: each iteration is a hold plus a wake to a halted vCPU (10 + ~37 µs + 1 µs).
     let per_iter = 50_000_000 / h.iterations.max(1);
-    assert!((40_000..60_000).contains(&per_iter), "{per_iter} ns per hand-off");
-    assert!(h.wake_latency.count as u64 + 2 >= h.iterations, "{} wakes, {} iterations", h.wake_latency.count, h.iterations);
-    assert!(b.iterations > 2 * h.iterations, "barging {} vs hand-off {}", b.iterations, h.iterations);
+    assert!(
+        (40_000..60_000).contains(&per_iter),
+        "{per_iter} ns per hand-off"
+    );
+    assert!(
+        h.wake_latency.count + 2 >= h.iterations,
+        "{} wakes, {} iterations",
+        h.wake_latency.count,
+        h.iterations
+    );
+    assert!(
+        b.iterations > 2 * h.iterations,
+        "barging {} vs hand-off {}",
+        b.iterations,
+        h.iterations
+    );
 }
 
 #[test]
@@ -426,9 +548,24 @@ fn bww_is_visible_and_gleaner_consolidates_mysql() {
     let off = simulate(&s("none"));
     let on = simulate(&s("gleaner"));
     let (a, b) = (vm(&off, "mysql-a"), vm(&on, "mysql-a"));
-    assert!(a.wake_latency.p50_ns >= 37_000, "p50 {}", a.wake_latency.p50_ns);
-    assert!(b.policy_events.iter().any(|e| matches!(e.kind, gleaner_policy::EventKind::Deactivate { .. })), "{:?}", b.policy_events);
+    assert!(
+        a.wake_latency.p50_ns >= 37_000,
+        "p50 {}",
+        a.wake_latency.p50_ns
+    );
+    assert!(
+        b.policy_events
+            .iter()
+            .any(|e| matches!(e.kind, gleaner_policy::EventKind::Deactivate { .. })),
+        "{:?}",
+        b.policy_events
+    );
     let c = b.last_characteristics.as_ref().unwrap();
     assert!(c.runnable_wait_fraction <= 0.10, "{c:?}");
-    assert!(b.throughput_per_s > 1.05 * a.throughput_per_s, "{} vs {}", b.throughput_per_s, a.throughput_per_s);
+    assert!(
+        b.throughput_per_s > 1.05 * a.throughput_per_s,
+        "{} vs {}",
+        b.throughput_per_s,
+        a.throughput_per_s
+    );
 }

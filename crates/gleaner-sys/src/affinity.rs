@@ -104,13 +104,18 @@ mod tests {
     fn errors_name_the_cause() {
         let offline: Cpuset = [gleaner_policy::cpuset::MAX_CPU].into_iter().collect();
         assert_eq!(
-            std::thread::spawn(move || set_current_thread_affinity(&offline).unwrap_err().raw_os_error())
-                .join()
-                .unwrap(),
+            std::thread::spawn(move || set_current_thread_affinity(&offline)
+                .unwrap_err()
+                .raw_os_error())
+            .join()
+            .unwrap(),
             Some(libc::EINVAL)
         );
         // No thread has id i32::MAX on any Linux (pid_max is at most 2^22).
-        assert_eq!(thread_affinity(i32::MAX).unwrap_err().raw_os_error(), Some(libc::ESRCH));
+        assert_eq!(
+            thread_affinity(i32::MAX).unwrap_err().raw_os_error(),
+            Some(libc::ESRCH)
+        );
     }
 
     #[test]

@@ -5,12 +5,17 @@ use std::io;
 const NS_PER_SEC: u64 = 1_000_000_000;
 
 fn read(clock: libc::clockid_t) -> io::Result<u64> {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: `ts` is a valid, writable timespec on this stack frame.
     if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok((ts.tv_sec as u64).saturating_mul(NS_PER_SEC).saturating_add(ts.tv_nsec as u64))
+    Ok((ts.tv_sec as u64)
+        .saturating_mul(NS_PER_SEC)
+        .saturating_add(ts.tv_nsec as u64))
 }
 
 /// CLOCK_MONOTONIC in nanoseconds; served by the vDSO, so it costs no system call.
@@ -50,9 +55,13 @@ pub fn sleep_ns(ns: u64) {
         tv_nsec: (ns % NS_PER_SEC) as libc::c_long,
     };
     loop {
-        let mut remaining = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        let mut remaining = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
         // SAFETY: both pointers refer to valid timespecs that outlive the call.
-        let rc = unsafe { libc::clock_nanosleep(libc::CLOCK_MONOTONIC, 0, &request, &mut remaining) };
+        let rc =
+            unsafe { libc::clock_nanosleep(libc::CLOCK_MONOTONIC, 0, &request, &mut remaining) };
         if rc != libc::EINTR {
             return;
         }

@@ -14,7 +14,9 @@ pub fn wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) -> io::R
         tv_sec: t.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
         tv_nsec: t.subsec_nanos() as libc::c_long,
     });
-    let ts_ptr = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    let ts_ptr = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
     // SAFETY: `word` is a live, aligned u32 for the duration of the call; `ts_ptr` is null or
     // points to a relative timespec on this stack frame; FUTEX_WAIT ignores the rest.
     let rc = unsafe {
@@ -69,7 +71,11 @@ mod tests {
         wait(&w, 0, None).unwrap(); // EAGAIN: the word is not 0
         let t = Instant::now();
         wait(&w, 1, Some(Duration::from_millis(20))).unwrap();
-        assert!(t.elapsed() >= Duration::from_millis(15), "{:?}", t.elapsed());
+        assert!(
+            t.elapsed() >= Duration::from_millis(15),
+            "{:?}",
+            t.elapsed()
+        );
         assert_eq!(wake(&w, 1).unwrap(), 0, "nobody waits");
     }
 

@@ -21,7 +21,12 @@ pub fn set_thread_sched_policy(tid: libc::pid_t, policy: libc::c_int) -> io::Res
     let param: libc::sched_param = unsafe { std::mem::zeroed() };
     // SAFETY: `param` is a valid sched_param that outlives the call; the kernel only reads it.
     let rc = unsafe {
-        libc::syscall(libc::SYS_sched_setscheduler, tid, policy, &param as *const libc::sched_param)
+        libc::syscall(
+            libc::SYS_sched_setscheduler,
+            tid,
+            policy,
+            &param as *const libc::sched_param,
+        )
     };
     if rc == 0 {
         Ok(())
@@ -98,7 +103,12 @@ mod tests {
         assert!(gettid() > 0);
         let before = thread_context_switches().unwrap();
         std::thread::sleep(std::time::Duration::from_millis(1));
-        assert!(thread_context_switches().unwrap() > before, "a sleep is a voluntary switch");
-        std::thread::spawn(|| set_current_thread_timer_slack_ns(1).unwrap()).join().unwrap();
+        assert!(
+            thread_context_switches().unwrap() > before,
+            "a sleep is a voluntary switch"
+        );
+        std::thread::spawn(|| set_current_thread_timer_slack_ns(1).unwrap())
+            .join()
+            .unwrap();
     }
 }

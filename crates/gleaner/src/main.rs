@@ -3,8 +3,8 @@
 
 mod man;
 
-use gleaner_sys::one_line;
 use gleaner_daemon::{config, daemon, probe, service, status};
+use gleaner_sys::one_line;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -99,7 +99,10 @@ fn lab_machine() -> gleaner_sim::lab::Machine {
     let sysfs = gleaner_linux::sysfs::SysFs::new("/sys");
     gleaner_sim::lab::Machine {
         kernel: procfs.kernel_release().ok(),
-        cpuidle_driver: sysfs.cpuidle_driver().ok().map(|d| d.unwrap_or_else(|| "none".into())),
+        cpuidle_driver: sysfs
+            .cpuidle_driver()
+            .ok()
+            .map(|d| d.unwrap_or_else(|| "none".into())),
         loadavg_at_start: procfs.loadavg().ok().map(|l| [l.one, l.five, l.fifteen]),
         ..gleaner_sim::lab::Machine::here()
     }
@@ -108,19 +111,46 @@ fn lab_machine() -> gleaner_sim::lab::Machine {
 fn main() -> ExitCode {
     // A bug must not print a backtrace at a user; the restore paths still run on unwind.
     std::panic::set_hook(Box::new(|info| {
-        let msg = info.payload().downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| info.payload().downcast_ref::<String>().cloned());
-        gleaner_daemon::logging::print_unstructured(&format!("gleaner: internal error: {} (please report this)", msg.unwrap_or_else(|| "panic".into())));
+        let msg = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned());
+        gleaner_daemon::logging::print_unstructured(&format!(
+            "gleaner: internal error: {} (please report this)",
+            msg.unwrap_or_else(|| "panic".into())
+        ));
     }));
     let cli = Cli::parse();
-    gleaner_daemon::logging::init(matches!(cli.log_format, LogFormat::Json), cli.log.as_deref());
+    gleaner_daemon::logging::init(
+        matches!(cli.log_format, LogFormat::Json),
+        cli.log.as_deref(),
+    );
     let result = match cli.command {
         Cmd::Run { flags, command } => daemon::manage(&flags, daemon::Target::Command(command)),
-        Cmd::Attach { flags, pid, cgroup, system_process } => match (pid, cgroup) {
-            (Some(pid), _) => daemon::manage(&flags, daemon::Target::Pid { pid, system_ok: system_process }),
+        Cmd::Attach {
+            flags,
+            pid,
+            cgroup,
+            system_process,
+        } => match (pid, cgroup) {
+            (Some(pid), _) => daemon::manage(
+                &flags,
+                daemon::Target::Pid {
+                    pid,
+                    system_ok: system_process,
+                },
+            ),
             (None, Some(dir)) => daemon::manage(&flags, daemon::Target::Cgroup(dir)),
             (None, None) => Err(anyhow::anyhow!("give a PID or --cgroup PATH")),
         },
-        Cmd::Daemon(args) => service::run(args, service::ChildLogging { json: matches!(cli.log_format, LogFormat::Json), filter: cli.log.clone() }),
+        Cmd::Daemon(args) => service::run(
+            args,
+            service::ChildLogging {
+                json: matches!(cli.log_format, LogFormat::Json),
+                filter: cli.log.clone(),
+            },
+        ),
         Cmd::Status(args) => status::run(args).map(|_| 0),
         Cmd::Recover { state_dir } => daemon::recover(state_dir),
         Cmd::Probe(args) => probe::run(args).map(|_| 0),
@@ -128,7 +158,10 @@ fn main() -> ExitCode {
         Cmd::Scale(args) => gleaner_scale::run(args).map(|_| 0),
         Cmd::Sim(args) => gleaner_sim::run_with_machine(args, lab_machine).map(|_| 0),
         Cmd::Guard { journal } => daemon::guard_main(&journal),
-        Cmd::IdleEntries { sys_root, proc_root } => idle_entries(&sys_root, &proc_root),
+        Cmd::IdleEntries {
+            sys_root,
+            proc_root,
+        } => idle_entries(&sys_root, &proc_root),
         Cmd::Man { out } => man::write_pages(Cli::command(), &out).map(|files| {
             for f in files {
                 gleaner_daemon::outln!("{}", f.display());
@@ -151,13 +184,20 @@ fn main() -> ExitCode {
 /// tracepoint source counts only while open.
 fn idle_entries(sys_root: &Path, proc_root: &Path) -> anyhow::Result<i32> {
     use std::io::{BufRead, Write};
-    let cpus: Vec<usize> = gleaner_linux::SysFs::new(sys_root).online_cpus()?.iter().collect();
-    let mut counter = gleaner_linux::idle_entries::IdleEntryCounter::open(sys_root, proc_root, &cpus);
+    let cpus: Vec<usize> = gleaner_linux::SysFs::new(sys_root)
+        .online_cpus()?
+        .iter()
+        .collect();
+    let mut counter =
+        gleaner_linux::idle_entries::IdleEntryCounter::open(sys_root, proc_root, &cpus);
     let mut stdin = std::io::stdin().lock();
     let mut line = String::new();
     loop {
-        let per_cpu: serde_json::Map<String, serde_json::Value> =
-            cpus.iter().zip(counter.read()).map(|(cpu, count)| (cpu.to_string(), count.into())).collect();
+        let per_cpu: serde_json::Map<String, serde_json::Value> = cpus
+            .iter()
+            .zip(counter.read())
+            .map(|(cpu, count)| (cpu.to_string(), count.into()))
+            .collect();
         let reading = serde_json::json!({"source": counter.source(), "exact": counter.source().exact(), "per_cpu": per_cpu});
         let mut stdout = std::io::stdout().lock();
         writeln!(stdout, "{reading}")?;

@@ -8,10 +8,18 @@ use anyhow::{Context, Result};
 /// Writes `gleaner.1` and one `gleaner-SUBCOMMAND.1` per visible subcommand into `dir`;
 /// returns the files written.
 pub fn write_pages(cmd: clap::Command, dir: &Path) -> Result<Vec<std::path::PathBuf>> {
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}: pass --out DIR you can write", dir.display()))?;
+    std::fs::create_dir_all(dir).with_context(|| {
+        format!(
+            "cannot create {}: pass --out DIR you can write",
+            dir.display()
+        )
+    })?;
     let mut cmd = cmd;
     cmd.build();
-    let version = cmd.get_version().unwrap_or(env!("CARGO_PKG_VERSION")).to_string();
+    let version = cmd
+        .get_version()
+        .unwrap_or(env!("CARGO_PKG_VERSION"))
+        .to_string();
     let mut written = Vec::new();
     let mut render = |page: clap::Command, file: String, extra: &str| -> Result<()> {
         let buf = render_page(page, &version, extra).context("cannot render a man page")?;
@@ -20,7 +28,10 @@ pub fn write_pages(cmd: clap::Command, dir: &Path) -> Result<Vec<std::path::Path
         written.push(path);
         Ok(())
     };
-    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set() && s.get_name() != "help") {
+    for sub in cmd
+        .get_subcommands()
+        .filter(|s| !s.is_hide_set() && s.get_name() != "help")
+    {
         let name = format!("gleaner-{}", sub.get_name());
         let extra = match sub.get_name() {
             "daemon" => DAEMON_SECTIONS,
@@ -29,7 +40,13 @@ pub fn write_pages(cmd: clap::Command, dir: &Path) -> Result<Vec<std::path::Path
             "recover" => RECOVER_SECTIONS,
             _ => "",
         };
-        render(sub.clone().display_name(name.clone()).bin_name(format!("gleaner {}", sub.get_name())), format!("{name}.1"), extra)?;
+        render(
+            sub.clone()
+                .display_name(name.clone())
+                .bin_name(format!("gleaner {}", sub.get_name())),
+            format!("{name}.1"),
+            extra,
+        )?;
     }
     render(cmd.clone(), "gleaner.1".into(), MAIN_SECTIONS)?;
     Ok(written)
@@ -41,7 +58,9 @@ fn render_page(page: clap::Command, version: &str, extra: &str) -> std::io::Resu
     let has_args = page.get_arguments().any(|a| !a.is_hide_set());
     let has_subs = page.get_subcommands().any(|s| !s.is_hide_set());
     let has_version = page.get_version().is_some();
-    let man = clap_mangen::Man::new(page).source(format!("gleaner {version}")).manual("Gleaner");
+    let man = clap_mangen::Man::new(page)
+        .source(format!("gleaner {version}"))
+        .manual("Gleaner");
     let mut buf = Vec::new();
     man.render_title(&mut buf)?;
     man.render_name_section(&mut buf)?;
@@ -264,26 +283,49 @@ mod tests {
     fn pages_carry_the_help_text() {
         let cmd = clap::Command::new("gleaner")
             .about("Mitigates BWW")
-            .subcommand(clap::Command::new("daemon").about("Run as a service").arg(clap::Arg::new("config").long("config").help("Service configuration")))
+            .subcommand(
+                clap::Command::new("daemon").about("Run as a service").arg(
+                    clap::Arg::new("config")
+                        .long("config")
+                        .help("Service configuration"),
+                ),
+            )
             .subcommand(clap::Command::new("__guard").hide(true));
         let dir = tempfile::tempdir().unwrap();
         let files = write_pages(cmd, dir.path()).unwrap();
-        let names: Vec<String> = files.iter().map(|p| p.file_name().unwrap().to_string_lossy().to_string()).collect();
+        let names: Vec<String> = files
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().to_string())
+            .collect();
         assert_eq!(names, ["gleaner-daemon.1", "gleaner.1"]);
         let daemon = std::fs::read_to_string(dir.path().join("gleaner-daemon.1")).unwrap();
         assert!(daemon.contains("Service configuration"), "{daemon}");
         let main = std::fs::read_to_string(dir.path().join("gleaner.1")).unwrap();
-        assert!(main.contains("Mitigates BWW") && main.contains("daemon"), "{main}");
+        assert!(
+            main.contains("Mitigates BWW") && main.contains("daemon"),
+            "{main}"
+        );
     }
 
     #[test]
     fn daemon_page_documents_every_config_key_files_signals_exit_status_and_its_version() {
         let dir = tempfile::tempdir().unwrap();
-        let cmd = clap::Command::new("gleaner").version("9.8.7").subcommand(clap::Command::new("daemon").about("Run as a service"));
+        let cmd = clap::Command::new("gleaner")
+            .version("9.8.7")
+            .subcommand(clap::Command::new("daemon").about("Run as a service"));
         write_pages(cmd, dir.path()).unwrap();
         let page = std::fs::read_to_string(dir.path().join("gleaner-daemon.1")).unwrap();
-        for section in ["CONFIGURATION", "SIGNALS", "FILES", "\"EXIT STATUS\"", "EXAMPLES"] {
-            assert!(page.contains(&format!(".SH {section}")), "no {section} section:\n{page}");
+        for section in [
+            "CONFIGURATION",
+            "SIGNALS",
+            "FILES",
+            "\"EXIT STATUS\"",
+            "EXAMPLES",
+        ] {
+            assert!(
+                page.contains(&format!(".SH {section}")),
+                "no {section} section:\n{page}"
+            );
         }
         // The footer names the program and its version, not the subcommand.
         let th = page.lines().find(|l| l.starts_with(".TH")).unwrap();

@@ -30,18 +30,34 @@ fn stderr_of(out: &Output) -> String {
 
 fn journals_in(dir: &Path) -> Vec<String> {
     std::fs::read_dir(dir)
-        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.ends_with(".json") && n != "calibration.json").collect())
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.ends_with(".json") && n != "calibration.json")
+                .collect()
+        })
         .unwrap_or_default()
 }
 
 #[test]
 fn recover_ignores_the_calibration_cache_beside_the_journals() {
     let state = tempfile::tempdir().unwrap();
-    std::fs::write(state.path().join("calibration.json"), r#"{"boot_id":"b","timeout_ns":18000,"host_poll_ns":0}"#).unwrap();
-    let out = gleaner().args(["recover", "--state-dir"]).arg(state.path()).output().unwrap();
+    std::fs::write(
+        state.path().join("calibration.json"),
+        r#"{"boot_id":"b","timeout_ns":18000,"host_poll_ns":0}"#,
+    )
+    .unwrap();
+    let out = gleaner()
+        .args(["recover", "--state-dir"])
+        .arg(state.path())
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("nothing to recover"));
-    assert!(state.path().join("calibration.json").exists(), "recover removed the calibration cache");
+    assert!(
+        state.path().join("calibration.json").exists(),
+        "recover removed the calibration cache"
+    );
 }
 
 #[test]
@@ -49,7 +65,20 @@ fn attach_exits_zero_when_the_process_ends_normally() {
     let state = tempfile::tempdir().unwrap();
     let mut work = Command::new("sleep").arg("1").spawn().unwrap();
     let pid = work.id().to_string();
-    let g = gleaner().args(["attach", "--period-ms", "20", "--mode", "consolidation", "--state-dir"]).arg(state.path()).arg(&pid).stderr(Stdio::piped()).spawn().unwrap();
+    let g = gleaner()
+        .args([
+            "attach",
+            "--period-ms",
+            "20",
+            "--mode",
+            "consolidation",
+            "--state-dir",
+        ])
+        .arg(state.path())
+        .arg(&pid)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     // Reaped by its parent (us), as a shell reaps its job: /proc/PID disappears entirely.
     work.wait().unwrap();
     let out = g.wait_with_output().unwrap();
@@ -63,7 +92,13 @@ fn a_closed_stderr_is_not_an_abort() {
     let (read_end, write_end): (OwnedFd, OwnedFd) = nix::unistd::pipe().unwrap();
     drop(read_end);
     let status = gleaner()
-        .args(["run", "--timeline", "/nonexistent-dir/timeline.jsonl", "--", "true"])
+        .args([
+            "run",
+            "--timeline",
+            "/nonexistent-dir/timeline.jsonl",
+            "--",
+            "true",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::from(write_end))
         .status()
@@ -80,27 +115,50 @@ fn an_unopenable_timeline_is_refused_before_the_workload_starts() {
     let out = gleaner()
         .args(["run", "--state-dir"])
         .arg(state.path())
-        .args(["--timeline", "/nonexistent-dir/timeline.jsonl", "--", "touch"])
+        .args([
+            "--timeline",
+            "/nonexistent-dir/timeline.jsonl",
+            "--",
+            "touch",
+        ])
         .arg(&marker)
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = stderr_of(&out);
-    assert!(err.contains("cannot open the timeline file") && err.contains("--timeline"), "{err}");
+    assert!(
+        err.contains("cannot open the timeline file") && err.contains("--timeline"),
+        "{err}"
+    );
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     std::thread::sleep(Duration::from_millis(200));
-    assert!(!marker.exists(), "the workload was started although gleaner refused to manage it");
+    assert!(
+        !marker.exists(),
+        "the workload was started although gleaner refused to manage it"
+    );
 }
 
 #[test]
 fn attach_refuses_init_kernel_threads_and_its_own_ancestors() {
     let state = tempfile::tempdir().unwrap();
     let me = std::process::id().to_string();
-    for (pid, says) in [("1", "PID 1 is init"), ("2", "kernel thread"), (me.as_str(), "ancestor of this gleaner")] {
-        let out = gleaner().args(["attach", "--state-dir"]).arg(state.path()).arg(pid).output().unwrap();
+    for (pid, says) in [
+        ("1", "PID 1 is init"),
+        ("2", "kernel thread"),
+        (me.as_str(), "ancestor of this gleaner"),
+    ] {
+        let out = gleaner()
+            .args(["attach", "--state-dir"])
+            .arg(state.path())
+            .arg(pid)
+            .output()
+            .unwrap();
         let err = stderr_of(&out);
         assert_eq!(out.status.code(), Some(2), "attach {pid}: {err}");
-        assert!(err.contains(says) && err.contains("--system-process"), "attach {pid}: {err}");
+        assert!(
+            err.contains(says) && err.contains("--system-process"),
+            "attach {pid}: {err}"
+        );
     }
     assert!(journals_in(state.path()).is_empty());
 }
@@ -108,16 +166,31 @@ fn attach_refuses_init_kernel_threads_and_its_own_ancestors() {
 #[test]
 fn non_root_attach_to_another_users_process_is_refused_before_journaling() {
     if !is_root() || !Path::new("/usr/bin/setpriv").exists() {
-        common::skipped("non_root_attach", "needs root (to start a process as another user) and /usr/bin/setpriv");
+        common::skipped(
+            "non_root_attach",
+            "needs root (to start a process as another user) and /usr/bin/setpriv",
+        );
         return;
     }
     let state = tempfile::tempdir().unwrap();
     // SAFETY: chmod on a path we own; the unprivileged user must be able to write the journal.
-    std::fs::set_permissions(state.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    std::fs::set_permissions(
+        state.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
     let mut work = Command::new("sleep").arg("30").spawn().unwrap();
     let started = Instant::now();
     let out = Command::new("/usr/bin/setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--", GLEANER, "attach", "--state-dir"])
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--",
+            GLEANER,
+            "attach",
+            "--state-dir",
+        ])
         .arg(state.path())
         .arg(work.id().to_string())
         .env("GLEANER_LOG", "warn")
@@ -127,7 +200,14 @@ fn non_root_attach_to_another_users_process_is_refused_before_journaling() {
     let _ = work.wait();
     let err = stderr_of(&out);
     assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("not permitted") && !err.contains("gleaner recover"), "{err}");
-    assert!(journals_in(state.path()).is_empty(), "a journal was left: {:?}", journals_in(state.path()));
+    assert!(
+        err.contains("not permitted") && !err.contains("gleaner recover"),
+        "{err}"
+    );
+    assert!(
+        journals_in(state.path()).is_empty(),
+        "a journal was left: {:?}",
+        journals_in(state.path())
+    );
     assert!(started.elapsed() < Duration::from_secs(10));
 }

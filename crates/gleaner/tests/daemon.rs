@@ -26,7 +26,9 @@ fn skip_reason() -> Option<String> {
     if unsafe { libc::geteuid() } != 0 {
         return Some("not root".into());
     }
-    if !Path::new("/sys/fs/cgroup/cpuset/cpuset.cpus").exists() && !Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+    if !Path::new("/sys/fs/cgroup/cpuset/cpuset.cpus").exists()
+        && !Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
+    {
         return Some("no cgroup cpuset hierarchy".into());
     }
     let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_default();
@@ -46,17 +48,25 @@ macro_rules! require_machine {
 }
 
 fn timeline(path: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(path).unwrap_or_default().lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
 }
 
 /// Cgroups named after the gleaner instance `pid` that still exist (other instances, such as
 /// a service running on the same machine, are not this test's business).
 fn leftover_cgroups(pid: u32) -> Vec<String> {
-    ["/sys/fs/cgroup/cpuset", "/sys/fs/cgroup/cpuacct", "/sys/fs/cgroup/unified"]
-        .iter()
-        .map(|root| format!("{root}/gleaner-{pid}"))
-        .filter(|p| Path::new(p).exists())
-        .collect()
+    [
+        "/sys/fs/cgroup/cpuset",
+        "/sys/fs/cgroup/cpuacct",
+        "/sys/fs/cgroup/unified",
+    ]
+    .iter()
+    .map(|root| format!("{root}/gleaner-{pid}"))
+    .filter(|p| Path::new(p).exists())
+    .collect()
 }
 
 /// Runs gleaner to completion, returning its pid and exit status.
@@ -68,7 +78,10 @@ fn run_gleaner(cmd: &mut Command) -> (u32, std::process::ExitStatus) {
 
 fn allowed_of(pid: u32) -> Option<String> {
     let mut lists = vec![];
-    for t in std::fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+    {
         let s = std::fs::read_to_string(t.path().join("status")).ok()?;
         let l = s.lines().find(|l| l.starts_with("Cpus_allowed_list:"))?;
         lists.push(l.split_whitespace().nth(1)?.to_string());
@@ -97,8 +110,17 @@ fn light_ping_pong_is_consolidated_onto_one_vcpu() {
     let periods = timeline(&tl);
     assert!(periods.len() > 10, "too few periods: {}", periods.len());
     let last = periods.last().unwrap();
-    assert_eq!(last["n_active"], 1, "ping-pong not consolidated; timeline tail: {:?}", &periods[periods.len().saturating_sub(5)..]);
-    assert!(leftover_cgroups(pid).is_empty(), "{:?}", leftover_cgroups(pid));
+    assert_eq!(
+        last["n_active"],
+        1,
+        "ping-pong not consolidated; timeline tail: {:?}",
+        &periods[periods.len().saturating_sub(5)..]
+    );
+    assert!(
+        leftover_cgroups(pid).is_empty(),
+        "{:?}",
+        leftover_cgroups(pid)
+    );
 }
 
 #[test]
@@ -112,7 +134,16 @@ fn cpu_bound_threads_keep_both_vcpus() {
         .arg(dir.path())
         .arg("--timeline")
         .arg(&tl)
-        .args(["--", gleaner(), "workload", "matmul", "--threads", "2", "--duration", "3"])
+        .args([
+            "--",
+            gleaner(),
+            "workload",
+            "matmul",
+            "--threads",
+            "2",
+            "--duration",
+            "3",
+        ])
         .stdout(Stdio::null())
         .status()
         .unwrap();
@@ -129,13 +160,26 @@ fn exit_code_of_the_workload_is_returned() {
     require_machine!();
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
-    let (pid, st) = run_gleaner(Command::new(gleaner()).args(["run", "--state-dir"]).arg(dir.path()).args(["--", "sh", "-c", "exit 7"]));
+    let (pid, st) = run_gleaner(
+        Command::new(gleaner())
+            .args(["run", "--state-dir"])
+            .arg(dir.path())
+            .args(["--", "sh", "-c", "exit 7"]),
+    );
     assert_eq!(st.code(), Some(7));
     assert!(leftover_cgroups(pid).is_empty());
-    let st = Command::new(gleaner()).args(["run", "--state-dir"]).arg(dir.path()).args(["--", "/nonexistent/cmd"]).output().unwrap();
+    let st = Command::new(gleaner())
+        .args(["run", "--state-dir"])
+        .arg(dir.path())
+        .args(["--", "/nonexistent/cmd"])
+        .output()
+        .unwrap();
     assert_eq!(st.status.code(), Some(2));
     let err = String::from_utf8_lossy(&st.stderr);
-    assert!(err.contains("cannot start") && err.lines().filter(|l| l.contains("error")).count() == 1, "{err}");
+    assert!(
+        err.contains("cannot start") && err.lines().filter(|l| l.contains("error")).count() == 1,
+        "{err}"
+    );
 }
 
 #[test]
@@ -154,10 +198,16 @@ fn kill_9_restores_the_workload_cpus_within_a_second() {
     // The workload is gleaner's child: find it.
     let deadline = Instant::now() + Duration::from_secs(5);
     let child = loop {
-        let kids = std::fs::read_to_string(format!("/proc/{}/task/{}/children", g.id(), g.id())).unwrap_or_default();
-        if let Some(pid) = kids.split_whitespace().filter_map(|p| p.parse::<u32>().ok()).find(|p| {
-            std::fs::read_to_string(format!("/proc/{p}/cmdline")).is_ok_and(|c| c.contains("pingpong"))
-        }) {
+        let kids = std::fs::read_to_string(format!("/proc/{}/task/{}/children", g.id(), g.id()))
+            .unwrap_or_default();
+        if let Some(pid) = kids
+            .split_whitespace()
+            .filter_map(|p| p.parse::<u32>().ok())
+            .find(|p| {
+                std::fs::read_to_string(format!("/proc/{p}/cmdline"))
+                    .is_ok_and(|c| c.contains("pingpong"))
+            })
+        {
             break pid;
         }
         assert!(Instant::now() < deadline, "workload did not start");
@@ -170,27 +220,48 @@ fn kill_9_restores_the_workload_cpus_within_a_second() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let consolidated = allowed_of(child).as_deref() != Some("0-1");
-    let in_gleaner_cgroup = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| c.contains("/gleaner-"));
-    assert!(in_gleaner_cgroup(child), "workload was never placed in gleaner's cgroup");
+    let in_gleaner_cgroup = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+            .is_ok_and(|c| c.contains("/gleaner-"))
+    };
+    assert!(
+        in_gleaner_cgroup(child),
+        "workload was never placed in gleaner's cgroup"
+    );
     let killed = Instant::now();
     g.kill().unwrap(); // SIGKILL
     let _ = g.wait();
     while allowed_of(child).as_deref() != Some("0-1") || in_gleaner_cgroup(child) {
-        assert!(killed.elapsed() < Duration::from_secs(1), "not restored within 1 s: CPUs {:?}", allowed_of(child));
+        assert!(
+            killed.elapsed() < Duration::from_secs(1),
+            "not restored within 1 s: CPUs {:?}",
+            allowed_of(child)
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     eprintln!("consolidated before the kill: {consolidated}");
     let restored_in = killed.elapsed();
     eprintln!("restored in {restored_in:?}");
-    assert!(Path::new(&format!("/proc/{child}")).exists(), "workload died with gleaner");
+    assert!(
+        Path::new(&format!("/proc/{child}")).exists(),
+        "workload died with gleaner"
+    );
     // The guard also removed the cgroup and the journal.
     let deadline = Instant::now() + Duration::from_secs(1);
     while !leftover_cgroups(g.id()).is_empty() {
-        assert!(Instant::now() < deadline, "cgroups left: {:?}", leftover_cgroups(g.id()));
+        assert!(
+            Instant::now() < deadline,
+            "cgroups left: {:?}",
+            leftover_cgroups(g.id())
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     // The guard removes the journal last, just after the cgroups: allow it the same second.
-    let journal_left = || std::fs::read_dir(dir.path()).unwrap().flatten().any(|e| e.path().extension().is_some_and(|x| x == "json") && e.file_name() != "calibration.json");
+    let journal_left = || {
+        std::fs::read_dir(dir.path()).unwrap().flatten().any(|e| {
+            e.path().extension().is_some_and(|x| x == "json") && e.file_name() != "calibration.json"
+        })
+    };
     while journal_left() {
         assert!(Instant::now() < deadline, "journal left behind");
         std::thread::sleep(Duration::from_millis(10));
@@ -218,7 +289,13 @@ fn bad_input_gets_one_line_errors() {
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.toml");
     std::fs::write(&bad, "[policy\nrho = 2").unwrap();
-    let out = Command::new(gleaner()).arg("run").arg("--config").arg(&bad).args(["--", "true"]).output().unwrap();
+    let out = Command::new(gleaner())
+        .arg("run")
+        .arg("--config")
+        .arg(&bad)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
@@ -227,7 +304,10 @@ fn bad_input_gets_one_line_errors() {
 
 /// Sums one state's per-period wake-up counts over a timeline.
 fn timeline_wake_count(lines: &[serde_json::Value], state: &str) -> u64 {
-    lines.iter().filter_map(|l| l["wake_latency"][state]["count"].as_u64()).sum()
+    lines
+        .iter()
+        .filter_map(|l| l["wake_latency"][state]["count"].as_u64())
+        .sum()
 }
 
 #[test]
@@ -241,7 +321,14 @@ fn observe_ends_with_the_workloads_wake_latency_by_vcpu_state() {
         .arg(dir.path())
         .arg("--timeline")
         .arg(&tl)
-        .args(["--", gleaner(), "workload", "pingpong", "--duration", "1500ms"])
+        .args([
+            "--",
+            gleaner(),
+            "workload",
+            "pingpong",
+            "--duration",
+            "1500ms",
+        ])
         .stdout(Stdio::null())
         .output()
         .unwrap();
@@ -250,14 +337,20 @@ fn observe_ends_with_the_workloads_wake_latency_by_vcpu_state() {
     if let Some(line) = err.lines().find(|l| l.contains("sampling from /proc")) {
         eprintln!("procfs branch (BPF did not load): {line}");
         assert_eq!(err.matches("sampling from /proc").count(), 1, "{err}");
-        assert!(err.contains("sampler procfs") && err.contains("cannot see: wake latency"), "{err}");
+        assert!(
+            err.contains("sampler procfs") && err.contains("cannot see: wake latency"),
+            "{err}"
+        );
         return;
     }
     eprintln!("bpf branch");
     assert!(err.contains("sampler bpf"), "{err}");
     assert!(err.contains("by the wakee vCPU's state"), "{err}");
     let lines = timeline(&tl);
-    let total: u64 = ["running", "polling", "halted"].iter().map(|s| timeline_wake_count(&lines, s)).sum();
+    let total: u64 = ["running", "polling", "halted"]
+        .iter()
+        .map(|s| timeline_wake_count(&lines, s))
+        .sum();
     // 1.5 s of ping-pong is tens of thousands of hand-offs even on a loaded 2-vCPU guest.
     assert!(total > 1_000, "{total} wake-ups in the timeline");
 }
@@ -271,11 +364,25 @@ fn without_privileges_the_procfs_sampler_runs_and_says_so_once() {
     }
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
     let out = Command::new("/usr/bin/setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups", "env"])
         .arg(format!("XDG_RUNTIME_DIR={}", dir.path().display()))
-        .args([gleaner(), "run", "--observe", "--", gleaner(), "workload", "pingpong", "--rounds", "20000"])
+        .args([
+            gleaner(),
+            "run",
+            "--observe",
+            "--",
+            gleaner(),
+            "workload",
+            "pingpong",
+            "--rounds",
+            "20000",
+        ])
         .stdout(Stdio::null())
         .output()
         .unwrap();

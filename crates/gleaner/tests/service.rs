@@ -60,7 +60,11 @@ impl Daemon {
                 }
             }
         });
-        Daemon { child, lines, log: vec![] }
+        Daemon {
+            child,
+            lines,
+            log: vec![],
+        }
     }
 
     /// Waits for a log line containing `needle`; returns it.
@@ -69,13 +73,19 @@ impl Daemon {
         if let Some(l) = self.log.iter().find(|l| l.contains(needle)) {
             return l.clone();
         }
-        while let Ok(line) = self.lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        while let Ok(line) = self
+            .lines
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        {
             self.log.push(line.clone());
             if line.contains(needle) {
                 return line;
             }
         }
-        panic!("no log line with {needle:?} within {timeout:?}; log so far:\n{}", self.log.join("\n"));
+        panic!(
+            "no log line with {needle:?} within {timeout:?}; log so far:\n{}",
+            self.log.join("\n")
+        );
     }
 
     /// Everything logged so far, for failure messages.
@@ -122,9 +132,11 @@ impl Drop for Daemon {
 
 /// One scrape over loopback, parsed into `name{labels}` -> value.
 fn scrape(addr: SocketAddr) -> BTreeMap<String, f64> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).expect("connect to the metrics endpoint");
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+        .expect("connect to the metrics endpoint");
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
     let mut resp = String::new();
     s.read_to_string(&mut resp).unwrap();
     assert!(resp.starts_with("HTTP/1.1 200 OK"), "{resp}");
@@ -143,7 +155,12 @@ fn parse_exposition(body: &str) -> BTreeMap<String, f64> {
 }
 
 /// Scrapes until `pred` holds; returns that scrape.
-fn scrape_until(addr: SocketAddr, timeout: Duration, what: &str, pred: impl Fn(&BTreeMap<String, f64>) -> bool) -> BTreeMap<String, f64> {
+fn scrape_until(
+    addr: SocketAddr,
+    timeout: Duration,
+    what: &str,
+    pred: impl Fn(&BTreeMap<String, f64>) -> bool,
+) -> BTreeMap<String, f64> {
     let deadline = Instant::now() + timeout;
     loop {
         let m = scrape(addr);
@@ -185,14 +202,29 @@ fn sighup_with_a_broken_config_keeps_the_old_one() {
     let loaded_at = m["gleaner_config_last_reload_success_timestamp_seconds"];
 
     // Broken: rho out of range in a new target. Nothing of it may be applied.
-    write_config(&config, &format!("{}[[target]]\nname = \"b\"\ncgroup = \"/x\"\n[target.policy]\nrho = 2.0\n", valid("a")));
+    write_config(
+        &config,
+        &format!(
+            "{}[[target]]\nname = \"b\"\ncgroup = \"/x\"\n[target.policy]\nrho = 2.0\n",
+            valid("a")
+        ),
+    );
     daemon.signal(libc::SIGHUP);
     let line = daemon.wait_log("reload failed", Duration::from_secs(10));
-    assert!(line.contains("keeping the running configuration") && line.contains("rho = 2 is outside (0, 1]"), "{line}");
-    let m = scrape_until(addr, Duration::from_secs(5), "failed reload", |m| m["gleaner_config_last_reload_successful"] == 0.0);
+    assert!(
+        line.contains("keeping the running configuration")
+            && line.contains("rho = 2 is outside (0, 1]"),
+        "{line}"
+    );
+    let m = scrape_until(addr, Duration::from_secs(5), "failed reload", |m| {
+        m["gleaner_config_last_reload_successful"] == 0.0
+    });
     assert!(m.contains_key("gleaner_target_up{target=\"a\"}"), "{m:#?}");
     assert!(!m.contains_key("gleaner_target_up{target=\"b\"}"), "{m:#?}");
-    assert_eq!(m["gleaner_config_last_reload_success_timestamp_seconds"], loaded_at);
+    assert_eq!(
+        m["gleaner_config_last_reload_success_timestamp_seconds"],
+        loaded_at
+    );
 
     // Unreadable TOML is refused the same way, and the daemon keeps serving.
     write_config(&config, "[metrics\n");
@@ -205,7 +237,9 @@ fn sighup_with_a_broken_config_keeps_the_old_one() {
     write_config(&config, &valid("c"));
     daemon.signal(libc::SIGHUP);
     daemon.wait_log("configuration reloaded", Duration::from_secs(10));
-    let m = scrape_until(addr, Duration::from_secs(5), "successful reload", |m| m["gleaner_config_last_reload_successful"] == 1.0);
+    let m = scrape_until(addr, Duration::from_secs(5), "successful reload", |m| {
+        m["gleaner_config_last_reload_successful"] == 1.0
+    });
     assert!(m.contains_key("gleaner_target_up{target=\"c\"}"), "{m:#?}");
     assert!(!m.contains_key("gleaner_target_up{target=\"a\"}"), "{m:#?}");
     assert_eq!(daemon.stop(), Some(0));
@@ -215,16 +249,33 @@ fn sighup_with_a_broken_config_keeps_the_old_one() {
 fn check_flag_validates_without_starting() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("gleaner.toml");
-    write_config(&config, "[[target]]\nunit = \"mysql.service\"\n[metrics]\nlisten = \"127.0.0.1:9477\"\n");
-    let out = Command::new(GLEANER).args(["daemon", "--check", "--config"]).arg(&config).output().unwrap();
+    write_config(
+        &config,
+        "[[target]]\nunit = \"mysql.service\"\n[metrics]\nlisten = \"127.0.0.1:9477\"\n",
+    );
+    let out = Command::new(GLEANER)
+        .args(["daemon", "--check", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{out:?}");
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("valid") && text.contains("target mysql.service"), "{text}");
+    assert!(
+        text.contains("valid") && text.contains("target mysql.service"),
+        "{text}"
+    );
     write_config(&config, "[metrics]\nlisten = \"0.0.0.0:9477\"\n");
-    let out = Command::new(GLEANER).args(["daemon", "--check", "--config"]).arg(&config).output().unwrap();
+    let out = Command::new(GLEANER)
+        .args(["daemon", "--check", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("allow_non_loopback") && err.lines().count() == 1, "{err}");
+    assert!(
+        err.contains("allow_non_loopback") && err.lines().count() == 1,
+        "{err}"
+    );
 }
 
 /// A cpuset cgroup created for the test and removed on every exit path: its processes are
@@ -246,19 +297,31 @@ impl TestCgroup {
         }
         let root = Path::new("/sys/fs/cgroup/cpuset");
         if !root.join("cpuset.cpus").exists() {
-            common::skipped("service cgroup test", &format!("no cgroup v1 cpuset hierarchy at {}", root.display()));
+            common::skipped(
+                "service cgroup test",
+                &format!("no cgroup v1 cpuset hierarchy at {}", root.display()),
+            );
             return None;
         }
         let cpus = std::fs::read_to_string(root.join("cpuset.cpus")).unwrap();
         if !cpus.trim().contains(['-', ',']) {
-            common::skipped("service cgroup test", &format!("needs at least 2 CPUs, have {}", cpus.trim()));
+            common::skipped(
+                "service cgroup test",
+                &format!("needs at least 2 CPUs, have {}", cpus.trim()),
+            );
             return None;
         }
         let dir = root.join(format!("gleaner-test-{what}-{}", std::process::id()));
         std::fs::create_dir(&dir).unwrap();
         let cg = TestCgroup { dir };
         std::fs::write(cg.dir.join("cpuset.cpus"), cpus.trim()).unwrap();
-        std::fs::write(cg.dir.join("cpuset.mems"), std::fs::read_to_string(root.join("cpuset.mems")).unwrap().trim()).unwrap();
+        std::fs::write(
+            cg.dir.join("cpuset.mems"),
+            std::fs::read_to_string(root.join("cpuset.mems"))
+                .unwrap()
+                .trim(),
+        )
+        .unwrap();
         Some(cg)
     }
 }
@@ -268,10 +331,16 @@ impl Drop for TestCgroup {
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
             let procs = std::fs::read_to_string(self.dir.join("cgroup.procs")).unwrap_or_default();
-            for pid in procs.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
+            for pid in procs
+                .split_whitespace()
+                .filter_map(|p| p.parse::<i32>().ok())
+            {
                 unsafe { libc::kill(pid, libc::SIGKILL) };
             }
-            if std::fs::remove_dir(&self.dir).is_ok() || !self.dir.exists() || Instant::now() > deadline {
+            if std::fs::remove_dir(&self.dir).is_ok()
+                || !self.dir.exists()
+                || Instant::now() > deadline
+            {
                 break;
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -291,7 +360,9 @@ impl Drop for Reaped {
 
 #[test]
 fn daemon_manages_a_real_cgroup_and_its_metrics_move_with_the_workload() {
-    let Some(cg) = TestCgroup::create() else { return };
+    let Some(cg) = TestCgroup::create() else {
+        return;
+    };
     let original_cpus = std::fs::read_to_string(cg.dir.join("cpuset.cpus")).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
@@ -311,27 +382,88 @@ fn daemon_manages_a_real_cgroup_and_its_metrics_move_with_the_workload() {
         "echo $$ > {}/cgroup.procs && sleep 1 && {GLEANER} workload pipeline --stages 2 --threads-per-stage 1 --duration 4s >/dev/null && exec sleep 30",
         cg.dir.display()
     );
-    let _workload = Reaped(Command::new("sh").arg("-c").arg(&script).stdout(Stdio::null()).spawn().unwrap());
+    let _workload = Reaped(
+        Command::new("sh")
+            .arg("-c")
+            .arg(&script)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let mut daemon = Daemon::start(&config);
     let addr = daemon.metrics_addr();
 
-    let up = |m: &BTreeMap<String, f64>| m.get("gleaner_target_up{target=\"svc\"}") == Some(&1.0) && m.contains_key("gleaner_periods_total{target=\"svc\"}");
+    let up = |m: &BTreeMap<String, f64>| {
+        m.get("gleaner_target_up{target=\"svc\"}") == Some(&1.0)
+            && m.contains_key("gleaner_periods_total{target=\"svc\"}")
+    };
     let first = scrape_until(addr, Duration::from_secs(10), "the target managed", up);
     let p0 = first["gleaner_periods_total{target=\"svc\"}"];
-    let busy = scrape_until(addr, Duration::from_secs(10), "the workload's CPU use", |m| m.get("gleaner_workload_cpus{target=\"svc\"}").is_some_and(|v| *v > 0.2));
+    let busy = scrape_until(
+        addr,
+        Duration::from_secs(10),
+        "the workload's CPU use",
+        |m| {
+            m.get("gleaner_workload_cpus{target=\"svc\"}")
+                .is_some_and(|v| *v > 0.2)
+        },
+    );
     // Idle transitions depend on what else this machine runs; they must be there per vCPU.
-    let transitions: Vec<f64> = busy.iter().filter(|(k, _)| k.starts_with("gleaner_vcpu_idle_transitions_per_second{target=\"svc\"")).map(|(_, v)| *v).collect();
-    assert_eq!(transitions.len() as f64, busy["gleaner_allowed_vcpus{target=\"svc\"}"], "{busy:#?}");
-    assert!(transitions.iter().all(|t| t.is_finite() && *t >= 0.0), "{busy:#?}");
-    let later = scrape_until(addr, Duration::from_secs(10), "periods advancing", |m| m.get("gleaner_periods_total{target=\"svc\"}").is_some_and(|p| *p >= p0 + 10.0));
-    assert!(later["gleaner_cpu_seconds_total{target=\"svc\"}"] > first["gleaner_cpu_seconds_total{target=\"svc\"}"]);
-    assert_eq!(later["gleaner_instance_start_time_seconds{target=\"svc\"}"], first["gleaner_instance_start_time_seconds{target=\"svc\"}"]);
-    let idle_total = |m: &BTreeMap<String, f64>| m.iter().filter(|(k, _)| k.starts_with("gleaner_vcpu_idle_transitions_total{target=\"svc\"")).map(|(_, v)| *v).sum::<f64>();
-    assert!(idle_total(&later) >= idle_total(&first), "a counter never goes down: {first:#?} {later:#?}");
-    assert_eq!(later["gleaner_allowed_vcpus{target=\"svc\"}"], original_cpus.trim().parse::<gleaner_policy::Cpuset>().unwrap().len() as f64);
+    let transitions: Vec<f64> = busy
+        .iter()
+        .filter(|(k, _)| k.starts_with("gleaner_vcpu_idle_transitions_per_second{target=\"svc\""))
+        .map(|(_, v)| *v)
+        .collect();
+    assert_eq!(
+        transitions.len() as f64,
+        busy["gleaner_allowed_vcpus{target=\"svc\"}"],
+        "{busy:#?}"
+    );
+    assert!(
+        transitions.iter().all(|t| t.is_finite() && *t >= 0.0),
+        "{busy:#?}"
+    );
+    let later = scrape_until(addr, Duration::from_secs(10), "periods advancing", |m| {
+        m.get("gleaner_periods_total{target=\"svc\"}")
+            .is_some_and(|p| *p >= p0 + 10.0)
+    });
+    assert!(
+        later["gleaner_cpu_seconds_total{target=\"svc\"}"]
+            > first["gleaner_cpu_seconds_total{target=\"svc\"}"]
+    );
+    assert_eq!(
+        later["gleaner_instance_start_time_seconds{target=\"svc\"}"],
+        first["gleaner_instance_start_time_seconds{target=\"svc\"}"]
+    );
+    let idle_total = |m: &BTreeMap<String, f64>| {
+        m.iter()
+            .filter(|(k, _)| k.starts_with("gleaner_vcpu_idle_transitions_total{target=\"svc\""))
+            .map(|(_, v)| *v)
+            .sum::<f64>()
+    };
+    assert!(
+        idle_total(&later) >= idle_total(&first),
+        "a counter never goes down: {first:#?} {later:#?}"
+    );
+    assert_eq!(
+        later["gleaner_allowed_vcpus{target=\"svc\"}"],
+        original_cpus
+            .trim()
+            .parse::<gleaner_policy::Cpuset>()
+            .unwrap()
+            .len() as f64
+    );
     assert_eq!(later["gleaner_target_restarts_total{target=\"svc\"}"], 0.0);
     // When the pipeline ends (the workload then only sleeps), its CPU use falls back.
-    scrape_until(addr, Duration::from_secs(10), "the workload's CPU use falling", |m| m.get("gleaner_workload_cpus{target=\"svc\"}").is_some_and(|v| *v < 0.05));
+    scrape_until(
+        addr,
+        Duration::from_secs(10),
+        "the workload's CPU use falling",
+        |m| {
+            m.get("gleaner_workload_cpus{target=\"svc\"}")
+                .is_some_and(|v| *v < 0.05)
+        },
+    );
 
     // The node_exporter textfile carries the same families.
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -343,21 +475,52 @@ fn daemon_manages_a_real_cgroup_and_its_metrics_move_with_the_workload() {
 
     // A broken reload leaves the running instance alone: same instance, still counting.
     let pid_before = daemon.wait_log("managing target", Duration::from_secs(1));
-    write_config(&config, &text.replace("retention_timeout_us = 100", "retention_timeout_us = 0"));
+    write_config(
+        &config,
+        &text.replace("retention_timeout_us = 100", "retention_timeout_us = 0"),
+    );
     daemon.signal(libc::SIGHUP);
     daemon.wait_log("reload failed", Duration::from_secs(10));
-    let after = scrape_until(addr, Duration::from_secs(10), "periods advancing after the failed reload", |m| {
-        m.get("gleaner_periods_total{target=\"svc\"}").is_some_and(|p| *p >= later["gleaner_periods_total{target=\"svc\"}"] + 5.0)
-    });
+    let after = scrape_until(
+        addr,
+        Duration::from_secs(10),
+        "periods advancing after the failed reload",
+        |m| {
+            m.get("gleaner_periods_total{target=\"svc\"}")
+                .is_some_and(|p| *p >= later["gleaner_periods_total{target=\"svc\"}"] + 5.0)
+        },
+    );
     let log = daemon.log_text();
-    assert_eq!(after["gleaner_config_last_reload_successful"], 0.0, "log:\n{log}");
-    assert_eq!(after["gleaner_target_restarts_total{target=\"svc\"}"], 0.0, "{pid_before}\nlog:\n{log}");
-    assert_eq!(daemon.log.iter().filter(|l| l.contains("managing target")).count(), 1, "{pid_before}");
+    assert_eq!(
+        after["gleaner_config_last_reload_successful"], 0.0,
+        "log:\n{log}"
+    );
+    assert_eq!(
+        after["gleaner_target_restarts_total{target=\"svc\"}"], 0.0,
+        "{pid_before}\nlog:\n{log}"
+    );
+    assert_eq!(
+        daemon
+            .log
+            .iter()
+            .filter(|l| l.contains("managing target"))
+            .count(),
+        1,
+        "{pid_before}"
+    );
 
     assert_eq!(daemon.stop(), Some(0), "log:\n{}", daemon.log.join("\n"));
-    assert_eq!(std::fs::read_to_string(cg.dir.join("cpuset.cpus")).unwrap(), original_cpus, "CPUs given back");
+    assert_eq!(
+        std::fs::read_to_string(cg.dir.join("cpuset.cpus")).unwrap(),
+        original_cpus,
+        "CPUs given back"
+    );
     assert!(!textfile.exists(), "stale textfile removed on stop");
-    let journals: Vec<_> = std::fs::read_dir(&state).unwrap().flatten().filter(|e| e.path().extension().is_some_and(|x| x == "json")).collect();
+    let journals: Vec<_> = std::fs::read_dir(&state)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+        .collect();
     assert!(journals.is_empty(), "journals left: {journals:?}");
 }
 
@@ -375,13 +538,21 @@ fn unit_capabilities() -> Vec<String> {
     assert!(!caps.is_empty(), "the unit names no CapabilityBoundingSet");
     assert!(unit.lines().any(|l| l == "NoNewPrivileges=yes"));
     assert!(unit.lines().any(|l| l == "AmbientCapabilities="));
-    vec!["setpriv".into(), format!("--bounding-set=-all,{}", caps.join(",")), "--inh-caps=-all".into(), "--no-new-privs".into()]
+    vec![
+        "setpriv".into(),
+        format!("--bounding-set=-all,{}", caps.join(",")),
+        "--inh-caps=-all".into(),
+        "--no-new-privs".into(),
+    ]
 }
 
 fn setpriv_works() -> bool {
     let mut c = unit_capabilities();
     c.push("true".into());
-    Command::new(&c[0]).args(&c[1..]).status().is_ok_and(|s| s.success())
+    Command::new(&c[0])
+        .args(&c[1..])
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// Issue 15 item 1: under the unit's capability set (no CAP_DAC_OVERRIDE, so the v1 cpuset
@@ -391,20 +562,50 @@ fn setpriv_works() -> bool {
 #[test]
 fn daemon_under_the_units_capabilities_manages_a_cgroup_v1_target() {
     if unsafe { libc::geteuid() } == 0 && !setpriv_works() {
-        common::skipped("daemon_under_the_units_capabilities_manages_a_cgroup_v1_target", "setpriv (util-linux) is missing or cannot drop capabilities here");
+        common::skipped(
+            "daemon_under_the_units_capabilities_manages_a_cgroup_v1_target",
+            "setpriv (util-linux) is missing or cannot drop capabilities here",
+        );
         return;
     }
-    let Some(cg) = TestCgroup::create_named("caps") else { return };
-    let Some(ro) = TestCgroup::create_named("caps-ro") else { return };
+    let Some(cg) = TestCgroup::create_named("caps") else {
+        return;
+    };
+    let Some(ro) = TestCgroup::create_named("caps-ro") else {
+        return;
+    };
     let original_cpus = std::fs::read_to_string(cg.dir.join("cpuset.cpus")).unwrap();
     // The read-only group: only its owner's write bit is off, as an operator might leave it.
-    std::fs::set_permissions(ro.dir.join("cpuset.cpus"), std::fs::Permissions::from_mode(0o444)).unwrap();
-    let workload = |dir: &Path| Reaped(Command::new("sh").arg("-c").arg(format!("echo $$ > {}/cgroup.procs && exec sleep 60", dir.display())).spawn().unwrap());
+    std::fs::set_permissions(
+        ro.dir.join("cpuset.cpus"),
+        std::fs::Permissions::from_mode(0o444),
+    )
+    .unwrap();
+    let workload = |dir: &Path| {
+        Reaped(
+            Command::new("sh")
+                .arg("-c")
+                .arg(format!(
+                    "echo $$ > {}/cgroup.procs && exec sleep 60",
+                    dir.display()
+                ))
+                .spawn()
+                .unwrap(),
+        )
+    };
     let _w1 = workload(&cg.dir);
     let _w2 = workload(&ro.dir);
     let deadline = Instant::now() + Duration::from_secs(5);
-    while [&cg.dir, &ro.dir].iter().any(|d| std::fs::read_to_string(d.join("cgroup.procs")).unwrap_or_default().trim().is_empty()) {
-        assert!(Instant::now() < deadline, "the workloads did not enter their cgroups");
+    while [&cg.dir, &ro.dir].iter().any(|d| {
+        std::fs::read_to_string(d.join("cgroup.procs"))
+            .unwrap_or_default()
+            .trim()
+            .is_empty()
+    }) {
+        assert!(
+            Instant::now() < deadline,
+            "the workloads did not enter their cgroups"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 
@@ -423,39 +624,100 @@ fn daemon_under_the_units_capabilities_manages_a_cgroup_v1_target() {
     let caps = unit_capabilities();
 
     // --check under the same capabilities: the writable group resolves, the other cannot be managed.
-    let out = Command::new(&caps[0]).args(&caps[1..]).arg(GLEANER).args(["daemon", "--check", "--config"]).arg(&config).output().unwrap();
+    let out = Command::new(&caps[0])
+        .args(&caps[1..])
+        .arg(GLEANER)
+        .args(["daemon", "--check", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
     let check = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(out.status.success(), "{out:?}");
-    let line_of = |name: &str| check.lines().find(|l| l.contains(&format!("target {name}:"))).unwrap_or_default().to_string();
-    assert!(line_of("caps").ends_with(&format!("-> {}", cg.dir.display())), "{check}");
-    assert!(line_of("readonly").contains("cannot be managed") && line_of("readonly").contains("not writable"), "{check}");
+    let line_of = |name: &str| {
+        check
+            .lines()
+            .find(|l| l.contains(&format!("target {name}:")))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(
+        line_of("caps").ends_with(&format!("-> {}", cg.dir.display())),
+        "{check}"
+    );
+    assert!(
+        line_of("readonly").contains("cannot be managed")
+            && line_of("readonly").contains("not writable"),
+        "{check}"
+    );
 
     let mut daemon = Daemon::start_as(&caps, &config);
     let addr = daemon.metrics_addr();
-    let managed = scrape_until(addr, Duration::from_secs(20), "the v1 target managed under the unit's capabilities", |m| {
-        m.get("gleaner_periods_total{target=\"caps\"}").is_some_and(|p| *p >= 3.0)
-    });
+    let managed = scrape_until(
+        addr,
+        Duration::from_secs(20),
+        "the v1 target managed under the unit's capabilities",
+        |m| {
+            m.get("gleaner_periods_total{target=\"caps\"}")
+                .is_some_and(|p| *p >= 3.0)
+        },
+    );
     assert_eq!(managed["gleaner_target_up{target=\"caps\"}"], 1.0);
-    assert_eq!(managed["gleaner_target_state{target=\"caps\",state=\"managed\"}"], 1.0);
-    assert_eq!(managed["gleaner_target_state{target=\"readonly\",state=\"failing\"}"], 1.0, "{managed:#?}");
-    assert_eq!(managed["gleaner_target_restarts_total{target=\"caps\"}"], 0.0, "log:\n{}", daemon.log_text());
+    assert_eq!(
+        managed["gleaner_target_state{target=\"caps\",state=\"managed\"}"],
+        1.0
+    );
+    assert_eq!(
+        managed["gleaner_target_state{target=\"readonly\",state=\"failing\"}"], 1.0,
+        "{managed:#?}"
+    );
+    assert_eq!(
+        managed["gleaner_target_restarts_total{target=\"caps\"}"],
+        0.0,
+        "log:\n{}",
+        daemon.log_text()
+    );
 
     // `gleaner status --config` finds the state directory from the config and shows both.
-    let out = Command::new(GLEANER).args(["status", "--config"]).arg(&config).output().unwrap();
+    let out = Command::new(GLEANER)
+        .args(["status", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
     let status = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(out.status.success(), "{out:?}");
-    assert!(status.contains("target caps: managed by instance"), "{status}");
-    assert!(status.contains("target readonly: failing:") && status.contains("not writable"), "{status}");
+    assert!(
+        status.contains("target caps: managed by instance"),
+        "{status}"
+    );
+    assert!(
+        status.contains("target readonly: failing:") && status.contains("not writable"),
+        "{status}"
+    );
 
     assert_eq!(daemon.stop(), Some(0), "log:\n{}", daemon.log.join("\n"));
-    assert_eq!(std::fs::read_to_string(cg.dir.join("cpuset.cpus")).unwrap(), original_cpus, "CPUs given back");
-    assert!(!state.join("daemon.status").exists(), "the daemon's status file outlived it");
+    assert_eq!(
+        std::fs::read_to_string(cg.dir.join("cpuset.cpus")).unwrap(),
+        original_cpus,
+        "CPUs given back"
+    );
+    assert!(
+        !state.join("daemon.status").exists(),
+        "the daemon's status file outlived it"
+    );
 }
 
 fn assert_all_json(lines: &[String]) {
     for l in lines {
-        let v: serde_json::Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l:?}\nall lines:\n{}", lines.join("\n")));
-        assert!(v.get("fields").is_none(), "fields nested instead of flat: {l}");
+        let v: serde_json::Value = serde_json::from_str(l).unwrap_or_else(|e| {
+            panic!(
+                "not a JSON line ({e}): {l:?}\nall lines:\n{}",
+                lines.join("\n")
+            )
+        });
+        assert!(
+            v.get("fields").is_none(),
+            "fields nested instead of flat: {l}"
+        );
         assert!(v["level"].is_string() && v["timestamp"].is_string(), "{l}");
     }
 }
@@ -491,7 +753,11 @@ fn json_logs_are_json_throughout() {
             let _ = tx.send(line);
         }
     });
-    let mut daemon = Daemon { child, lines, log: vec![] };
+    let mut daemon = Daemon {
+        child,
+        lines,
+        log: vec![],
+    };
     daemon.wait_log("waiting", Duration::from_secs(10));
     write_config(&config, &cfg("b"));
     daemon.signal(libc::SIGHUP);
@@ -509,7 +775,15 @@ fn json_logs_are_json_throughout() {
     let mut inst = Command::new(GLEANER)
         .args(["--log-format", "json", "run", "--state-dir"])
         .arg(&run_state)
-        .args(["--period-ms", "20", "--retention-timeout-us", "50", "--", "sleep", "30"])
+        .args([
+            "--period-ms",
+            "20",
+            "--retention-timeout-us",
+            "50",
+            "--",
+            "sleep",
+            "30",
+        ])
         .env("GLEANER_LOG", "info")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -519,7 +793,10 @@ fn json_logs_are_json_throughout() {
     let pid = inst.id();
     let deadline = Instant::now() + Duration::from_secs(10);
     while !run_state.join(format!("{pid}.status")).exists() {
-        assert!(Instant::now() < deadline, "the instance never wrote its status");
+        assert!(
+            Instant::now() < deadline,
+            "the instance never wrote its status"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     // The workload (sleep) shares the stderr pipe: it is killed too, so the pipe closes
@@ -530,8 +807,12 @@ fn json_logs_are_json_throughout() {
         .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
         .filter(|p| {
             let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
-            let after_comm = stat.rsplit_once(')').map(|(_, r)| r.to_string()).unwrap_or_default();
-            after_comm.split_whitespace().nth(1) == Some(&pid.to_string()) && stat.contains("(sleep)")
+            let after_comm = stat
+                .rsplit_once(')')
+                .map(|(_, r)| r.to_string())
+                .unwrap_or_default();
+            after_comm.split_whitespace().nth(1) == Some(&pid.to_string())
+                && stat.contains("(sleep)")
         })
         .collect();
     let _ = inst.kill();
@@ -540,8 +821,15 @@ fn json_logs_are_json_throughout() {
         unsafe { libc::kill(p, libc::SIGKILL) };
     }
     let mut text = String::new();
-    inst.stderr.take().unwrap().read_to_string(&mut text).unwrap();
+    inst.stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut text)
+        .unwrap();
     let lines: Vec<String> = text.lines().map(String::from).collect();
     assert_all_json(&lines);
-    assert!(lines.iter().any(|l| l.contains("gleaner guard")), "no line from the guard:\n{text}");
+    assert!(
+        lines.iter().any(|l| l.contains("gleaner guard")),
+        "no line from the guard:\n{text}"
+    );
 }

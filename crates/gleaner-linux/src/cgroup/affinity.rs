@@ -96,7 +96,11 @@ impl Placement for AffinityPlacement {
                 // A thread created after we first confined the tree inherited the confined
                 // mask from its creator; what it would have had without Gleaner is the
                 // tree's original mask, so that is what restore must give it.
-                let original = if self.confined && current.is_subset(&self.last_active) { self.allowed.clone() } else { current };
+                let original = if self.confined && current.is_subset(&self.last_active) {
+                    self.allowed.clone()
+                } else {
+                    current
+                };
                 self.log.record(UndoAction::ThreadAffinity {
                     pid,
                     tid,
@@ -125,7 +129,8 @@ impl Placement for AffinityPlacement {
     }
 
     fn restore(&mut self) -> Result<()> {
-        let result = crate::restore::undo_log(&mut self.log, &self.env.proc, self.env.affinity.as_ref());
+        let result =
+            crate::restore::undo_log(&mut self.log, &self.env.proc, self.env.affinity.as_ref());
         if self.log.is_empty() {
             self.recorded.clear();
         }
@@ -144,8 +149,8 @@ impl Drop for AffinityPlacement {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::cgroup::test_tree::{add_process, set_children};
     use crate::affinity::AffinityOps;
+    use crate::cgroup::test_tree::{add_process, set_children};
     use crate::journal::Journal;
     use crate::procfs::ProcFs;
     use std::collections::BTreeMap;

@@ -173,11 +173,13 @@ fn v2_unusable_reason(m: &CgroupMounts) -> Option<String> {
     let path = root.join("cgroup.controllers");
     match read_file(&path) {
         Ok(c) if c.split_whitespace().any(|w| w == "cpuset") => {}
-        Ok(c) => return Some(format!(
+        Ok(c) => {
+            return Some(format!(
             "{} lists no cpuset controller (has: {:?}); it is bound to a v1 hierarchy or disabled",
             path.display(),
             c.trim()
-        )),
+        ))
+        }
         Err(e) => return Some(e.to_string()),
     }
     not_writable(&root.join("cgroup.subtree_control"))

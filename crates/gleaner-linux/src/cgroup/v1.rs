@@ -208,7 +208,6 @@ impl CgroupV1 {
             .map(|d| d.join("cgroup.procs"))
             .collect()
     }
-
 }
 
 impl Placement for CgroupV1 {

@@ -12,10 +12,8 @@ use std::path::{Path, PathBuf};
 
 use gleaner_policy::Cpuset;
 
+use super::{check_active, CgroupMounts, Placement, PlacementEnv, PlacementKind};
 use crate::cgroupfs::{move_process, read_procs};
-use super::{
-    check_active, CgroupMounts, Placement, PlacementEnv, PlacementKind,
-};
 use crate::error::{read_cpuset, read_file, write_file, Error, Result, FIX_CPUSET_V2};
 use crate::journal::{UndoAction, UndoLog};
 use crate::procfs::{read_pressure, Pressure};
@@ -231,8 +229,8 @@ mod tests {
     use crate::cgroup::affinity::tests::FakeAffinity;
     use crate::cgroup::test_tree::{add_process, put};
     use crate::journal::Journal;
-    use crate::restore::undo_with;
     use crate::procfs::ProcFs;
+    use crate::restore::undo_with;
     use std::fs;
     use std::sync::Arc;
 

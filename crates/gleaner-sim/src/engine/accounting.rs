@@ -87,7 +87,9 @@ impl Sim {
         vc.act = act;
         vc.remaining = remaining;
         if Self::timed(act) {
-            vc.remaining = vc.remaining.saturating_add(std::mem::take(&mut vc.exit_debt));
+            vc.remaining = vc
+                .remaining
+                .saturating_add(std::mem::take(&mut vc.exit_debt));
         }
         self.resume_timer(v);
         self.refresh_acct(v);

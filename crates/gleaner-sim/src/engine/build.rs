@@ -36,9 +36,18 @@ impl Sim {
         let mut specs = Vec::new();
         for (i, vm) in s.vms.iter().enumerate() {
             let allowed = vm.host_cpus.as_ref().map(|_| {
-                s.host_cpus(i).unwrap_or_default().into_iter().map(|c| c as u32).collect()
+                s.host_cpus(i)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|c| c as u32)
+                    .collect()
             });
-            specs.push(VmSpec { vcpus: vm.vcpus, weight: vm.weight, allowed, pinned: vm.pin_vcpus });
+            specs.push(VmSpec {
+                vcpus: vm.vcpus,
+                weight: vm.weight,
+                allowed,
+                pinned: vm.pin_vcpus,
+            });
         }
         let hp = HostParams {
             policy: s.host.policy,
@@ -147,8 +156,12 @@ impl Sim {
         let mut spin_ids: BTreeMap<String, SpinId> = BTreeMap::new();
         let mut queue_ids: BTreeMap<String, QueueId> = BTreeMap::new();
         let mut barrier_ids: BTreeMap<String, BarrierId> = BTreeMap::new();
-        let (mut mutex_count, mut spin_count, mut queue_count, mut barrier_count) =
-            (self.mutexes.len(), self.spins.len(), self.queues.len(), self.barriers.len());
+        let (mut mutex_count, mut spin_count, mut queue_count, mut barrier_count) = (
+            self.mutexes.len(),
+            self.spins.len(),
+            self.queues.len(),
+            self.barriers.len(),
+        );
         let mut barrier_users: BTreeMap<BarrierId, usize> = BTreeMap::new();
         let mut finite = 0u32;
         let mut local_thread = 0usize;
@@ -160,7 +173,9 @@ impl Sim {
                     Op::Compute(d) => ROp::Compute(d.clone()),
                     Op::Sleep(d) => ROp::Sleep(d.clone()),
                     Op::Lock(m) => ROp::Lock(intern(&mut mutex_ids, m, &mut mutex_count)),
-                    Op::HandoffLock(m) => ROp::HandoffLock(intern(&mut mutex_ids, m, &mut mutex_count)),
+                    Op::HandoffLock(m) => {
+                        ROp::HandoffLock(intern(&mut mutex_ids, m, &mut mutex_count))
+                    }
                     Op::Unlock(m) => ROp::Unlock(intern(&mut mutex_ids, m, &mut mutex_count)),
                     Op::SpinLock(m) => ROp::SpinLock(intern(&mut spin_ids, m, &mut spin_count)),
                     Op::SpinUnlock(m) => ROp::SpinUnlock(intern(&mut spin_ids, m, &mut spin_count)),
@@ -211,11 +226,24 @@ impl Sim {
         self.spins.grow_to(spin_count, SpinLock::default);
         let mut queues: Vec<(QueueId, usize)> = queue_ids
             .iter()
-            .map(|(name, &id)| (id, queue_caps.get(name).copied().unwrap_or(DEFAULT_QUEUE_CAPACITY)))
+            .map(|(name, &id)| {
+                (
+                    id,
+                    queue_caps
+                        .get(name)
+                        .copied()
+                        .unwrap_or(DEFAULT_QUEUE_CAPACITY),
+                )
+            })
             .collect();
         queues.sort();
         for (_, cap) in queues {
-            self.queues.push(Queue { len: 0, cap, poppers: VecDeque::new(), pushers: VecDeque::new() });
+            self.queues.push(Queue {
+                len: 0,
+                cap,
+                poppers: VecDeque::new(),
+                pushers: VecDeque::new(),
+            });
         }
         let mut barriers: Vec<(BarrierId, usize)> = barrier_ids
             .iter()
@@ -226,14 +254,22 @@ impl Sim {
             .collect();
         barriers.sort();
         for (_, parties) in barriers {
-            self.barriers.push(Barrier { parties, arrived: 0, waiters: Vec::new() });
+            self.barriers.push(Barrier {
+                parties,
+                arrived: 0,
+                waiters: Vec::new(),
+            });
         }
         if finite > 0 {
             self.any_finite = true;
             self.finite_vms_left += 1;
         }
         self.vms.push(Vm {
-            name: if cfg.name.is_empty() { format!("vm{}", vm_id.0) } else { cfg.name.clone() },
+            name: if cfg.name.is_empty() {
+                format!("vm{}", vm_id.0)
+            } else {
+                cfg.name.clone()
+            },
             policy: cfg.guest,
             base,
             n: cfg.vcpus as u32,

@@ -59,7 +59,9 @@ impl Sim {
     pub(super) fn guest_resume(&mut self, v: VcpuId) {
         match self.vcpus[v].act {
             Activity::Running(t) if self.threads[t].spinning => {
-                let ROp::SpinLock(s) = self.current_op(t) else { return self.resume_timer(v) };
+                let ROp::SpinLock(s) = self.current_op(t) else {
+                    return self.resume_timer(v);
+                };
                 if self.spins[s].owner.is_none() {
                     self.acquire_spin(s, t);
                     self.thread_continue(t);
@@ -160,7 +162,8 @@ impl Sim {
     pub(super) fn leave_idle(&mut self, v: VcpuId, extra: Ns) {
         let now = self.now;
         let g_max = self.g.poll_max;
-        let (grow_start, grow, shrink) = (self.g.poll_grow_start, self.g.poll_grow, self.g.poll_shrink);
+        let (grow_start, grow, shrink) =
+            (self.g.poll_grow_start, self.g.poll_grow, self.g.poll_shrink);
         let policy = self.vms[self.vcpus[v].vm].policy;
         let vc = &mut self.vcpus[v];
         if vc.act == Activity::Retaining {
@@ -181,9 +184,7 @@ impl Sim {
     /// The vCPU's current thread left (blocked, finished, preempted): run the next one.
     pub(super) fn dispatch(&mut self, v: VcpuId, extra: Ns) {
         let next = match self.vcpus[v].runq.pop_front() {
-            Some(t) => {
-                Some(t)
-            }
+            Some(t) => Some(t),
             None => self.steal_thread(v),
         };
         match next {
@@ -215,7 +216,11 @@ impl Sim {
         for u in vm.vcpu_ids() {
             let vc = &self.vcpus[u];
             let len = vc.runq.len();
-            let load = len + usize::from(matches!(vc.act, Activity::Switching(_) | Activity::Running(_)));
+            let load = len
+                + usize::from(matches!(
+                    vc.act,
+                    Activity::Switching(_) | Activity::Running(_)
+                ));
             if u != v && len > 0 && load >= 2 && best.is_none_or(|(l, _)| len > l) {
                 best = Some((len, u));
             }
@@ -236,7 +241,8 @@ impl Sim {
         vc.tick_armed = true;
         vc.tick_gen += 1;
         let gen = vc.tick_gen;
-        self.q.push(self.now + self.g.slice, Event::GuestTick { vcpu: v, gen });
+        self.q
+            .push(self.now + self.g.slice, Event::GuestTick { vcpu: v, gen });
     }
 
     pub(super) fn guest_tick(&mut self, v: VcpuId) {
@@ -278,7 +284,6 @@ impl Sim {
         self.set_act(v, Activity::Idle, 0);
     }
 
-
     pub(super) fn enqueue_ready(&mut self, t: ThreadId, v: VcpuId) {
         let th = &mut self.threads[t];
         th.state = TState::Ready;
@@ -295,22 +300,36 @@ impl Sim {
         for _ in 0..n {
             let load = |s: &Sim, u: VcpuId| {
                 let vc = &s.vcpus[u];
-                vc.runq.len() + usize::from(matches!(vc.act, Activity::Switching(_) | Activity::Running(_)))
+                vc.runq.len()
+                    + usize::from(matches!(
+                        vc.act,
+                        Activity::Switching(_) | Activity::Running(_)
+                    ))
             };
             let vm = &self.vms[vm_id];
             let active: Vec<VcpuId> = vm.vcpu_ids().filter(|&u| vm.is_active(u)).collect();
-            let Some(&busiest) = active.iter().max_by_key(|&&u| (load(self, u), std::cmp::Reverse(u))) else {
-                return;
-            };
-            let Some(&idlest) = active.iter().min_by_key(|&&u| (load(self, u), u)) else { return };
-            if load(self, busiest) < load(self, idlest) + 2 {
-                return;
-            }
-            let Some(pos) = self.vcpus[busiest].runq.iter().rposition(|&t| self.allowed_on(t, idlest))
+            let Some(&busiest) = active
+                .iter()
+                .max_by_key(|&&u| (load(self, u), std::cmp::Reverse(u)))
             else {
                 return;
             };
-            let Some(t) = self.vcpus[busiest].runq.remove(pos) else { return };
+            let Some(&idlest) = active.iter().min_by_key(|&&u| (load(self, u), u)) else {
+                return;
+            };
+            if load(self, busiest) < load(self, idlest) + 2 {
+                return;
+            }
+            let Some(pos) = self.vcpus[busiest]
+                .runq
+                .iter()
+                .rposition(|&t| self.allowed_on(t, idlest))
+            else {
+                return;
+            };
+            let Some(t) = self.vcpus[busiest].runq.remove(pos) else {
+                return;
+            };
             self.threads[t].vcpu = idlest;
             self.vcpus[idlest].runq.push_back(t);
             self.kick(idlest, Waker::Nobody);

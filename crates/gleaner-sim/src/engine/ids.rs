@@ -89,7 +89,10 @@ pub struct Table<I, T> {
 
 impl<I: Id, T> Default for Table<I, T> {
     fn default() -> Self {
-        Table { items: Vec::new(), id: PhantomData }
+        Table {
+            items: Vec::new(),
+            id: PhantomData,
+        }
     }
 }
 

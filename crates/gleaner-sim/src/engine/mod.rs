@@ -34,8 +34,8 @@ mod wake;
 
 use gleaner_policy::{Gleaner, PeriodSample, WakeLatencies};
 
-use guest::Vcpu;
 use accounting::Counters;
+use guest::Vcpu;
 use ids::{BarrierId, MutexId, ProgramId, QueueId, SpinId, Table, ThreadId, VcpuId, VmId};
 use sync::{Barrier, Mutex, Queue, ROp, SpinLock, TState, Thread};
 use wake::Waker;
@@ -49,19 +49,42 @@ use crate::time::Ns;
 #[derive(Debug, Clone, Copy)]
 enum Event {
     /// End of a vCPU's switch-in overhead or of its timed activity.
-    VcpuTimer { vcpu: VcpuId, gen: u64 },
-    HostTick { pcpu: u32, gen: u64 },
-    HostBalance { pcpu: u32 },
+    VcpuTimer {
+        vcpu: VcpuId,
+        gen: u64,
+    },
+    HostTick {
+        pcpu: u32,
+        gen: u64,
+    },
+    HostBalance {
+        pcpu: u32,
+    },
     GangSlot,
-    IpiArrive { vcpu: VcpuId },
+    IpiArrive {
+        vcpu: VcpuId,
+    },
     /// The host finished kicking a halted vCPU: it becomes runnable.
-    HostWake { vcpu: VcpuId },
-    SleepDone { thread: ThreadId },
-    GuestTick { vcpu: VcpuId, gen: u64 },
-    GuestBalance { vm: VmId },
-    PolicyPeriod { vm: VmId },
+    HostWake {
+        vcpu: VcpuId,
+    },
+    SleepDone {
+        thread: ThreadId,
+    },
+    GuestTick {
+        vcpu: VcpuId,
+        gen: u64,
+    },
+    GuestBalance {
+        vm: VmId,
+    },
+    PolicyPeriod {
+        vm: VmId,
+    },
     /// Sub-sample of the workload's run states for `work_runnable_wait_ns`.
-    WaitSample { vm: VmId },
+    WaitSample {
+        vm: VmId,
+    },
 }
 
 struct Vm {
@@ -204,18 +227,22 @@ impl Sim {
         if !self.host.policy().is_cosched() {
             for p in 0..npcpus {
                 // Staggered, as the kernel's per-CPU balance timers are.
-                self.q.push(hb + p * hb / npcpus, Event::HostBalance { pcpu: p as u32 });
+                self.q
+                    .push(hb + p * hb / npcpus, Event::HostBalance { pcpu: p as u32 });
             }
         } else {
             self.q.push(self.gang_slice, Event::GangSlot);
         }
         for vm in self.vms.ids() {
             if self.vms[vm].n > 1 {
-                self.q.push(self.g.balance_interval, Event::GuestBalance { vm });
+                self.q
+                    .push(self.g.balance_interval, Event::GuestBalance { vm });
             }
             if self.vms[vm].gleaner.is_some() || self.kept_samples.is_some() {
-                self.q.push(self.g.policy_period, Event::PolicyPeriod { vm });
-                self.q.push(self.wait_sample_interval(), Event::WaitSample { vm });
+                self.q
+                    .push(self.g.policy_period, Event::PolicyPeriod { vm });
+                self.q
+                    .push(self.wait_sample_interval(), Event::WaitSample { vm });
             }
         }
     }
@@ -234,7 +261,10 @@ impl Sim {
             Event::HostBalance { pcpu } => {
                 self.host.balance(pcpu as usize, self.now);
                 self.apply_host_effects();
-                self.q.push(self.now + self.g.host_balance_interval, Event::HostBalance { pcpu });
+                self.q.push(
+                    self.now + self.g.host_balance_interval,
+                    Event::HostBalance { pcpu },
+                );
             }
             Event::GangSlot => {
                 self.host.gang_slot(self.now);
@@ -262,15 +292,22 @@ impl Sim {
             }
             Event::GuestBalance { vm } => {
                 self.guest_balance(vm);
-                self.q.push(self.now + self.g.balance_interval, Event::GuestBalance { vm });
+                self.q.push(
+                    self.now + self.g.balance_interval,
+                    Event::GuestBalance { vm },
+                );
             }
             Event::PolicyPeriod { vm } => {
                 self.policy_period(vm);
-                self.q.push(self.now + self.g.policy_period, Event::PolicyPeriod { vm });
+                self.q
+                    .push(self.now + self.g.policy_period, Event::PolicyPeriod { vm });
             }
             Event::WaitSample { vm } => {
                 self.wait_sample(vm);
-                self.q.push(self.now + self.wait_sample_interval(), Event::WaitSample { vm });
+                self.q.push(
+                    self.now + self.wait_sample_interval(),
+                    Event::WaitSample { vm },
+                );
             }
         }
     }
@@ -289,7 +326,8 @@ impl Sim {
                     vc.in_overhead = true;
                     vc.timer_gen += 1;
                     let gen = vc.timer_gen;
-                    self.q.push(self.now + overhead, Event::VcpuTimer { vcpu, gen });
+                    self.q
+                        .push(self.now + overhead, Event::VcpuTimer { vcpu, gen });
                     self.refresh_acct(vcpu);
                 }
                 Effect::Preempted { vcpu, .. } => {

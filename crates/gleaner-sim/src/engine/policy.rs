@@ -28,7 +28,10 @@ impl Sim {
                 continue;
             }
             let vc = &self.vcpus[u];
-            let running = usize::from(matches!(vc.act, Activity::Switching(_) | Activity::Running(_)));
+            let running = usize::from(matches!(
+                vc.act,
+                Activity::Switching(_) | Activity::Running(_)
+            ));
             let runnable = vc.runq.len() + running;
             queued |= runnable >= 2;
             empty |= runnable == 0;
@@ -50,7 +53,8 @@ impl Sim {
             let (now, then) = (&self.vcpus[base.offset(i as u32)].c, &vm.last[i]);
             vcpus.push(VcpuSample {
                 cpu: i,
-                work_ns: (now.work_ns + now.overhead_busy_ns) - (then.work_ns + then.overhead_busy_ns),
+                work_ns: (now.work_ns + now.overhead_busy_ns)
+                    - (then.work_ns + then.overhead_busy_ns),
                 yield_ns: now.yield_ns - then.yield_ns,
                 idle_ns: (now.idle_ns + now.halt_wait_ns) - (then.idle_ns + then.halt_wait_ns),
                 steal_ns: now.steal_ns - then.steal_ns,
@@ -67,22 +71,32 @@ impl Sim {
             wake_latency: Some(vm.period_wake.clone()),
             // In microseconds of the workload's compute completed: every simulated workload's
             // useful work, whatever its kind (items, transactions, barrier rounds).
-            progress: vm.app_progress.then_some((vm.work_done_ns - vm.last_work_done_ns) / 1_000),
+            progress: vm
+                .app_progress
+                .then_some((vm.work_done_ns - vm.last_work_done_ns) / 1_000),
         };
         let vm = &mut self.vms[vm_id];
         vm.period_wake = WakeLatencies::default();
         vm.last_work_done_ns = vm.work_done_ns;
-        vm.last = (0..n).map(|i| self.vcpus[base.offset(i)].c.clone()).collect();
+        vm.last = (0..n)
+            .map(|i| self.vcpus[base.offset(i)].c.clone())
+            .collect();
         vm.last_switches = vm.thread_switches;
         vm.last_wait = vm.imbalance_wait_ns;
         if let Some(kept) = self.kept_samples.as_mut() {
             kept.push((vm_id.index(), sample.clone()));
         }
-        let Some(gleaner) = vm.gleaner.as_mut() else { return };
+        let Some(gleaner) = vm.gleaner.as_mut() else {
+            return;
+        };
         let decision = gleaner.step(&sample);
         vm.active_history.push(decision.active.len());
         vm.retaining_history.push(
-            decision.retention.iter().filter(|(_, a)| *a != RetentionAction::Off).count(),
+            decision
+                .retention
+                .iter()
+                .filter(|(_, a)| *a != RetentionAction::Off)
+                .count(),
         );
         vm.policy_events.extend(decision.events.iter().cloned());
         vm.last_characteristics = Some(decision.characteristics);
@@ -104,7 +118,9 @@ impl Sim {
                 self.halt(u);
             }
         }
-        let new_active: Vec<bool> = (0..n as usize).map(|i| decision.active.contains(i)).collect();
+        let new_active: Vec<bool> = (0..n as usize)
+            .map(|i| decision.active.contains(i))
+            .collect();
         if new_active.iter().any(|&a| a) && new_active != self.vms[vm_id].active {
             self.vms[vm_id].active = new_active.clone();
             for i in 0..n {

@@ -47,7 +47,10 @@ impl Sim {
                     throughput_per_s: vm.iterations as f64 * 1e9 / measured as f64,
                     wake_latency: vm.latency.summary(),
                     vcpu_switches: vcpus.iter().map(|c| c.switches_in).sum(),
-                    idle_transitions: vcpus.iter().map(|c| c.idle_entries + c.yield_preemptions).sum(),
+                    idle_transitions: vcpus
+                        .iter()
+                        .map(|c| c.idle_entries + c.yield_preemptions)
+                        .sum(),
                     steal_ns: vcpus.iter().map(|c| c.steal_ns).sum(),
                     work_ns: vcpus.iter().map(|c| c.work_ns).sum(),
                     thread_switches: vm.thread_switches,

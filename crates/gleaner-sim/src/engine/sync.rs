@@ -269,7 +269,10 @@ impl Sim {
         vc.in_overhead = true;
         vc.timer_gen += 1;
         let gen = vc.timer_gen;
-        self.q.push(self.now + self.costs.ple_exit, Event::VcpuTimer { vcpu: v, gen });
+        self.q.push(
+            self.now + self.costs.ple_exit,
+            Event::VcpuTimer { vcpu: v, gen },
+        );
         self.refresh_acct(v);
         if let Some(h) = holder_vcpu {
             if h != v && matches!(self.host.vcpus[h.index()].state, VState::Queued(_)) {

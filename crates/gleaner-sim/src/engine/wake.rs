@@ -35,15 +35,16 @@ impl Sim {
         let th = &self.threads[t];
         match th.pin {
             Some(p) => p == u,
-            None => {
-                self.vms[th.vm].is_active(u)
-            }
+            None => self.vms[th.vm].is_active(u),
         }
     }
 
     pub(super) fn vcpu_idle(&self, u: VcpuId) -> bool {
         let vc = &self.vcpus[u];
-        matches!(vc.act, Activity::Polling | Activity::Retaining | Activity::Idle) && vc.runq.is_empty()
+        matches!(
+            vc.act,
+            Activity::Polling | Activity::Retaining | Activity::Idle
+        ) && vc.runq.is_empty()
     }
 
     /// Guest wakeup placement: the previous vCPU if idle, else any idle vCPU, else the least
@@ -65,7 +66,10 @@ impl Sim {
             return prev;
         }
         let at = |i: u32| vm.base.offset((prev.local(vm.base) as u32 + i) % vm.n);
-        if let Some(u) = (1..vm.n).map(at).find(|&u| self.allowed_on(t, u) && self.vcpu_idle(u)) {
+        if let Some(u) = (1..vm.n)
+            .map(at)
+            .find(|&u| self.allowed_on(t, u) && self.vcpu_idle(u))
+        {
             return u;
         }
         (0..vm.n)
@@ -73,7 +77,11 @@ impl Sim {
             .filter(|&u| self.allowed_on(t, u))
             .min_by_key(|&u| {
                 let vc = &self.vcpus[u];
-                vc.runq.len() + usize::from(matches!(vc.act, Activity::Switching(_) | Activity::Running(_)))
+                vc.runq.len()
+                    + usize::from(matches!(
+                        vc.act,
+                        Activity::Switching(_) | Activity::Running(_)
+                    ))
             })
             .unwrap_or(prev)
     }
@@ -138,7 +146,8 @@ impl Sim {
         let vc = &mut self.vcpus[v];
         vc.ipi_pending = true;
         vc.c.ipis += 1;
-        self.q.push(self.now + self.costs.ipi, Event::IpiArrive { vcpu: v });
+        self.q
+            .push(self.now + self.costs.ipi, Event::IpiArrive { vcpu: v });
     }
 
     pub(super) fn host_kick(&mut self, v: VcpuId) {
@@ -147,7 +156,8 @@ impl Sim {
             return;
         }
         vc.wake_pending = true;
-        self.q.push(self.now + self.costs.halt_wake, Event::HostWake { vcpu: v });
+        self.q
+            .push(self.now + self.costs.halt_wake, Event::HostWake { vcpu: v });
     }
 
     pub(super) fn ipi_arrive(&mut self, v: VcpuId) {

@@ -175,8 +175,14 @@ pub struct LabReport {
 /// One simulation to run: a scenario in one configuration, or one VM's solo baseline.
 #[derive(Debug, Clone)]
 enum Job {
-    Config { scenario: usize, choice: GuestChoice },
-    Solo { scenario: usize, vm: usize },
+    Config {
+        scenario: usize,
+        choice: GuestChoice,
+    },
+    Solo {
+        scenario: usize,
+        vm: usize,
+    },
 }
 
 /// The signal the policy judges by on a machine where the application reports no progress.
@@ -192,9 +198,14 @@ struct Outcome {
 }
 
 /// Run every job on `jobs` threads; results in job order.
-fn run_jobs(scenarios: &[LabScenario], jobs: &[Job], threads: usize) -> anyhow::Result<Vec<Outcome>> {
+fn run_jobs(
+    scenarios: &[LabScenario],
+    jobs: &[Job],
+    threads: usize,
+) -> anyhow::Result<Vec<Outcome>> {
     let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<Option<anyhow::Result<Outcome>>>> = Mutex::new((0..jobs.len()).map(|_| None).collect());
+    let results: Mutex<Vec<Option<anyhow::Result<Outcome>>>> =
+        Mutex::new((0..jobs.len()).map(|_| None).collect());
     std::thread::scope(|scope| {
         for _ in 0..threads.max(1) {
             scope.spawn(|| loop {
@@ -202,9 +213,17 @@ fn run_jobs(scenarios: &[LabScenario], jobs: &[Job], threads: usize) -> anyhow::
                 let Some(job) = jobs.get(i) else { break };
                 let outcome = (|| -> anyhow::Result<Outcome> {
                     let scenario = match job {
-                        Job::Config { scenario, choice } => scenarios[*scenario].build(*choice, None)?,
-                        Job::Solo { scenario, vm } => scenarios[*scenario]
-                            .build(GuestChoice { guest: GuestPolicy::None, active_vcpus: None, app_progress: false }, Some(*vm))?,
+                        Job::Config { scenario, choice } => {
+                            scenarios[*scenario].build(*choice, None)?
+                        }
+                        Job::Solo { scenario, vm } => scenarios[*scenario].build(
+                            GuestChoice {
+                                guest: GuestPolicy::None,
+                                active_vcpus: None,
+                                app_progress: false,
+                            },
+                            Some(*vm),
+                        )?,
                     };
                     let (report, samples) = Sim::new(&scenario).run_keeping_samples();
                     Ok(Outcome { report, samples })
@@ -215,7 +234,9 @@ fn run_jobs(scenarios: &[LabScenario], jobs: &[Job], threads: usize) -> anyhow::
             });
         }
     });
-    let results = results.into_inner().map_err(|_| anyhow::anyhow!("a lab worker panicked"))?;
+    let results = results
+        .into_inner()
+        .map_err(|_| anyhow::anyhow!("a lab worker panicked"))?;
     results
         .into_iter()
         .map(|r| r.unwrap_or_else(|| Err(anyhow::anyhow!("a lab job did not run"))))
@@ -301,7 +322,10 @@ pub fn run_lab(args: &LabArgs, machine: Machine) -> anyhow::Result<LabReport> {
     let mut jobs = Vec::new();
     for (i, s) in scenarios.iter().enumerate() {
         for choice in s.choices() {
-            jobs.push(Job::Config { scenario: i, choice });
+            jobs.push(Job::Config {
+                scenario: i,
+                choice,
+            });
         }
         for vm in 0..s.vm_count() {
             jobs.push(Job::Solo { scenario: i, vm });
@@ -317,7 +341,11 @@ pub fn run_lab(args: &LabArgs, machine: Machine) -> anyhow::Result<LabReport> {
     });
     let ordered: Vec<Job> = order.iter().map(|&j| jobs[j].clone()).collect();
     let threads = args.jobs.unwrap_or(machine.cpus.max(1));
-    eprintln!("policy lab: {} scenarios, {} simulations on {threads} threads", scenarios.len(), jobs.len());
+    eprintln!(
+        "policy lab: {} scenarios, {} simulations on {threads} threads",
+        scenarios.len(),
+        jobs.len()
+    );
     let outcomes_ordered = run_jobs(&scenarios, &ordered, threads)?;
     let mut outcomes: Vec<Option<Outcome>> = (0..jobs.len()).map(|_| None).collect();
     for (o, &j) in outcomes_ordered.into_iter().zip(&order) {
@@ -329,22 +357,34 @@ pub fn run_lab(args: &LabArgs, machine: Machine) -> anyhow::Result<LabReport> {
     for s in &scenarios {
         let choices = s.choices();
         let n_vms = s.vm_count();
-        let config_outcomes: Vec<&Outcome> = (j..j + choices.len()).filter_map(|k| outcomes[k].as_ref()).collect();
+        let config_outcomes: Vec<&Outcome> = (j..j + choices.len())
+            .filter_map(|k| outcomes[k].as_ref())
+            .collect();
         let solo: Vec<f64> = (j + choices.len()..j + choices.len() + n_vms)
             .filter_map(|k| outcomes[k].as_ref())
             .map(|o| rate(&o.report, 0))
             .collect();
         j += choices.len() + n_vms;
-        anyhow::ensure!(config_outcomes.len() == choices.len() && solo.len() == n_vms, "lab results are incomplete");
+        anyhow::ensure!(
+            config_outcomes.len() == choices.len() && solo.len() == n_vms,
+            "lab results are incomplete"
+        );
         total_events += config_outcomes.iter().map(|o| o.report.events).sum::<u64>();
         let configs: Vec<ConfigResult> = choices
             .iter()
             .zip(&config_outcomes)
             .map(|(choice, o)| {
-                let speed = |vm: usize| if solo[vm] > 0.0 { rate(&o.report, vm) / solo[vm] } else { 0.0 };
+                let speed = |vm: usize| {
+                    if solo[vm] > 0.0 {
+                        rate(&o.report, vm) / solo[vm]
+                    } else {
+                        0.0
+                    }
+                };
                 let bench_samples = o.samples.iter().filter(|(vm, _)| *vm == 0).map(|(_, s)| s);
                 let util = mean(bench_samples.clone().map(|s| {
-                    s.vcpus.iter().map(|v| v.work_ns).sum::<u64>() as f64 / s.period_ns.max(1) as f64
+                    s.vcpus.iter().map(|v| v.work_ns).sum::<u64>() as f64
+                        / s.period_ns.max(1) as f64
                 }));
                 ConfigResult {
                     config: choice.label(),
@@ -357,11 +397,19 @@ pub fn run_lab(args: &LabArgs, machine: Machine) -> anyhow::Result<LabReport> {
             })
             .collect();
         let find = |label: &str| configs.iter().find(|c| c.config == label);
-        let (Some(none), Some(gleaner), Some(with_progress)) = (find("none"), find("gleaner"), find("gleaner+progress")) else {
+        let (Some(none), Some(gleaner), Some(with_progress)) =
+            (find("none"), find("gleaner"), find("gleaner+progress"))
+        else {
             anyhow::bail!("lab configurations none and gleaner missing");
         };
-        let statics = || configs.iter().filter(|c| c.config.starts_with("static-") || c.config == "none");
-        let best_any = statics().max_by(|a, b| a.system_speedup.total_cmp(&b.system_speedup)).unwrap_or(none);
+        let statics = || {
+            configs
+                .iter()
+                .filter(|c| c.config.starts_with("static-") || c.config == "none")
+        };
+        let best_any = statics()
+            .max_by(|a, b| a.system_speedup.total_cmp(&b.system_speedup))
+            .unwrap_or(none);
         let best = statics()
             .filter(|c| c.bench_speedup >= 0.97 * none.bench_speedup)
             .max_by(|a, b| a.system_speedup.total_cmp(&b.system_speedup))
@@ -375,7 +423,8 @@ pub fn run_lab(args: &LabArgs, machine: Machine) -> anyhow::Result<LabReport> {
             none_system: none.system_speedup,
             none_bench: none.bench_speedup,
             regret: 1.0 - gleaner.system_speedup / best.system_speedup.max(1e-12),
-            regret_with_progress: 1.0 - with_progress.system_speedup / best.system_speedup.max(1e-12),
+            regret_with_progress: 1.0
+                - with_progress.system_speedup / best.system_speedup.max(1e-12),
             best_static_any: best_any.config.clone(),
             regret_any: 1.0 - gleaner.system_speedup / best_any.system_speedup.max(1e-12),
             bench_vs_none: gleaner.bench_speedup / none.bench_speedup.max(1e-12) - 1.0,
@@ -402,7 +451,9 @@ fn summarize(set: LabSet, results: &[ScenarioResult]) -> SetSummary {
     let mut util_pairs = Vec::new();
     let mut signal_pairs = Vec::new();
     for r in &rs {
-        let Some(none) = r.configs.iter().find(|c| c.config == "none") else { continue };
+        let Some(none) = r.configs.iter().find(|c| c.config == "none") else {
+            continue;
+        };
         for c in &r.configs {
             let tput = c.bench_speedup / none.bench_speedup.max(1e-12);
             if none.mean_total_util > 0.0 {
@@ -421,15 +472,30 @@ fn summarize(set: LabSet, results: &[ScenarioResult]) -> SetSummary {
         worst_regret: worst.map_or(0.0, |r| r.regret),
         median_regret_any: quantile(&rs.iter().map(|r| r.regret_any).collect::<Vec<_>>(), 0.5),
         p90_regret_any: quantile(&rs.iter().map(|r| r.regret_any).collect::<Vec<_>>(), 0.9),
-        median_regret_with_progress: quantile(&rs.iter().map(|r| r.regret_with_progress).collect::<Vec<_>>(), 0.5),
-        p90_regret_with_progress: quantile(&rs.iter().map(|r| r.regret_with_progress).collect::<Vec<_>>(), 0.9),
+        median_regret_with_progress: quantile(
+            &rs.iter()
+                .map(|r| r.regret_with_progress)
+                .collect::<Vec<_>>(),
+            0.5,
+        ),
+        p90_regret_with_progress: quantile(
+            &rs.iter()
+                .map(|r| r.regret_with_progress)
+                .collect::<Vec<_>>(),
+            0.9,
+        ),
         worst_regret_scenario: worst.map_or(String::new(), |r| r.scenario.name.clone()),
         bench_loss_over_3pct: rs.iter().filter(|r| r.bench_vs_none < -0.03).count(),
         system_below_none: rs.iter().filter(|r| r.system_vs_none < -1e-9).count(),
         phased_gain_over_best_static: rs
             .iter()
             .filter(|r| r.scenario.kind.is_phased())
-            .map(|r| (r.scenario.name.clone(), r.gleaner_system / r.best_static_system.max(1e-12) - 1.0))
+            .map(|r| {
+                (
+                    r.scenario.name.clone(),
+                    r.gleaner_system / r.best_static_system.max(1e-12) - 1.0,
+                )
+            })
             .collect(),
         correlation_util_vs_throughput: spearman(&util_pairs),
         correlation_fallback_signal_vs_throughput: spearman(&signal_pairs),
@@ -457,7 +523,12 @@ mod tests {
         let b = population(LabSet::HeldOut, 1_000_000_000);
         assert_eq!(a.len(), b.len());
         for x in &a {
-            assert!(b.iter().all(|y| y.seed != x.seed && y.grain_ns != x.grain_ns), "{}", x.name);
+            assert!(
+                b.iter()
+                    .all(|y| y.seed != x.seed && y.grain_ns != x.grain_ns),
+                "{}",
+                x.name
+            );
         }
         // Every size and every contention level appears in each set.
         for set in [&a, &b] {
@@ -467,7 +538,9 @@ mod tests {
             for c in population::CONTENTIONS {
                 assert!(set.iter().any(|s| s.contention == c));
             }
-            assert!(set.iter().any(|s| s.host_policy != crate::scenario::HostPolicy::Cfs));
+            assert!(set
+                .iter()
+                .any(|s| s.host_policy != crate::scenario::HostPolicy::Cfs));
         }
     }
 
@@ -479,7 +552,15 @@ mod tests {
                     s.build(choice, None).unwrap();
                 }
                 for vm in 0..s.vm_count() {
-                    s.build(GuestChoice { guest: GuestPolicy::None, active_vcpus: None, app_progress: false }, Some(vm)).unwrap();
+                    s.build(
+                        GuestChoice {
+                            guest: GuestPolicy::None,
+                            active_vcpus: None,
+                            app_progress: false,
+                        },
+                        Some(vm),
+                    )
+                    .unwrap();
                 }
             }
         }

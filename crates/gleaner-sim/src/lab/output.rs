@@ -12,7 +12,10 @@ use super::{LabReport, ScenarioResult};
 #[derive(Debug, thiserror::Error)]
 pub enum OutputError {
     #[error("cannot write {path}: {error} (check that the directory exists and is writable)")]
-    Write { path: PathBuf, error: std::io::Error },
+    Write {
+        path: PathBuf,
+        error: std::io::Error,
+    },
     #[error("cannot draw {path}: {detail}")]
     Plot { path: PathBuf, detail: String },
     #[error("cannot encode the lab report as JSON: {0}")]
@@ -77,9 +80,17 @@ pub fn summary(report: &LabReport) -> String {
         if s.phased_gain_over_best_static.is_empty() {
             continue;
         }
-        let gains: Vec<String> =
-            s.phased_gain_over_best_static.iter().map(|(n, g)| format!("{n} {}", pct(*g))).collect();
-        let _ = writeln!(out, "\nphase-changing ({}), Gleaner vs best static: {}", s.set.name(), gains.join("; "));
+        let gains: Vec<String> = s
+            .phased_gain_over_best_static
+            .iter()
+            .map(|(n, g)| format!("{n} {}", pct(*g)))
+            .collect();
+        let _ = writeln!(
+            out,
+            "\nphase-changing ({}), Gleaner vs best static: {}",
+            s.set.name(),
+            gains.join("; ")
+        );
     }
     out
 }
@@ -93,7 +104,10 @@ fn scenario_rows(results: &[ScenarioResult]) -> String {
     let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in results {
         let sys = |label: &str| {
-            r.configs.iter().find(|c| c.config == label).map_or("-".into(), |c| format!("{:.3}", c.system_speedup))
+            r.configs
+                .iter()
+                .find(|c| c.config == label)
+                .map_or("-".into(), |c| format!("{:.3}", c.system_speedup))
         };
         let last_active = r
             .configs
@@ -122,16 +136,26 @@ fn scenario_rows(results: &[ScenarioResult]) -> String {
 }
 
 fn write(path: &Path, text: &str) -> Result<(), OutputError> {
-    std::fs::write(path, text).map_err(|error| OutputError::Write { path: path.to_path_buf(), error })
+    std::fs::write(path, text).map_err(|error| OutputError::Write {
+        path: path.to_path_buf(),
+        error,
+    })
 }
 
 /// Write `NAME.json`, `NAME.md` and `NAME-regret-cdf.png` into `dir`; returns the paths.
-pub fn write_files(report: &LabReport, dir: &Path, name: &str) -> Result<Vec<PathBuf>, OutputError> {
+pub fn write_files(
+    report: &LabReport,
+    dir: &Path,
+    name: &str,
+) -> Result<Vec<PathBuf>, OutputError> {
     let json = dir.join(format!("{name}.json"));
     write(&json, &(serde_json::to_string_pretty(report)? + "\n"))?;
     let md = dir.join(format!("{name}.md"));
     let mut text = String::new();
-    let _ = writeln!(text, "# Policy lab: Gleaner against the best static setting\n");
+    let _ = writeln!(
+        text,
+        "# Policy lab: Gleaner against the best static setting\n"
+    );
     let _ = writeln!(
         text,
         "Command: `gleaner sim lab --out-dir {} --name {name}` (deterministic: same commit, same numbers). \
@@ -139,7 +163,11 @@ pub fn write_files(report: &LabReport, dir: &Path, name: &str) -> Result<Vec<Pat
          (all vCPUs, guest `none`); `sys` sums them over the host's VMs. Regret = 1 − gleaner / best static (system), the best static setting being the best of those that keep the benchmark VM within 3 % of `none`.\n",
         dir.display()
     );
-    if report.machine.loadavg_at_start.is_some_and(|l| l[0] > report.machine.cpus as f64 * 0.5) {
+    if report
+        .machine
+        .loadavg_at_start
+        .is_some_and(|l| l[0] > report.machine.cpus as f64 * 0.5)
+    {
         let _ = writeln!(text, "**Load warning**: the machine was busy when this ran; the numbers are simulated and do not depend on it, the wall time does.\n");
     }
     text.push_str(&summary(report));
@@ -152,23 +180,42 @@ pub fn write_files(report: &LabReport, dir: &Path, name: &str) -> Result<Vec<Pat
 }
 
 fn plot_cdf(report: &LabReport, path: &Path) -> Result<(), OutputError> {
-    let err = |detail: String| OutputError::Plot { path: path.to_path_buf(), detail };
+    let err = |detail: String| OutputError::Plot {
+        path: path.to_path_buf(),
+        detail,
+    };
     // The font is compiled in (DejaVu Sans), so plotting needs no system fonts.
     plotters::style::register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular())
         .map_err(|_| err("the built-in font could not be loaded".into()))?;
     let root = BitMapBackend::new(path, (800, 500)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
     let regrets = |set| {
-        let mut v: Vec<f64> =
-            report.scenarios.iter().filter(|r| r.scenario.set == set).map(|r| 100.0 * r.regret).collect();
+        let mut v: Vec<f64> = report
+            .scenarios
+            .iter()
+            .filter(|r| r.scenario.set == set)
+            .map(|r| 100.0 * r.regret)
+            .collect();
         v.sort_by(f64::total_cmp);
         v
     };
     let sets: Vec<_> = report.summaries.iter().map(|s| s.set).collect();
-    let max = sets.iter().flat_map(|&s| regrets(s)).fold(10.0_f64, f64::max).ceil() + 1.0;
-    let min = sets.iter().flat_map(|&s| regrets(s)).fold(0.0_f64, f64::min).floor();
+    let max = sets
+        .iter()
+        .flat_map(|&s| regrets(s))
+        .fold(10.0_f64, f64::max)
+        .ceil()
+        + 1.0;
+    let min = sets
+        .iter()
+        .flat_map(|&s| regrets(s))
+        .fold(0.0_f64, f64::min)
+        .floor();
     let mut chart = ChartBuilder::on(&root)
-        .caption("Gleaner's regret against the best static setting", ("sans-serif", 22))
+        .caption(
+            "Gleaner's regret against the best static setting",
+            ("sans-serif", 22),
+        )
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(50)

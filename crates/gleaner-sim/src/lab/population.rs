@@ -134,8 +134,12 @@ pub enum Contention {
     Oversubscribed,
 }
 
-pub const CONTENTIONS: [Contention; 4] =
-    [Contention::Dedicated, Contention::OneCoRunner, Contention::TwoCoRunners, Contention::Oversubscribed];
+pub const CONTENTIONS: [Contention; 4] = [
+    Contention::Dedicated,
+    Contention::OneCoRunner,
+    Contention::TwoCoRunners,
+    Contention::Oversubscribed,
+];
 pub const SIZES: [usize; 3] = [4, 8, 16];
 const GRAINS_NS: [Ns; 3] = [10 * US, 100 * US, MS];
 
@@ -182,12 +186,16 @@ pub fn population(set: LabSet, duration: Ns) -> Vec<LabScenario> {
             };
             let grain_ns = grain * set.grain_factor();
             // Phases need time to show: twice the run, so each phase lasts several periods.
-            let duration_ns = if kind.is_phased() { 2 * duration } else { duration };
+            let duration_ns = if kind.is_phased() {
+                2 * duration
+            } else {
+                duration
+            };
             out.push(LabScenario {
                 name: format!(
-                    "{}-{}-{}v-{}-{}",
+                    "{}-{}us-{}v-{}-{}",
                     kind.name(),
-                    format!("{}us", grain_ns / US),
+                    grain_ns / US,
                     vcpus,
                     contention.name(),
                     host_policy.name()
@@ -241,15 +249,34 @@ fn name(s: &str) -> String {
 }
 
 /// The benchmark workload: thread groups, queue capacities, barrier parties.
-fn workload(kind: Kind, grain: Ns, n: usize) -> (Vec<ThreadGroup>, BTreeMap<String, usize>, BTreeMap<String, usize>) {
-    let group = |count: usize, program: Vec<Op>| ThreadGroup { count, pin: None, iterations: None, program };
+fn workload(
+    kind: Kind,
+    grain: Ns,
+    n: usize,
+) -> (
+    Vec<ThreadGroup>,
+    BTreeMap<String, usize>,
+    BTreeMap<String, usize>,
+) {
+    let group = |count: usize, program: Vec<Op>| ThreadGroup {
+        count,
+        pin: None,
+        iterations: None,
+        program,
+    };
     let mut queues = BTreeMap::new();
     let mut barriers = BTreeMap::new();
     let threads = match kind {
         Kind::Pipeline => {
             queues.insert(name("a"), 32);
             queues.insert(name("b"), 32);
-            let lock = |hold: Ns| [Op::Lock(name("alloc")), c(Dist::Exp(hold.max(1))), Op::Unlock(name("alloc"))];
+            let lock = |hold: Ns| {
+                [
+                    Op::Lock(name("alloc")),
+                    c(Dist::Exp(hold.max(1))),
+                    Op::Unlock(name("alloc")),
+                ]
+            };
             let mut first = vec![c(Dist::Exp(grain))];
             first.extend(lock(grain / 4));
             first.push(Op::Push(name("a")));
@@ -257,7 +284,11 @@ fn workload(kind: Kind, grain: Ns, n: usize) -> (Vec<ThreadGroup>, BTreeMap<Stri
             mid.extend(lock(grain / 4));
             mid.push(Op::Push(name("b")));
             let last = vec![Op::Pop(name("b")), c(Dist::Exp(grain))];
-            vec![group(1.max(n / 4), first), group(n, mid), group(1.max(n / 4), last)]
+            vec![
+                group(1.max(n / 4), first),
+                group(n, mid),
+                group(1.max(n / 4), last),
+            ]
         }
         Kind::Barrier => vec![group(n, vec![c(jitter(grain)), Op::Barrier(name("round"))])],
         Kind::Oltp => vec![group(
@@ -277,24 +308,48 @@ fn workload(kind: Kind, grain: Ns, n: usize) -> (Vec<ThreadGroup>, BTreeMap<Stri
                 let (ping, pong) = (format!("ping{p}"), format!("pong{p}"));
                 queues.insert(ping.clone(), 1);
                 queues.insert(pong.clone(), 1);
-                out.push(group(1, vec![c(jitter(grain)), Op::Push(ping.clone()), Op::Pop(pong.clone())]));
-                out.push(group(1, vec![Op::Pop(ping), c(jitter(grain)), Op::Push(pong)]));
+                out.push(group(
+                    1,
+                    vec![
+                        c(jitter(grain)),
+                        Op::Push(ping.clone()),
+                        Op::Pop(pong.clone()),
+                    ],
+                ));
+                out.push(group(
+                    1,
+                    vec![Op::Pop(ping), c(jitter(grain)), Op::Push(pong)],
+                ));
             }
             out
         }
         Kind::ProducerConsumer => {
             queues.insert(name("q"), 16);
             vec![
-                group((n / 2).max(1), vec![c(Dist::Exp(grain)), Op::Push(name("q"))]),
-                group((n / 2).max(1), vec![Op::Pop(name("q")), c(Dist::Exp(grain))]),
+                group(
+                    (n / 2).max(1),
+                    vec![c(Dist::Exp(grain)), Op::Push(name("q"))],
+                ),
+                group(
+                    (n / 2).max(1),
+                    vec![Op::Pop(name("q")), c(Dist::Exp(grain))],
+                ),
             ]
         }
         Kind::LockHeavy => vec![group(
             n,
-            vec![c(Dist::Exp(grain)), Op::Lock(name("hot")), c(Dist::Exp((grain / 4).max(1))), Op::Unlock(name("hot"))],
+            vec![
+                c(Dist::Exp(grain)),
+                Op::Lock(name("hot")),
+                c(Dist::Exp((grain / 4).max(1))),
+                Op::Unlock(name("hot")),
+            ],
         )],
         Kind::CpuBound => vec![group(n, vec![c(Dist::Const(grain.max(100 * US)))])],
-        Kind::TimerHeavy => vec![group(n, vec![c(jitter(grain)), Op::Sleep(Dist::Exp(grain))])],
+        Kind::TimerHeavy => vec![group(
+            n,
+            vec![c(jitter(grain)), Op::Sleep(Dist::Exp(grain))],
+        )],
         Kind::PhaseGrain => {
             // One loop = a fine phase then a coarse phase, each about PHASE_NS long.
             let coarse = grain * 100;
@@ -359,7 +414,14 @@ fn vm(name: &str, vcpus: usize, threads: Vec<ThreadGroup>) -> VmConfig {
 
 /// The co-runner VMs of a contention level.
 fn co_runners(contention: Contention, n: usize) -> Vec<VmConfig> {
-    let cpu = |count| vec![ThreadGroup { count, pin: None, iterations: None, program: vec![c(Dist::Const(MS))] }];
+    let cpu = |count| {
+        vec![ThreadGroup {
+            count,
+            pin: None,
+            iterations: None,
+            program: vec![c(Dist::Const(MS))],
+        }]
+    };
     let half = (n / 2).max(1);
     match contention {
         Contention::Dedicated => vec![],
@@ -383,7 +445,11 @@ fn co_runners(contention: Contention, n: usize) -> Vec<VmConfig> {
 
 impl LabScenario {
     /// The scenario with the benchmark VM (VM 0) run as `choice`; `solo` = that VM alone.
-    pub fn build(&self, choice: GuestChoice, only: Option<usize>) -> Result<Scenario, crate::ScenarioError> {
+    pub fn build(
+        &self,
+        choice: GuestChoice,
+        only: Option<usize>,
+    ) -> Result<Scenario, crate::ScenarioError> {
         let base = format!(
             "name = \"{}\"\nseed = {}\n[sim]\nduration = \"{}ns\"\n[host]\npcpus = {}\npolicy = \"{}\"\n[[vm]]\nvcpus = 1\nworkload = {{ preset = \"matmul\" }}\n",
             self.name,
@@ -420,7 +486,10 @@ impl LabScenario {
     /// otherwise need 32 static runs).
     pub fn static_counts(&self) -> Vec<usize> {
         let n = self.vcpus;
-        let mut out: Vec<usize> = [1, 2, 3, 4, 6, 8, 12, 16].into_iter().filter(|&k| k <= n).collect();
+        let mut out: Vec<usize> = [1, 2, 3, 4, 6, 8, 12, 16]
+            .into_iter()
+            .filter(|&k| k <= n)
+            .collect();
         if !out.contains(&n) {
             out.push(n);
         }
@@ -429,18 +498,35 @@ impl LabScenario {
 
     /// Every configuration the benchmark VM is run in.
     pub fn choices(&self) -> Vec<GuestChoice> {
-        let mut out: Vec<GuestChoice> = [GuestPolicy::None, GuestPolicy::Haltpoll, GuestPolicy::Retention, GuestPolicy::Gleaner]
-            .into_iter()
-            .map(|guest| GuestChoice { guest, active_vcpus: None, app_progress: false })
-            .collect();
-        out.push(GuestChoice { guest: GuestPolicy::Gleaner, active_vcpus: None, app_progress: true });
+        let mut out: Vec<GuestChoice> = [
+            GuestPolicy::None,
+            GuestPolicy::Haltpoll,
+            GuestPolicy::Retention,
+            GuestPolicy::Gleaner,
+        ]
+        .into_iter()
+        .map(|guest| GuestChoice {
+            guest,
+            active_vcpus: None,
+            app_progress: false,
+        })
+        .collect();
+        out.push(GuestChoice {
+            guest: GuestPolicy::Gleaner,
+            active_vcpus: None,
+            app_progress: true,
+        });
         for k in self.static_counts() {
             for guest in [GuestPolicy::None, GuestPolicy::Hold] {
                 // All vCPUs without retention is `none`, run above.
                 if k == self.vcpus && guest == GuestPolicy::None {
                     continue;
                 }
-                out.push(GuestChoice { guest, active_vcpus: Some(k), app_progress: false });
+                out.push(GuestChoice {
+                    guest,
+                    active_vcpus: Some(k),
+                    app_progress: false,
+                });
             }
         }
         out

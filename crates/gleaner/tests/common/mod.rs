@@ -15,7 +15,11 @@ pub fn skip_log() -> std::path::PathBuf {
 /// Reports that `test` did not run its checks because of `why`.
 pub fn skipped(test: &str, why: &str) {
     eprintln!("{test}: skipped: {why}");
-    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(skip_log()) {
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(skip_log())
+    {
         let _ = writeln!(f, "{test}: {why}");
     }
 }
