@@ -96,6 +96,9 @@ struct {
 	__type(value, u8);
 } retention_tids SEC(".maps");
 
+/* A queued wait shorter than this is a hand-off, not a crowd (see on_switch). */
+#define CROWDED_MIN_WAIT_NS 1000000ULL
+
 /* Per workload thread waiting to run: when it was woken and when it was queued. */
 struct pending {
 	u64 waking_ns;
@@ -269,7 +272,11 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 					s->sum_ns[c] += lat;
 				}
 			}
-			if (q && now > q)
+			/* Only a wait longer than a hand-off counts: a wakee queued for a few
+			 * microseconds behind its waker on the same vCPU (wake-affine) is the
+			 * pattern consolidation helps, not a crowd that a held vCPU would keep
+			 * the load balancer from spreading. */
+			if (q && now > q + CROWDED_MIN_WAIT_NS)
 				s->crowded_wait_ns += idle_peer_overlap(cpu, now, now - q);
 			bpf_map_delete_elem(&pendings, &next_pid);
 		}
