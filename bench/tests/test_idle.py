@@ -115,6 +115,7 @@ cpu: 1
   .idle_calls     : 5288
   .idle_sleeps    : 5100
   .idle_sleeptime : 354729568373 nsecs
+  .iowait_sleeptime: 0 nsecs
 
 Tick Device: mode:     1
 Per CPU device: 0
