@@ -21,7 +21,7 @@ suite "clippy (warnings are errors; unwrap/expect/panic denied outside tests)" c
 suite "cargo test" cargo test --workspace --no-fail-fast
 # The test bed's guest runs a static musl gleaner; musl stubs some libc calls glibc has.
 if rustup target list --installed 2>/dev/null | grep -qx x86_64-unknown-linux-musl; then
-    suite "gleaner-sys and gleaner-linux tests for musl" tests/musl_test.sh
+    suite "gleaner-sys tests for musl" tests/musl_test.sh
 else
     echo "musl tests skipped: no x86_64-unknown-linux-musl target (rustup target add x86_64-unknown-linux-musl)" | tee -a "$skip_log"
 fi
