@@ -128,23 +128,14 @@ pub fn daemon_status_path(state_dir: &Path) -> PathBuf {
 /// Replaces `daemon.status` atomically (a reader never sees half a file), mode 0600 like
 /// the instances' status files.
 pub fn write_daemon_status(state_dir: &Path, status: &DaemonStatus) -> Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let path = daemon_status_path(state_dir);
-    let tmp = state_dir.join(".daemon.status.tmp");
     let text = serde_json::to_vec_pretty(status).context("cannot serialize the daemon status")?;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .with_context(|| format!("cannot write {}", tmp.display()))?;
-    f.write_all(&text)
-        .with_context(|| format!("cannot write {}", tmp.display()))?;
-    drop(f);
-    std::fs::rename(&tmp, &path)
-        .with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))
+    // Rewritten on every target change and meaningless after a reboot: no fsync.
+    gleaner_linux::error::write_private_atomic(
+        &daemon_status_path(state_dir),
+        &text,
+        gleaner_linux::error::Durability::Volatile,
+    )?;
+    Ok(())
 }
 
 /// The service's status if a daemon wrote one and is still running.

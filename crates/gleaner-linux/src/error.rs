@@ -185,7 +185,7 @@ pub(crate) fn write_file(path: &Path, content: &str) -> Result<()> {
 /// Whether a file written by [`write_private_atomic`] must reach the disk before it replaces
 /// the old one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Durability {
+pub enum Durability {
     /// fsync before the rename: the crash journal, written only when something is changed,
     /// must be whole after a power loss so that `recover` can read it.
     Fsync,
@@ -196,11 +196,7 @@ pub(crate) enum Durability {
 
 /// Replaces `path` atomically (temp file, rename) with a file only its owner can read: a
 /// reader never sees half a journal or status file, and nobody else sees it at all.
-pub(crate) fn write_private_atomic(
-    path: &Path,
-    bytes: &[u8],
-    durability: Durability,
-) -> Result<()> {
+pub fn write_private_atomic(path: &Path, bytes: &[u8], durability: Durability) -> Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let mut tmp = path.as_os_str().to_owned();

@@ -327,13 +327,13 @@ fn lock(j: &SharedJournal) -> std::sync::MutexGuard<'_, Journal> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::fs;
     use std::os::unix::fs::PermissionsExt;
 
     /// A fake /proc holding only the processes the tests name, with a chosen start time.
-    fn fake_proc(root: &Path, tasks: &[(u32, u32, u64)]) -> ProcFs {
+    pub(crate) fn fake_proc(root: &Path, tasks: &[(u32, u32, u64)]) -> ProcFs {
         for &(pid, tid, start) in tasks {
             let stat = format!(
                 "{tid} (w) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {start} 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 17 0 0 0\n"

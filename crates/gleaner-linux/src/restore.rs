@@ -129,21 +129,7 @@ mod tests {
     use gleaner_policy::Cpuset;
     use std::fs;
 
-    /// A fake /proc holding only the processes the tests name, with a chosen start time.
-    fn fake_proc(root: &Path, tasks: &[(u32, u32, u64)]) -> ProcFs {
-        for &(pid, tid, start) in tasks {
-            let stat = format!(
-                "{tid} (w) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {start} 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 17 0 0 0\n"
-            );
-            let dir = root.join(format!("{pid}/task/{tid}"));
-            fs::create_dir_all(&dir).unwrap();
-            fs::write(dir.join("stat"), &stat).unwrap();
-            if pid == tid {
-                fs::write(root.join(format!("{pid}/stat")), &stat).unwrap();
-            }
-        }
-        ProcFs::with_clock_ticks(root, 100)
-    }
+    use crate::journal::tests::fake_proc;
 
     #[test]
     fn undo_restores_files_and_affinity_newest_first() {
