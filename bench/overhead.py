@@ -35,26 +35,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness.preflight import machine_facts
+
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 BPF_STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
-
-
-def machine_facts() -> dict:
-    def read(p: str) -> str:
-        try:
-            return Path(p).read_text().strip()
-        except OSError:
-            return "missing"
-
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    return {
-        "commit": commit,
-        "cpuidle_driver": read("/sys/devices/system/cpu/cpuidle/current_driver"),
-        "kernel": os.uname().release,
-        "loadavg": read("/proc/loadavg"),
-        "cpus": os.cpu_count(),
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
 
 
 def wall_workloads(gleaner: str) -> dict[str, list[str]]:

@@ -32,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness.preflight import machine_facts
+
 NBUCKETS = 32
 TOLERANCE = 0.20
 
@@ -65,24 +67,6 @@ def sum_timeline(path: Path) -> dict[str, list[int]]:
             for i, n in enumerate(w[state]["buckets"]):
                 acc[i] += n
     return out
-
-
-def machine_facts() -> dict:
-    def read(p: str) -> str:
-        try:
-            return Path(p).read_text().strip()
-        except OSError:
-            return "missing"
-
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    return {
-        "commit": commit,
-        "cpuidle_driver": read("/sys/devices/system/cpu/cpuidle/current_driver"),
-        "kernel": os.uname().release,
-        "loadavg": read("/proc/loadavg"),
-        "cpus": os.cpu_count(),
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
 
 
 def poll_state_files() -> list[Path]:

@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,3 +138,23 @@ def load_check(loadavg: tuple[float, float, float], threshold: float = LOAD_THRE
         f"1-minute load average is {loadavg[0]:.2f} (> {threshold}): the machine is busy, "
         "so these measurements are not evidence; rerun on a quiet machine"
     )
+
+
+def machine_facts() -> dict:
+    """What a results file records about where it was measured: commit, cpuidle driver,
+    kernel, load, CPUs, time."""
+    def read(p: str) -> str:
+        try:
+            return Path(p).read_text().strip()
+        except OSError:
+            return "missing"
+
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    return {
+        "commit": commit,
+        "cpuidle_driver": read("/sys/devices/system/cpu/cpuidle/current_driver"),
+        "kernel": os.uname().release,
+        "loadavg": read("/proc/loadavg"),
+        "cpus": os.cpu_count(),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
