@@ -20,7 +20,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use gleaner_linux::cgroup::{
     enter_cgroup_pre_exec, v1::V1Mounts, AffinityPlacement, CgroupV1, CgroupV2,
 };
-use gleaner_linux::controller::{Controller, ControllerOptions, Retainer, StopReason};
+use gleaner_linux::controller::{Controller, ControllerOptions, ExitWatch, Retainer, StopReason};
 use gleaner_linux::journal::{self, Journal};
 use gleaner_linux::pmqos::PollRetention;
 use gleaner_linux::restore;
@@ -355,9 +355,14 @@ fn manage_inner(
         }
         false
     };
+    let mut watch = match (&target, child_cell.borrow().as_ref()) {
+        (_, Some(c)) => ExitWatch::process(c.id()),
+        (Target::Pid { pid, .. }, None) => ExitWatch::process(*pid),
+        _ => ExitWatch::signals_only(),
+    };
     let (result, summary, final_status) = {
         let mut controller = Controller::new(policy, placement.as_mut(), retainer, sampler, opts);
-        let result = controller.run(&stop);
+        let result = controller.run(&stop, &mut watch);
         (result, controller.summary(), controller.status().clone())
     };
     // What Gleaner did and why, or why it did nothing: the user's first question.

@@ -1,7 +1,7 @@
 //! The Linux system-call wrappers that more than one Gleaner crate needs.
 //!
 //! Exists because the same calls (thread affinity, futex wait/wake, monotonic and CPU-time
-//! clocks, scheduling policy) were written separately in the Linux side, the workloads and
+//! clocks, scheduling policy, waiting for a process to exit) were written separately in the Linux side, the workloads and
 //! the speed-up tool, with small differences (CPU-count limits, ignored errors, libc
 //! wrappers that are stubs on musl). Each is written once here, as a safe function over
 //! `unsafe` code that states why it is sound. This crate is a leaf: it depends only on
@@ -12,6 +12,7 @@ pub mod affinity;
 pub mod clock;
 pub mod futex;
 pub mod sched;
+pub mod wait;
 
 /// Collapses an error chain printed over several lines (`{e:#}`, TOML diagnostics) into one
 /// line, as every command-line entry point prints its errors.

@@ -86,6 +86,38 @@ fn attach_exits_zero_when_the_process_ends_normally() {
     assert!(journals_in(state.path()).is_empty());
 }
 
+/// `gleaner run` used to notice its workload's exit only at the end of a sleep (a whole
+/// period with the BPF sampler, a tenth of one with /proc), so every run outlived its
+/// workload by up to a period. With a 20 s period that is seconds; now it is the set-up.
+#[test]
+fn run_ends_as_soon_as_its_workload_exits_not_at_the_end_of_a_period() {
+    let state = tempfile::tempdir().unwrap();
+    for sampler in ["procfs", "auto"] {
+        let t0 = Instant::now();
+        let out = gleaner()
+            .args([
+                "run",
+                "--observe",
+                "--mode",
+                "consolidation",
+                "--period-ms",
+                "20000",
+            ])
+            .args(["--sampler", sampler, "--state-dir"])
+            .arg(state.path())
+            .args(["--", "sleep", "0.2"])
+            .output()
+            .unwrap();
+        let took = t0.elapsed();
+        assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+        assert!(
+            took < Duration::from_millis(1800),
+            "--sampler {sampler}: took {took:?} for a 0.2 s workload: {}",
+            stderr_of(&out)
+        );
+    }
+}
+
 #[test]
 fn a_closed_stderr_is_not_an_abort() {
     // `gleaner … 2>&1 | head -1`: the reader is gone before gleaner reports its error.
