@@ -40,6 +40,8 @@ pub struct ExitWatch {
     /// may live on after its root and the loop must not spin on a descriptor that stays
     /// readable.
     pidfd: Option<OwnedFd>,
+    /// The process exited since [`ExitWatch::take_exited`] last asked.
+    exited: bool,
 }
 
 impl ExitWatch {
@@ -48,12 +50,22 @@ impl ExitWatch {
     pub fn process(pid: u32) -> Self {
         Self {
             pidfd: pidfd_open(pid).ok(),
+            exited: false,
         }
     }
 
     /// Wakes only for signals: a cgroup target has no one process whose exit ends it.
     pub fn signals_only() -> Self {
-        Self { pidfd: None }
+        Self {
+            pidfd: None,
+            exited: false,
+        }
+    }
+
+    /// Whether the watched process exited since the last call: the workload's process list
+    /// must then be read again at once.
+    fn take_exited(&mut self) -> bool {
+        std::mem::take(&mut self.exited)
     }
 
     /// Sleeps for `nap`; returns true as soon as `stop()` says so after an early wake-up.
@@ -68,6 +80,7 @@ impl ExitWatch {
                 Ok(Woken::Timeout) => return false,
                 Ok(Woken::Readable) => {
                     self.pidfd = None;
+                    self.exited = true;
                     if stop() {
                         return true;
                     }
@@ -244,7 +257,22 @@ pub struct Controller<'a> {
     /// Cumulative per-vCPU counters, by CPU number, kept across periods.
     totals: std::collections::BTreeMap<usize, VcpuTotals>,
     slow_log: RateLimit,
+    /// When the status file was last handed to the recorder (see [`STATUS_INTERVAL`]).
+    status_sent: Option<Instant>,
 }
+
+/// How often the status file is rewritten when nothing changes. Its readers are people
+/// (`gleaner status`, `--watch`) and the service's metrics, scraped every few seconds; writing
+/// it every period woke the recorder thread ten times a second and, with 1,000 workload
+/// threads, was a fifth of Gleaner's own CPU. A change of configuration is written at once.
+pub const STATUS_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How often the BPF sampler's controller re-lists the workload's processes. The kernel
+/// follows forks by itself (the sampler adds every child of a workload process), so the list
+/// only catches processes moved into the cgroup from outside; reading `cgroup.procs` makes
+/// the kernel sort every thread's id, which with 1,000 threads was half of Gleaner's CPU
+/// when done every period. The workload's exit is noticed at once by the exit watch.
+pub const PROCESS_LIST_INTERVAL: Duration = Duration::from_secs(1);
 
 /// One vCPU's counters since the instance started.
 #[derive(Debug, Clone, Copy, Default)]
@@ -336,6 +364,7 @@ impl<'a> Controller<'a> {
             totals: Default::default(),
             slow_log: RateLimit::new(Duration::from_secs(60)),
             retention_tids_sent: false,
+            status_sent: None,
         }
     }
 
@@ -384,6 +413,7 @@ impl<'a> Controller<'a> {
         };
         let slice = self.opts.period / sub_samples;
         let mut view = self.view()?;
+        let mut viewed_at = Instant::now();
         loop {
             // An idle workload is neither sub-sampled nor sampled every period: each wake-up
             // of a thread costs a vCPU exit here, and an idle workload has nothing to decide.
@@ -414,7 +444,13 @@ impl<'a> Controller<'a> {
                 }
             }
             let work_start = Instant::now();
-            view = self.view()?;
+            if self.lists_every_period()
+                || watch.take_exited()
+                || viewed_at.elapsed() >= PROCESS_LIST_INTERVAL
+            {
+                view = self.view()?;
+                viewed_at = work_start;
+            }
             if view.tids.is_empty() {
                 self.final_read(now_ns());
                 return Ok(StopReason::WorkloadGone);
@@ -541,8 +577,14 @@ impl<'a> Controller<'a> {
         );
     }
 
+    /// Whether the workload's threads must be listed every period: the /proc sampler reads
+    /// each thread, and the affinity back end re-applies its mask to new threads.
+    fn lists_every_period(&self) -> bool {
+        self.sampler.wants_thread_list() || self.placement.kind() == PlacementKind::Affinity
+    }
+
     fn view(&self) -> Result<WorkloadView> {
-        if !self.sampler.wants_thread_list() && self.placement.kind() != PlacementKind::Affinity {
+        if !self.lists_every_period() {
             // The BPF sampler needs only the processes; listing every thread would make the
             // daemon's period cost grow with the workload's thread count.
             let pids = self.placement.workload_pids()?;
@@ -647,7 +689,13 @@ impl<'a> Controller<'a> {
             }
         }
         push_events(&mut st.last_events, &d.events);
-        self.recorder.send(Record::Status(Box::new(st.clone())));
+        let due = self
+            .status_sent
+            .is_none_or(|t| t.elapsed() >= STATUS_INTERVAL);
+        if due || !d.events.is_empty() {
+            self.recorder.send(Record::Status(Box::new(st.clone())));
+            self.status_sent = Some(Instant::now());
+        }
         if self.opts.timeline.is_some() {
             let line = serde_json::json!({
                 "t_s": elapsed.as_secs_f64(),
