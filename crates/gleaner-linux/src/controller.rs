@@ -267,11 +267,13 @@ pub struct Controller<'a> {
 /// threads, was a fifth of Gleaner's own CPU. A change of configuration is written at once.
 pub const STATUS_INTERVAL: Duration = Duration::from_secs(1);
 
-/// How often the BPF sampler's controller re-lists the workload's processes. The kernel
-/// follows forks by itself (the sampler adds every child of a workload process), so the list
-/// only catches processes moved into the cgroup from outside; reading `cgroup.procs` makes
-/// the kernel sort every thread's id, which with 1,000 threads was half of Gleaner's CPU
-/// when done every period. The workload's exit is noticed at once by the exit watch.
+/// How long the controller may go without listing the workload's processes and threads.
+/// The BPF sampler follows forks in the kernel (it adds every child of a workload process),
+/// so the list only catches processes moved into the cgroup from outside; the procfs sampler
+/// lists threads when it reads them (every period, or every few under a tight budget).
+/// Reading `cgroup.procs` makes the kernel sort every thread's id: with 1,000 threads that
+/// was half of Gleaner's CPU when done every period. The workload's exit is noticed at once
+/// by the exit watch; a cgroup target that empties is noticed within this interval.
 pub const PROCESS_LIST_INTERVAL: Duration = Duration::from_secs(1);
 
 /// One vCPU's counters since the instance started.
@@ -405,13 +407,7 @@ impl<'a> Controller<'a> {
         self.sampler.sample(now_ns(), &view, &counters)?;
         let mut pacer = Pacer::new(now_ns());
         let mut last_sample_ns = now_ns();
-        // The BPF sampler measures queueing continuously: one wake-up per period suffices.
-        let sub_samples = if self.sampler.wants_sub_samples() {
-            self.opts.sub_samples.max(1)
-        } else {
-            1
-        };
-        let slice = self.opts.period / sub_samples;
+        let full_rate = self.opts.sub_samples.max(1);
         let mut view = self.view()?;
         let mut viewed_at = Instant::now();
         loop {
@@ -420,8 +416,11 @@ impl<'a> Controller<'a> {
             // Gleaner then wakes a few times a second, which keeps it under 1 % of a CPU.
             let busy = self.status.characteristics.total_util >= self.policy.config().idle_util
                 || self.status.periods == 0;
+            // The BPF sampler measures queueing continuously: one wake-up per period
+            // suffices; the procfs sampler wakes less often under a tight budget.
+            let wakeups = self.sampler.sub_sample_wakeups(full_rate);
             let (slices, slice) = if busy {
-                (sub_samples, slice)
+                (wakeups, self.opts.period / wakeups)
             } else {
                 (1, self.opts.period * IDLE_STRETCH)
             };
@@ -439,18 +438,28 @@ impl<'a> Controller<'a> {
                     return Ok(StopReason::Requested);
                 }
                 if busy {
-                    self.sampler
-                        .observe_runnable(&view.tids, &self.applied_active);
+                    self.sampler.observe_runnable(
+                        &view.tids,
+                        &self.applied_active,
+                        full_rate / wakeups,
+                    );
                 }
             }
             let work_start = Instant::now();
-            if self.lists_every_period()
+            let list_cost = gleaner_sys::clock::own_thread_cpu_ns();
+            if self.placement.kind() == PlacementKind::Affinity
+                || self.sampler.needs_fresh_thread_list()
                 || watch.take_exited()
                 || viewed_at.elapsed() >= PROCESS_LIST_INTERVAL
             {
                 view = self.view()?;
                 viewed_at = work_start;
+            } else if self.sampler.wants_thread_list() {
+                // The thread list is reused; the per-CPU work counters are read every period.
+                view.percpu_work_ns = self.placement.per_cpu_work_ns()?;
             }
+            self.sampler
+                .charge(gleaner_sys::clock::own_thread_cpu_ns().saturating_sub(list_cost));
             if view.tids.is_empty() {
                 self.final_read(now_ns());
                 return Ok(StopReason::WorkloadGone);
@@ -577,14 +586,14 @@ impl<'a> Controller<'a> {
         );
     }
 
-    /// Whether the workload's threads must be listed every period: the /proc sampler reads
-    /// each thread, and the affinity back end re-applies its mask to new threads.
-    fn lists_every_period(&self) -> bool {
+    /// Whether a view lists the workload's threads, not only its processes: the /proc
+    /// sampler reads each thread, and the affinity back end re-applies its mask to new ones.
+    fn lists_threads(&self) -> bool {
         self.sampler.wants_thread_list() || self.placement.kind() == PlacementKind::Affinity
     }
 
     fn view(&self) -> Result<WorkloadView> {
-        if !self.lists_every_period() {
+        if !self.lists_threads() {
             // The BPF sampler needs only the processes; listing every thread would make the
             // daemon's period cost grow with the workload's thread count.
             let pids = self.placement.workload_pids()?;

@@ -123,9 +123,18 @@ impl ProcfsBudget {
         (RUNNABLE_WINDOW >> self.level).max(4)
     }
 
-    /// Run states are read at every this-many-th sub-sample slice.
+    /// Run states are read at every this-many-th sub-sample slice (of the full-rate
+    /// schedule, `n` slices a period).
     pub fn runnable_every(&self) -> u32 {
         1 << self.level
+    }
+
+    /// Controller wake-ups per period for run-state sub-samples, out of `n` at full rate.
+    /// The controller sleeps through the slices in which nothing would be read: every
+    /// wake-up is a vCPU wake-up, and at the deepest level waking for each of ten slices a
+    /// period only to skip them cost more than the reads (perf: a third of Gleaner's CPU).
+    pub fn wakeups_per_period(&self, n: u32) -> u32 {
+        (n >> self.level).max(1)
     }
 
     /// Takes one period's sampling CPU time and adapts the level.
@@ -228,7 +237,8 @@ pub struct Sampler {
     switch_periods: u64,
     switch_rate: u64,
     /// Sub-sample slices seen this period (for thinning).
-    slice: u32,
+    /// Full-rate sub-sample slices since run states were last read.
+    slices_unread: u32,
     /// Idle-entry counts for procfs; `None` with the BPF sampler, which counts them itself.
     entries: Option<IdleEntryCounter>,
     precise_idle: bool,
@@ -272,7 +282,7 @@ impl Sampler {
             cost_ns: 0,
             switch_periods: 0,
             switch_rate: 0,
-            slice: 0,
+            slices_unread: 0,
             entries,
             precise_idle,
             rotate: 0,
@@ -357,10 +367,38 @@ impl Sampler {
         self.kernel.is_none()
     }
 
+    /// How many times a period the controller should wake to sub-sample, out of `full` at
+    /// full rate: once for the BPF sampler (it measures queueing continuously), fewer under a
+    /// tight procfs budget.
+    pub fn sub_sample_wakeups(&self, full: u32) -> u32 {
+        if self.kernel.is_some() {
+            1
+        } else {
+            self.budget.wakeups_per_period(full.max(1))
+        }
+    }
+
     /// Whether the caller must list every workload thread in [`WorkloadView::tids`] (procfs),
     /// or only its processes (BPF: `tids` may then hold one (pid, pid) per process).
     pub fn wants_thread_list(&self) -> bool {
         self.kernel.is_none()
+    }
+
+    /// Whether the next [`Sampler::sample`] reads every thread's files and so needs a fresh
+    /// thread list. Under a tight budget those reads happen every few periods, and listing
+    /// 1,000 threads in between (a sorted `cgroup.procs`, a directory per process) was a
+    /// third of the sampler's cost.
+    pub fn needs_fresh_thread_list(&self) -> bool {
+        self.kernel.is_none()
+            && (self.prev.is_none() || self.switch_periods + 1 >= self.budget.switch_stride())
+    }
+
+    /// Charges CPU time the caller spent for this sampler (listing the workload's threads) to
+    /// the procfs budget, which must hold Gleaner's whole cost, not only the reads in here.
+    pub fn charge(&mut self, cost_ns: u64) {
+        if self.kernel.is_none() {
+            self.cost_ns += cost_ns;
+        }
     }
 
     /// Wake-ups timed since start, split by the wakee vCPU's state; `None` for procfs.
@@ -411,14 +449,20 @@ impl Sampler {
     /// an idle vCPU would pull the waiting thread over by new-idle balancing, a held one does
     /// not. Reads the run state and CPU of up to [`RUNNABLE_WINDOW`] threads, rotating
     /// through larger workloads.
-    pub fn observe_runnable(&mut self, tids: &[(u32, u32)], active: &Cpuset) {
+    /// `slices` is how many full-rate slices this wake-up stands for (see
+    /// [`Sampler::sub_sample_wakeups`]).
+    pub fn observe_runnable(&mut self, tids: &[(u32, u32)], active: &Cpuset, slices: u32) {
         if self.kernel.is_some() || tids.is_empty() || active.len() < 2 {
             return;
         }
-        self.slice += 1;
-        if !self.slice.is_multiple_of(self.budget.runnable_every()) {
+        let every = self.budget.runnable_every();
+        self.slices_unread += slices.max(1);
+        if self.slices_unread < every {
             return;
         }
+        // The remainder carries over, so the reads keep their rate when a wake-up stands for
+        // a number of slices that does not divide it.
+        self.slices_unread = (self.slices_unread - every).min(every - 1);
         let t0 = gleaner_sys::clock::own_thread_cpu_ns();
         self.observe_runnable_window(tids, active);
         self.cost_ns += gleaner_sys::clock::own_thread_cpu_ns().saturating_sub(t0);
@@ -839,6 +883,31 @@ mod tests {
             b.account(0, period);
         }
         assert_eq!(b.level(), 0);
+    }
+
+    #[test]
+    fn a_thinned_budget_wakes_the_controller_less_but_reads_run_states_as_often_as_planned() {
+        let mut b = ProcfsBudget::new(0.005);
+        assert_eq!(b.wakeups_per_period(10), 10);
+        for _ in 0..100 {
+            b.account(50_000_000, 100_000_000);
+        }
+        assert_eq!(b.level(), MAX_THIN_LEVEL);
+        // Ten slices a period at full rate; at the deepest level one wake-up a period, and
+        // run states every 2^6 = 64 slices, that is every 6th or 7th wake-up.
+        assert_eq!(b.wakeups_per_period(10), 1);
+        let mut s = Sampler::new(ProcFs::new("/proc"), "/nonexistent-sys", Cpuset::first_n(2));
+        s.budget = b;
+        let me = std::process::id();
+        let tids = [(me, me)];
+        let active = Cpuset::first_n(2);
+        let mut reads = 0;
+        for _ in 0..64 {
+            let before = s.crowded.1;
+            s.observe_runnable(&tids, &active, 10);
+            reads += s.crowded.1 - before;
+        }
+        assert_eq!(reads, 10, "64 wake-ups of 10 slices each: a read every 64 slices");
     }
 
     #[test]
