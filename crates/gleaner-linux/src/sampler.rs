@@ -907,7 +907,10 @@ mod tests {
             s.observe_runnable(&tids, &active, 10);
             reads += s.crowded.1 - before;
         }
-        assert_eq!(reads, 10, "64 wake-ups of 10 slices each: a read every 64 slices");
+        assert_eq!(
+            reads, 10,
+            "64 wake-ups of 10 slices each: a read every 64 slices"
+        );
     }
 
     #[test]
