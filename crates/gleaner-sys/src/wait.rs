@@ -41,8 +41,11 @@ pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
 /// Sleeps up to `timeout`, returning early when `fd` (if any) is readable or a signal
 /// handler runs.
 pub fn sleep_or_readable(fd: Option<BorrowedFd<'_>>, timeout: Duration) -> io::Result<Woken> {
+    // time_t is 64 bits on every 64-bit Linux target (and named differently by musl's libc
+    // crate), so the seconds are clamped as i64 and converted with `as _`.
+    let secs = i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX);
     let ts = libc::timespec {
-        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
+        tv_sec: secs as _,
         // Below 10^9, so it fits every c_long.
         tv_nsec: timeout.subsec_nanos() as libc::c_long,
     };
