@@ -177,6 +177,9 @@ impl KernelSampler {
     /// fork since). Only changes are written: nothing per period for a stable workload.
     pub fn set_workload(&mut self, pids: &[u32]) {
         let now: HashSet<u32> = pids.iter().copied().collect();
+        if now == self.tgids {
+            return;
+        }
         for gone in self.tgids.difference(&now) {
             let _ = self.skel.maps.workload_tgids.delete(&gone.to_ne_bytes());
         }
@@ -191,6 +194,15 @@ impl KernelSampler {
             }
         }
         self.tgids = now;
+        self.new_generation();
+    }
+
+    /// Makes every task's cached kind (workload, retention thread, other) be decided again
+    /// at its next event: the sets it was decided from changed.
+    fn new_generation(&mut self) {
+        if let Some(data) = self.skel.maps.data_data.as_deref_mut() {
+            data.workload_gen = data.workload_gen.wrapping_add(1).max(1);
+        }
     }
 
     /// Gleaner's retention threads: a vCPU running one counts as polling, not busy.
@@ -202,6 +214,7 @@ impl KernelSampler {
                 MapFlags::ANY,
             );
         }
+        self.new_generation();
     }
 
     /// The vCPUs the workload may run on now (for runnable-wait accounting).

@@ -10,6 +10,13 @@
  * Everything is attached as BTF tracepoints (tp_btf: no tracefs, typed arguments) and reads
  * kernel structures through CO-RE, so one object runs on any kernel with BTF.
  *
+ * Cost: sched_switch and sched_waking fire hundreds of thousands of times a second in a
+ * ping-pong, so what each event does is measured in the time the workload loses. Per-thread
+ * state lives in task-local storage (a pointer hop from the task, freed with it) rather than
+ * in hash maps updated and deleted on every switch; whether a task belongs to the workload is
+ * decided once per task and generation (`workload_gen`), not looked up by tgid on every event;
+ * task fields are read by direct CO-RE loads, not bpf_probe_read calls.
+ *
  * Layout contract with src/bpf/mod.rs: struct cpu_stats is 108 u64s in this order.
  */
 #include "vmlinux_min.h"
@@ -40,6 +47,9 @@ const volatile u32 scan_cpus = 0;
 
 /* Written by userspace every period: the workload's active vCPUs (bit per CPU id < 64). */
 u64 active_mask = 0;
+/* Bumped by userspace whenever workload_tgids or retention_tids change: every task's cached
+ * kind is then decided again at its next event. */
+u32 workload_gen = 1;
 
 /* Cumulative per-vCPU counters; each CPU writes only its own copy. */
 struct cpu_stats {
@@ -99,19 +109,23 @@ struct {
 /* A queued wait shorter than this is a hand-off, not a crowd (see on_switch). */
 #define CROWDED_MIN_WAIT_NS 1000000ULL
 
-/* Per workload thread waiting to run: when it was woken and when it was queued. */
-struct pending {
+/* What one task is and what it waits for, kept in the task itself. */
+struct task_info {
+	/* sched_waking of a wake-up whose switch-in is still to come; 0 if none. */
 	u64 waking_ns;
+	/* When it was preempted or created, if it waits to run since; 0 if not. */
 	u64 queued_ns;
+	/* workload_gen when `kind` was decided. */
+	u32 kind_gen;
+	u32 kind;
 };
 
-/* LRU: a thread that exits or is never switched in again cannot leak an entry for good. */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 16384);
-	__type(key, u32);
-	__type(value, struct pending);
-} pendings SEC(".maps");
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct task_info);
+} task_infos SEC(".maps");
 
 static __always_inline struct cpu_stats *my_stats(void)
 {
@@ -126,8 +140,29 @@ static __always_inline struct cpu_state *state_of(u32 cpu)
 
 static __always_inline bool is_workload(struct task_struct *p)
 {
-	u32 tgid = BPF_CORE_READ(p, tgid);
+	u32 tgid = p->tgid;
 	return bpf_map_lookup_elem(&workload_tgids, &tgid) != NULL;
+}
+
+/* `p`'s storage, created on first sight, with its kind decided for this generation. */
+static __always_inline struct task_info *info_of(struct task_struct *p)
+{
+	struct task_info *ti =
+		bpf_task_storage_get(&task_infos, p, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!ti)
+		return NULL;
+	u32 gen = workload_gen;
+	if (ti->kind_gen != gen) {
+		u32 pid = p->pid;
+		if (is_workload(p))
+			ti->kind = KIND_WORKLOAD;
+		else if (bpf_map_lookup_elem(&retention_tids, &pid))
+			ti->kind = KIND_RETENTION;
+		else
+			ti->kind = KIND_OTHER;
+		ti->kind_gen = gen;
+	}
+	return ti;
 }
 
 static __always_inline u32 log2_bucket(u64 v)
@@ -189,43 +224,29 @@ int BPF_PROG(on_waking, struct task_struct *p)
 	struct cpu_stats *s = my_stats();
 	if (s)
 		s->events++;
-	if (!is_workload(p))
+	/* Still on a run queue (it had not finished blocking): the kernel only marks it
+	 * runnable again, and no switch-in follows that could be timed. */
+	if (p->on_rq)
 		return 0;
-	u32 pid = BPF_CORE_READ(p, pid);
-	struct pending v = { .waking_ns = bpf_ktime_get_ns(), .queued_ns = 0 };
-	bpf_map_update_elem(&pendings, &pid, &v, BPF_ANY);
+	struct task_info *ti = info_of(p);
+	if (!ti || ti->kind != KIND_WORKLOAD)
+		return 0;
+	ti->waking_ns = bpf_ktime_get_ns();
 	return 0;
 }
 
-/* Enqueued (the target vCPU is awake by now): from here on the thread waits for a CPU. */
-static __always_inline int queued(struct task_struct *p)
+/* A new thread waits to run from its creation on. */
+SEC("tp_btf/sched_wakeup_new")
+int BPF_PROG(on_wakeup_new, struct task_struct *p)
 {
 	struct cpu_stats *s = my_stats();
 	if (s)
 		s->events++;
-	if (!is_workload(p))
+	struct task_info *ti = info_of(p);
+	if (!ti || ti->kind != KIND_WORKLOAD)
 		return 0;
-	u32 pid = BPF_CORE_READ(p, pid);
-	struct pending *v = bpf_map_lookup_elem(&pendings, &pid);
-	if (v) {
-		v->queued_ns = bpf_ktime_get_ns();
-	} else {
-		struct pending n = { .waking_ns = 0, .queued_ns = bpf_ktime_get_ns() };
-		bpf_map_update_elem(&pendings, &pid, &n, BPF_ANY);
-	}
+	ti->queued_ns = bpf_ktime_get_ns();
 	return 0;
-}
-
-SEC("tp_btf/sched_wakeup")
-int BPF_PROG(on_wakeup, struct task_struct *p)
-{
-	return queued(p);
-}
-
-SEC("tp_btf/sched_wakeup_new")
-int BPF_PROG(on_wakeup_new, struct task_struct *p)
-{
-	return queued(p);
 }
 
 SEC("tp_btf/sched_switch")
@@ -239,29 +260,28 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 		return 0;
 	s->events++;
 
-	/* What `prev` is was decided when it switched in: no map lookup needed for it. */
+	/* What `prev` is was decided when it switched in: no lookup needed for it. */
 	u32 prev_kind = st->curr_kind;
-	u32 prev_pid = BPF_CORE_READ(prev, pid);
 	if (prev_kind == KIND_WORKLOAD) {
 		if (st->switch_ns && now > st->switch_ns)
 			s->work_ns += now - st->switch_ns;
 		s->work_switches++;
 		if (preempt) {
-			struct pending v = { .waking_ns = 0, .queued_ns = now };
-			bpf_map_update_elem(&pendings, &prev_pid, &v, BPF_ANY);
-		} else {
-			/* A wake-up that found it still running has no switch-in to wait for. */
-			bpf_map_delete_elem(&pendings, &prev_pid);
+			struct task_info *pi = info_of(prev);
+			if (pi) {
+				pi->waking_ns = 0;
+				pi->queued_ns = now;
+			}
 		}
 	}
 
-	u32 next_pid = BPF_CORE_READ(next, pid);
 	u32 next_kind = KIND_OTHER;
-	if (is_workload(next)) {
-		next_kind = KIND_WORKLOAD;
-		struct pending *v = bpf_map_lookup_elem(&pendings, &next_pid);
-		if (v) {
-			u64 w = v->waking_ns, q = v->queued_ns;
+	struct task_info *ni = info_of(next);
+	if (ni)
+		next_kind = ni->kind;
+	if (ni && next_kind == KIND_WORKLOAD) {
+		u64 w = ni->waking_ns, q = ni->queued_ns;
+		if (w || q) {
 			if (w && now >= w) {
 				u64 lat = now - w;
 				u32 c = classify(st, w, prev_kind);
@@ -275,13 +295,15 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 			/* Only a wait longer than a hand-off counts: a wakee queued for a few
 			 * microseconds behind its waker on the same vCPU (wake-affine) is the
 			 * pattern consolidation helps, not a crowd that a held vCPU would keep
-			 * the load balancer from spreading. */
-			if (q && now > q + CROWDED_MIN_WAIT_NS)
-				s->crowded_wait_ns += idle_peer_overlap(cpu, now, now - q);
-			bpf_map_delete_elem(&pendings, &next_pid);
+			 * the load balancer from spreading. A woken thread waits from its
+			 * waking (its enqueue follows within microseconds, which a 1 ms
+			 * threshold cannot tell apart), a preempted or new one from then. */
+			u64 since = w ? w : q;
+			if (now > since + CROWDED_MIN_WAIT_NS)
+				s->crowded_wait_ns += idle_peer_overlap(cpu, now, now - since);
+			ni->waking_ns = 0;
+			ni->queued_ns = 0;
 		}
-	} else if (bpf_map_lookup_elem(&retention_tids, &next_pid)) {
-		next_kind = KIND_RETENTION;
 	}
 	st->curr_kind = next_kind;
 	st->switch_ns = now;
@@ -316,18 +338,18 @@ int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
 {
 	if (!is_workload(parent))
 		return 0;
-	u32 tgid = BPF_CORE_READ(child, tgid);
+	u32 tgid = child->tgid;
 	u8 one = 1;
 	bpf_map_update_elem(&workload_tgids, &tgid, &one, BPF_ANY);
 	return 0;
 }
 
+/* Task storage goes with the task; only the workload's thread-group entry must go. */
 SEC("tp_btf/sched_process_exit")
 int BPF_PROG(on_exit, struct task_struct *p)
 {
-	u32 pid = BPF_CORE_READ(p, pid);
-	bpf_map_delete_elem(&pendings, &pid);
-	if (pid == (u32)BPF_CORE_READ(p, tgid))
+	u32 pid = p->pid;
+	if (pid == (u32)p->tgid)
 		bpf_map_delete_elem(&workload_tgids, &pid);
 	return 0;
 }

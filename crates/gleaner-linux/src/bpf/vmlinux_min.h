@@ -34,7 +34,12 @@ enum bpf_map_type {
 	BPF_MAP_TYPE_ARRAY = 2,
 	BPF_MAP_TYPE_PERCPU_ARRAY = 6,
 	BPF_MAP_TYPE_LRU_HASH = 9,
+	BPF_MAP_TYPE_TASK_STORAGE = 29,
 };
+
+/* Task storage must be allocated on demand. */
+#define BPF_F_NO_PREALLOC (1U << 0)
+#define BPF_LOCAL_STORAGE_GET_F_CREATE (1ULL << 0)
 
 enum {
 	BPF_ANY = 0,
@@ -67,6 +72,7 @@ struct pt_regs {
 #endif
 
 struct task_struct {
+	int on_rq;
 	int pid;
 	int tgid;
 } __attribute__((preserve_access_index));
