@@ -454,7 +454,7 @@ impl<'a> Controller<'a> {
             {
                 view = self.view()?;
                 viewed_at = work_start;
-            } else if self.sampler.wants_thread_list() {
+            } else {
                 // The thread list is reused; the per-CPU work counters are read every period.
                 view.percpu_work_ns = self.placement.per_cpu_work_ns()?;
             }
@@ -598,10 +598,12 @@ impl<'a> Controller<'a> {
             // daemon's period cost grow with the workload's thread count.
             let pids = self.placement.workload_pids()?;
             let tids = pids.iter().map(|&p| (p, p)).collect();
+            // The BPF sampler counts the workload's CPU time only inside its measurement
+            // windows; the cgroup's own per-CPU count covers the rest.
             return Ok(WorkloadView {
                 pids,
                 tids,
-                percpu_work_ns: None,
+                percpu_work_ns: self.placement.per_cpu_work_ns()?,
                 total_work_ns: None,
             });
         }

@@ -219,6 +219,48 @@ pub struct WorkloadView {
 /// for workloads with hundreds of threads.
 const RUNNABLE_WINDOW: usize = 32;
 
+/// Scheduler events the BPF sampler measures per period at most: the measurement window is
+/// sized from the last period's event rate so that no more fall into it. 2,000 events of
+/// about 150 ns are 0.3 ms of a 100 ms period: a workload with fewer is measured throughout,
+/// a ping-pong at 200,000 hand-offs a second for a few milliseconds of each period.
+pub const WINDOW_EVENTS: u64 = 2_000;
+
+/// The shortest window, as a fraction of the period: below it the sample of wake-ups in a
+/// period becomes too small to say anything about that period.
+const MIN_WINDOW_FRACTION: u64 = 20;
+
+/// The BPF sampler's measurement window for the current period.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Window {
+    /// When it opened (CLOCK_MONOTONIC ns).
+    pub start_ns: u64,
+    /// How long it lasts; `None`: until the next period, every event measured.
+    pub len_ns: Option<u64>,
+}
+
+impl Window {
+    /// The part of a period from `start_ns` to `now_ns` that the window covered.
+    pub fn covered_ns(&self, now_ns: u64) -> u64 {
+        let elapsed = now_ns.saturating_sub(self.start_ns);
+        self.len_ns.map_or(elapsed, |l| l.min(elapsed))
+    }
+
+    /// The next window's length, from `events` seen in `covered_ns` of measuring, for a
+    /// period of `period_ns`: the whole period when that many events fit in
+    /// [`WINDOW_EVENTS`], else the time in which that many are expected.
+    pub fn next_len(events: u64, covered_ns: u64, period_ns: u64) -> Option<u64> {
+        if covered_ns == 0 {
+            return None;
+        }
+        let expected = events as u128 * period_ns as u128 / covered_ns as u128;
+        if expected <= WINDOW_EVENTS as u128 {
+            return None;
+        }
+        let len = (WINDOW_EVENTS as u128 * covered_ns as u128 / events.max(1) as u128) as u64;
+        Some(len.clamp(period_ns / MIN_WINDOW_FRACTION, period_ns))
+    }
+}
+
 pub struct Sampler {
     procfs: ProcFs,
     cpus: Cpuset,
@@ -230,6 +272,8 @@ pub struct Sampler {
     wake_total: WakeLatencies,
     /// Tracepoint events the BPF program handled since start.
     kernel_events: u64,
+    /// The BPF sampler's current measurement window.
+    window: Window,
     budget: ProcfsBudget,
     /// Sampling CPU ns spent on the controller thread this period (procfs).
     cost_ns: u64,
@@ -278,6 +322,7 @@ impl Sampler {
             kernel_prev: Vec::new(),
             wake_total: WakeLatencies::default(),
             kernel_events: 0,
+            window: Window::default(),
             budget: ProcfsBudget::new(PROCFS_BUDGET_FRACTION),
             cost_ns: 0,
             switch_periods: 0,
@@ -340,10 +385,20 @@ impl Sampler {
     /// What this sampler cannot see, one phrase each, for `status`.
     pub fn blind_spots(&self) -> Vec<String> {
         match self.kind() {
-            SamplerKind::Bpf => vec![
-                "wake-ups before it attached".into(),
-                "queued workload threads while an idle peer vCPU has an id of 64 or more".into(),
-            ],
+            SamplerKind::Bpf => {
+                let mut v = vec![
+                    "wake-ups before it attached".to_string(),
+                    "queued workload threads while an idle peer vCPU has an id of 64 or more"
+                        .to_string(),
+                ];
+                if let Some(len) = self.window.len_ns {
+                    v.push(format!(
+                        "wake-ups and switches outside its measurement windows ({:.1} ms a period at this event rate, to stay under {WINDOW_EVENTS} events a period; switch counts and queueing are scaled up, wake latencies are a sample)",
+                        len as f64 / 1e6
+                    ));
+                }
+                v
+            }
             SamplerKind::Procfs => {
                 let mut v =
                     vec!["wake latency (needs the BPF sampler: root and kernel BTF)".to_string()];
@@ -625,41 +680,110 @@ impl Sampler {
                     .unwrap_or(0)
             })
             .collect();
-        let snap = Snapshot {
-            cpus: steal_now.iter().map(|&s| (0, 0, s, 0)).collect(),
-            retention: now_retention,
-            percpu_work: None,
-            work_total_ns: 0,
+        let busy_now: Vec<u64> = self
+            .cpus
+            .iter()
+            .map(|c| {
+                stat.per_cpu
+                    .iter()
+                    .find(|p| p.cpu == c)
+                    .map(|p| p.times.busy_ns())
+                    .unwrap_or(0)
+            })
+            .collect();
+        // Outside its measurement windows the program does not follow switches, so the
+        // workload's CPU time comes from where the procfs sampler takes it: the cgroup's
+        // per-CPU usage, or the processes' clocks spread over the vCPUs' busy time.
+        let work_total_ns = if work.percpu_work_ns.is_some() {
+            0
+        } else {
+            self.process_clocks(&work.pids)
         };
+        let snap = Snapshot {
+            cpus: steal_now
+                .iter()
+                .zip(&busy_now)
+                .map(|(&s, &b)| (0, 0, s, b))
+                .collect(),
+            retention: now_retention,
+            percpu_work: work.percpu_work_ns.clone(),
+            work_total_ns,
+        };
+        let now_mono = gleaner_sys::clock::monotonic_ns();
         let Some(prev) = self.prev.replace(snap.clone()) else {
             self.prev_time_ns = now_ns;
             self.kernel_events = self.kernel_prev.iter().map(|c| c.events).sum();
+            self.window = Window {
+                start_ns: now_mono,
+                len_ns: None,
+            };
+            if let Some(k) = self.kernel.as_mut() {
+                k.open_window(now_mono, None);
+            }
             return Ok(None);
         };
         let period_ns = now_ns.saturating_sub(self.prev_time_ns).max(1);
         self.prev_time_ns = now_ns;
+        let covered_ns = self.window.covered_ns(now_mono).clamp(1, period_ns);
+        let windowed = self.window.len_ns.is_some();
         let mut vcpus = Vec::with_capacity(self.cpus.len());
+        let mut spare = Vec::with_capacity(self.cpus.len());
         let mut wake = WakeLatencies::default();
-        let (mut switches, mut crowded_ns) = (0u64, 0u64);
+        let (mut switches, mut crowded_ns, mut events) = (0u64, 0u64, 0u64);
         for (i, cpu) in self.cpus.iter().enumerate() {
             let d = kernel_delta(&self.kernel_prev, &prev_counters, cpu);
             let r1 = snap.retention.get(&cpu).copied().unwrap_or_default();
             let r0 = prev.retention.get(&cpu).copied().unwrap_or_default();
+            let yield_ns = r1.yield_ns.saturating_sub(r0.yield_ns);
             wake.merge(&d.wake);
             switches += d.work_switches;
             crowded_ns += d.crowded_wait_ns;
+            events += d.events;
+            spare.push(
+                snap.cpus[i]
+                    .3
+                    .saturating_sub(prev.cpus[i].3)
+                    .saturating_sub(yield_ns),
+            );
             vcpus.push(VcpuSample {
                 cpu,
                 work_ns: d.work_ns.min(period_ns),
-                yield_ns: r1.yield_ns.saturating_sub(r0.yield_ns),
+                yield_ns,
                 idle_ns: d.idle_ns.min(period_ns),
                 steal_ns: snap.cpus[i].2.saturating_sub(prev.cpus[i].2),
                 yield_preemptions: r1.preemptions.saturating_sub(r0.preemptions),
                 idle_entries: d.idle_entries,
             });
         }
+        if windowed {
+            // Counts from a window stand for the whole period; the CPU time is read whole.
+            let scale = |x: u64| (x as u128 * period_ns as u128 / covered_ns as u128) as u64;
+            switches = scale(switches);
+            crowded_ns = scale(crowded_ns);
+            match (&snap.percpu_work, &prev.percpu_work) {
+                (Some(now), Some(before)) => {
+                    for v in &mut vcpus {
+                        let a = now.get(v.cpu).copied().unwrap_or(0);
+                        let b = before.get(v.cpu).copied().unwrap_or(0);
+                        v.work_ns = a.saturating_sub(b).min(period_ns);
+                    }
+                }
+                _ => {
+                    let total = snap.work_total_ns.saturating_sub(prev.work_total_ns);
+                    spread(total, &spare, period_ns, &mut vcpus);
+                }
+            }
+        }
         self.wake_total.merge(&wake);
         self.kernel_events = self.kernel_prev.iter().map(|c| c.events).sum();
+        let len_ns = Window::next_len(events, covered_ns, period_ns);
+        self.window = Window {
+            start_ns: now_mono,
+            len_ns,
+        };
+        if let Some(k) = self.kernel.as_mut() {
+            k.open_window(now_mono, len_ns.map(|l| now_mono + l));
+        }
         Ok(Some(PeriodSample {
             period_ns,
             vcpus,
@@ -883,6 +1007,33 @@ mod tests {
             b.account(0, period);
         }
         assert_eq!(b.level(), 0);
+    }
+
+    #[test]
+    fn the_measurement_window_covers_a_quiet_workload_whole_and_a_busy_one_briefly() {
+        const MS: u64 = 1_000_000;
+        let period = 100 * MS;
+        // 1,500 events in a whole period fit: measured throughout.
+        assert_eq!(Window::next_len(1_500, period, period), None);
+        // 200,000 events a second (20,000 a period): 2,000 of them take 10 ms.
+        assert_eq!(Window::next_len(20_000, period, period), Some(10 * MS));
+        // The same rate seen in a 10 ms window sizes the same window again.
+        assert_eq!(Window::next_len(2_000, 10 * MS, period), Some(10 * MS));
+        // Two million a second would give 1 ms; the window is never shorter than 5 ms.
+        assert_eq!(Window::next_len(200_000, period, period), Some(5 * MS));
+        // Nothing measured yet (no time covered): measure throughout.
+        assert_eq!(Window::next_len(0, 0, period), None);
+        let w = Window {
+            start_ns: 1_000 * MS,
+            len_ns: Some(10 * MS),
+        };
+        assert_eq!(w.covered_ns(1_004 * MS), 4 * MS);
+        assert_eq!(w.covered_ns(1_100 * MS), 10 * MS);
+        let whole = Window {
+            start_ns: 1_000 * MS,
+            len_ns: None,
+        };
+        assert_eq!(whole.covered_ns(1_100 * MS), 100 * MS);
     }
 
     #[test]

@@ -224,6 +224,20 @@ impl KernelSampler {
         }
     }
 
+    /// Opens the next measurement window (see sampler.bpf.c): scheduler events are measured
+    /// from `start_ns` (CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns) until `end_ns`, or
+    /// without end when `end_ns` is `None`.
+    pub fn open_window(&mut self, start_ns: u64, end_ns: Option<u64>) {
+        if let Some(bss) = self.skel.maps.bss_data.as_deref_mut() {
+            bss.window_start_ns = start_ns;
+        }
+        if let Some(data) = self.skel.maps.data_data.as_deref_mut() {
+            data.window_end_ns = end_ns.unwrap_or(u64::MAX);
+            // Last: the programs test this flag first, and the window must be set by then.
+            data.measuring = 1;
+        }
+    }
+
     /// Every possible CPU's cumulative counters, indexed by CPU id: one map lookup.
     pub fn read(&self) -> Result<Vec<CpuCounters>, Unavailable> {
         let values = self
