@@ -359,10 +359,12 @@ pub fn measure(
         let env = SettingEnv::enter(setting, wakee, cfg)?;
         let load_before = cpu_times(&proc, Some(wakee)).ok();
         for &gap_ns in &cfg.gaps_ns {
-            let point = run_point(setting, waker_cpu, wakee, gap_ns, cfg, |d| {
+            let mut point = run_point(setting, waker_cpu, wakee, gap_ns, cfg, |d| {
                 progress(done + d, total)
             })?;
             done += rounds;
+            // The report keeps the distribution, not every sample.
+            point.samples_ns = Vec::new();
             points.push(point);
         }
         if let (Some(before), Ok(after)) = (load_before, cpu_times(&proc, Some(wakee))) {
