@@ -279,7 +279,7 @@ fn manage_inner(
     tracing::info!(placement = %placement.kind(), allowed = %allowed, timeout_us = timeout.as_us_f64(), "managing workload");
 
     let mut policy_cfg = cfg.policy.clone();
-    policy_cfg.retention_timeout_ns = timeout.ns;
+    policy_cfg.retention_timeout = timeout;
     if policy_cfg.min_retain_idle_ns == 0 {
         policy_cfg.min_retain_idle_ns = costs.host_poll_ns;
     }

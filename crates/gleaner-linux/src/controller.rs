@@ -654,9 +654,7 @@ impl<'a> Controller<'a> {
         st.active = d.active.to_string();
         st.rho = d.rho;
         st.eta = d.eta;
-        st.retention_timeout = gleaner_policy::RetentionTimeout {
-            ns: d.retention_timeout_ns,
-        };
+        st.retention_timeout = d.retention_timeout;
         st.characteristics = d.characteristics;
         st.vcpus = sample
             .vcpus

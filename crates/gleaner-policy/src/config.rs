@@ -68,8 +68,10 @@ pub struct PolicyConfig {
     /// The guest scheduler's minimum time slice (condition (2)); the daemon reads the
     /// kernel's value when it can.
     pub min_time_slice_ns: u64,
-    /// Break-even retention hold; the daemon derives it from measured wake costs.
-    pub retention_timeout_ns: u64,
+    /// Break-even retention hold; the daemon derives it from measured wake costs. Written
+    /// `retention_timeout_ns = N` (nanoseconds).
+    #[serde(rename = "retention_timeout_ns", with = "crate::retention::as_ns")]
+    pub retention_timeout: RetentionTimeout,
     /// A relative drop of workload utilization this large after a change counts as a slowdown
     /// and undoes the change. Smaller values chase noise: run-to-run noise of one period here
     /// is a few percent.
@@ -113,7 +115,7 @@ impl Default for PolicyConfig {
             rho: 1.0,
             eta: 1.0,
             min_time_slice_ns: 3_000_000,
-            retention_timeout_ns: RetentionTimeout::default().ns,
+            retention_timeout: RetentionTimeout::default(),
             slowdown_threshold: 0.05,
             major_util_change: 0.20,
             major_vcpu_util: 0.90,
@@ -193,7 +195,7 @@ impl PolicyConfig {
                 fix: "use the guest's slice, e.g. 3000000",
             });
         }
-        if self.retention_timeout_ns == 0 {
+        if self.retention_timeout.ns == 0 {
             return Err(ConfigError::Invalid {
                 name: "retention_timeout_ns",
                 value: "0".into(),

@@ -61,7 +61,7 @@ pub struct Decision {
     pub rho: f64,
     pub eta: f64,
     /// The hold in force after adapting to steal.
-    pub retention_timeout_ns: u64,
+    pub retention_timeout: RetentionTimeout,
 }
 
 #[derive(Debug, Clone)]
@@ -195,9 +195,7 @@ impl Gleaner {
         Ok(Self {
             rho: cfg.rho,
             eta: cfg.eta,
-            timeout: RetentionTimeout {
-                ns: cfg.retention_timeout_ns,
-            },
+            timeout: cfg.retention_timeout,
             cfg,
             active: allowed.clone(),
             allowed,
@@ -399,7 +397,7 @@ impl Gleaner {
             characteristics: c,
             rho: self.rho,
             eta: self.eta,
-            retention_timeout_ns: timeout_ns,
+            retention_timeout: RetentionTimeout { ns: timeout_ns },
         }
     }
 

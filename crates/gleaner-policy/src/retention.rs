@@ -19,6 +19,22 @@ pub struct RetentionTimeout {
     pub ns: u64,
 }
 
+/// (De)serializes a [`RetentionTimeout`] as a bare number of nanoseconds, the form the
+/// configuration key `retention_timeout_ns` has always had:
+/// `#[serde(with = "gleaner_policy::retention::as_ns")]`.
+pub mod as_ns {
+    use super::RetentionTimeout;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(t: &RetentionTimeout, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(t.ns)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<RetentionTimeout, D::Error> {
+        u64::deserialize(d).map(|ns| RetentionTimeout { ns })
+    }
+}
+
 impl RetentionTimeout {
     /// A hold given in microseconds, the unit of the `retention_timeout_us` setting.
     pub fn from_us(us: u64) -> Self {

@@ -296,7 +296,7 @@ fn retention_turns_on_for_short_frequent_idles_and_off_when_workload_is_crowded(
         mode: Mode::Retention,
         settle_periods: 1,
         warmup_periods: 0,
-        retention_timeout_ns: 30_000,
+        retention_timeout: RetentionTimeout { ns: 30_000 },
         ..Default::default()
     };
     let mut g = Gleaner::new(cfg, Cpuset::first_n(2)).unwrap();
@@ -327,7 +327,7 @@ fn retention_stays_off_for_long_idle_periods_and_idle_workloads() {
         mode: Mode::Retention,
         settle_periods: 1,
         warmup_periods: 0,
-        retention_timeout_ns: 30_000,
+        retention_timeout: RetentionTimeout { ns: 30_000 },
         ..Default::default()
     };
     let mut g = Gleaner::new(cfg, Cpuset::first_n(2)).unwrap();
@@ -345,7 +345,7 @@ fn idle_periods_inside_the_host_poll_window_are_not_held() {
     let cfg = PolicyConfig {
         mode: Mode::Retention,
         warmup_periods: 0,
-        retention_timeout_ns: 30_000,
+        retention_timeout: RetentionTimeout { ns: 30_000 },
         min_retain_idle_ns: 100_000,
         ..Default::default()
     };
@@ -371,7 +371,7 @@ fn retention_that_slows_the_workload_is_undone_and_backs_off() {
         mode: Mode::Retention,
         settle_periods: 1,
         warmup_periods: 0,
-        retention_timeout_ns: 30_000,
+        retention_timeout: RetentionTimeout { ns: 30_000 },
         ..Default::default()
     };
     let mut g = Gleaner::new(cfg, Cpuset::first_n(2)).unwrap();

@@ -516,8 +516,8 @@ impl Scenario {
                 ));
             }
             if let Some(cfg) = &vm.gleaner {
-                if cfg.retention_timeout_ns
-                    != gleaner_policy::PolicyConfig::default().retention_timeout_ns
+                if cfg.retention_timeout
+                    != gleaner_policy::PolicyConfig::default().retention_timeout
                 {
                     return Err(bad(
                         f("gleaner.retention_timeout_ns"),

@@ -138,7 +138,7 @@ impl Sim {
         let gleaner = match cfg.guest {
             GuestPolicy::Retention | GuestPolicy::Gleaner => {
                 let mut pc: PolicyConfig = cfg.gleaner.clone().unwrap_or_default();
-                pc.retention_timeout_ns = hold;
+                pc.retention_timeout = gleaner_policy::RetentionTimeout { ns: hold };
                 pc.min_time_slice_ns = s.guest.slice.0;
                 if cfg.guest == GuestPolicy::Retention {
                     pc.mode = Mode::Retention;
