@@ -1,0 +1,176 @@
+
+use super::*;
+use gleaner_policy::LatencyHistogram;
+
+#[test]
+fn exited_processes_keep_counting_without_being_remembered() {
+    let mut s = Sampler::new(ProcFs::new("/proc"), "/nonexistent-sys", Cpuset::first_n(1));
+    let me = std::process::id();
+    let before = s.process_clocks(&[me]);
+    assert!(before > 0);
+    // The process is gone from the workload: its time stays in the total, not in the map.
+    let after = s.process_clocks(&[]);
+    assert_eq!(after, before);
+    assert!(s.clocks.is_empty());
+}
+
+#[test]
+fn kernel_counters_become_per_period_deltas_and_histograms_merge_over_vcpus() {
+    let mut before = vec![CpuCounters::default(), CpuCounters::default()];
+    before[1].work_ns = 1_000;
+    before[1].wake.halted.record(20_000);
+    let mut now = before.clone();
+    now[0].idle_entries = 5;
+    now[1].work_ns = 4_000;
+    now[1].wake.halted.record(40_000);
+    now[1].wake.polling.record(3_000);
+    let d0 = kernel_delta(&now, &before, 0);
+    let d1 = kernel_delta(&now, &before, 1);
+    assert_eq!((d0.idle_entries, d1.work_ns), (5, 3_000));
+    // Only the wake-ups of this period: the 20 µs one from before is gone.
+    assert_eq!((d1.wake.halted.count, d1.wake.halted.sum_ns), (1, 40_000));
+    assert_eq!(
+        d1.wake.halted.buckets[LatencyHistogram::bucket_of(20_000)],
+        0
+    );
+    assert_eq!(
+        d1.wake.halted.buckets[LatencyHistogram::bucket_of(40_000)],
+        1
+    );
+    let mut all = d0.wake.clone();
+    all.merge(&d1.wake);
+    assert_eq!(
+        (all.running.count, all.polling.count, all.halted.count),
+        (0, 1, 1)
+    );
+    // A CPU the program never reported (offline) reads as zero, not as an error.
+    assert_eq!(kernel_delta(&now, &before, 7), CpuCounters::default());
+    // Counters that went backwards (a reloaded program) give zero, not a huge number.
+    assert_eq!(kernel_delta(&before, &now, 0).idle_entries, 0);
+}
+
+#[test]
+fn procfs_budget_thins_reads_when_over_budget_and_recovers_when_cheap() {
+    let mut b = ProcfsBudget::new(0.005);
+    let period = 100_000_000;
+    assert_eq!(
+        (b.switch_stride(), b.runnable_window(), b.runnable_every()),
+        (1, 32, 1)
+    );
+    // 2 ms of sampling per 100 ms period is 2 %: four times over a 0.5 % budget.
+    for _ in 0..20 {
+        b.account(2_000_000, period);
+    }
+    assert!(b.level() >= 2, "level {}", b.level());
+    assert!(b.switch_stride() >= 4 && b.runnable_window() <= 8);
+    let thinned = b.level();
+    // Thinning made it cheap (50 µs per period, 0.05 %): it reads more again.
+    for _ in 0..40 {
+        b.account(50_000, period);
+    }
+    assert!(b.level() < thinned, "level {} after {}", b.level(), thinned);
+    // Never past the deepest level, never below zero.
+    for _ in 0..100 {
+        b.account(50_000_000, period);
+    }
+    assert_eq!(b.level(), MAX_THIN_LEVEL);
+    assert_eq!(b.runnable_window(), 4);
+    for _ in 0..200 {
+        b.account(0, period);
+    }
+    assert_eq!(b.level(), 0);
+}
+
+#[test]
+fn the_measurement_window_covers_a_quiet_workload_whole_and_a_busy_one_briefly() {
+    const MS: u64 = 1_000_000;
+    let period = 100 * MS;
+    // 1,500 events in a whole period fit: measured throughout.
+    assert_eq!(Window::next_len(1_500, period, period), None);
+    // 200,000 events a second (20,000 a period): 2,000 of them take 10 ms.
+    assert_eq!(Window::next_len(20_000, period, period), Some(10 * MS));
+    // The same rate seen in a 10 ms window sizes the same window again.
+    assert_eq!(Window::next_len(2_000, 10 * MS, period), Some(10 * MS));
+    // Two million a second would give 1 ms; the window is never shorter than 5 ms.
+    assert_eq!(Window::next_len(200_000, period, period), Some(5 * MS));
+    // Nothing measured yet (no time covered): measure throughout.
+    assert_eq!(Window::next_len(0, 0, period), None);
+    let w = Window {
+        start_ns: 1_000 * MS,
+        len_ns: Some(10 * MS),
+    };
+    assert_eq!(w.covered_ns(1_004 * MS), 4 * MS);
+    assert_eq!(w.covered_ns(1_100 * MS), 10 * MS);
+    let whole = Window {
+        start_ns: 1_000 * MS,
+        len_ns: None,
+    };
+    assert_eq!(whole.covered_ns(1_100 * MS), 100 * MS);
+}
+
+#[test]
+fn a_thinned_budget_wakes_the_controller_less_but_reads_run_states_as_often_as_planned() {
+    let mut b = ProcfsBudget::new(0.005);
+    assert_eq!(b.wakeups_per_period(10), 10);
+    for _ in 0..100 {
+        b.account(50_000_000, 100_000_000);
+    }
+    assert_eq!(b.level(), MAX_THIN_LEVEL);
+    // Ten slices a period at full rate; at the deepest level one wake-up a period, and
+    // run states every 2^6 = 64 slices, that is every 6th or 7th wake-up.
+    assert_eq!(b.wakeups_per_period(10), 1);
+    let mut s = Sampler::new(ProcFs::new("/proc"), "/nonexistent-sys", Cpuset::first_n(2));
+    s.budget = b;
+    let me = std::process::id();
+    let tids = [(me, me)];
+    let active = Cpuset::first_n(2);
+    let mut reads = 0;
+    for _ in 0..64 {
+        let before = s.crowded.1;
+        s.observe_runnable(&tids, &active, 10);
+        reads += s.crowded.1 - before;
+    }
+    assert_eq!(
+        reads, 10,
+        "64 wake-ups of 10 slices each: a read every 64 slices"
+    );
+}
+
+#[test]
+fn thinned_switch_counts_report_the_rate_over_the_periods_between_reads() {
+    let mut s = Sampler::new(ProcFs::new("/proc"), "/nonexistent-sys", Cpuset::first_n(1));
+    for _ in 0..20 {
+        s.budget.account(10_000_000, 100_000_000);
+    }
+    let stride = s.budget.switch_stride();
+    assert!(stride > 1);
+    let me = std::process::id();
+    let view = WorkloadView {
+        pids: vec![me],
+        tids: vec![(me, me)],
+        ..Default::default()
+    };
+    assert!(s.sample_procfs(0, &view, &[]).unwrap().is_none());
+    // Periods between reads carry the last measured rate, and the thread count.
+    let sample = s.sample_procfs(100_000_000, &view, &[]).unwrap().unwrap();
+    assert_eq!(sample.work_threads, 1);
+    assert_eq!(s.switch_periods, 1);
+}
+
+#[test]
+fn spreads_work_by_spare_busy_time() {
+    let mut v = vec![
+        VcpuSample {
+            cpu: 0,
+            ..Default::default()
+        },
+        VcpuSample {
+            cpu: 1,
+            ..Default::default()
+        },
+    ];
+    spread(90, &[20, 10], 1000, &mut v);
+    assert_eq!((v[0].work_ns, v[1].work_ns), (60, 30));
+    spread(5000, &[0, 0], 1000, &mut v);
+    assert_eq!((v[0].work_ns, v[1].work_ns), (1000, 1000));
+}
