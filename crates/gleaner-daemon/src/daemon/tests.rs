@@ -1,4 +1,3 @@
-
 use super::*;
 use gleaner_linux::cgroup::CgroupMounts;
 use std::os::unix::fs::PermissionsExt;

@@ -1,4 +1,3 @@
-
 use super::*;
 use gleaner_linux::status::VcpuStatus;
 use gleaner_policy::Characteristics;

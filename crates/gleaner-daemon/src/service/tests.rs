@@ -1,5 +1,7 @@
-
+use super::instances::tag_line;
+use super::targets::{has_tasks, resolve_in};
 use super::*;
+use gleaner_linux::{Detection, PlacementKind};
 use gleaner_policy::Mode;
 
 const FULL: &str = r#"

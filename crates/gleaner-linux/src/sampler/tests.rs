@@ -1,4 +1,3 @@
-
 use super::*;
 use gleaner_policy::LatencyHistogram;
 

@@ -1,4 +1,3 @@
-
 use super::*;
 use std::os::unix::process::ExitStatusExt;
 
