@@ -1,3 +1,4 @@
+use super::cost::MAX_THIN_LEVEL;
 use super::*;
 use gleaner_policy::LatencyHistogram;
 

@@ -1,0 +1,132 @@
+//! What the samplers may cost, and how they stay within it.
+//!
+//! Exists apart from the samplers because the cost rules are the same kind of decision for
+//! both, and pure: the procfs sampler thins its per-thread reads under a CPU budget
+//! ([`ProcfsBudget`]); the BPF sampler measures scheduler events in a window per period sized
+//! from their rate ([`Window`]). Both are tested here with made-up costs and rates.
+
+use super::RUNNABLE_WINDOW;
+
+/// Default CPU budget of the procfs sampler: 0.5 % of one CPU.
+pub const PROCFS_BUDGET_FRACTION: f64 = 0.005;
+
+/// Deepest thinning step: per-thread switches read every 2^6 = 64 periods.
+pub(super) const MAX_THIN_LEVEL: u32 = 6;
+
+/// Keeps the procfs sampler's own CPU time within a fraction of one CPU by thinning what it
+/// reads per thread: at level `L`, per-thread context switches are read every `2^L` periods
+/// (the rate measured over those periods is reported for each of them) and run states are
+/// sub-sampled at every `2^L`-th slice for `32 >> L` threads (at least 4). The level rises when
+/// the smoothed cost is over budget and falls when it is under a quarter of it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProcfsBudget {
+    /// Allowed sampling CPU as a fraction of one CPU.
+    pub fraction: f64,
+    level: u32,
+    /// Smoothed sampling CPU per period, as a fraction of the period.
+    cost: f64,
+}
+
+impl ProcfsBudget {
+    pub fn new(fraction: f64) -> Self {
+        Self {
+            fraction,
+            level: 0,
+            cost: 0.0,
+        }
+    }
+
+    pub fn level(&self) -> u32 {
+        self.level
+    }
+
+    /// Smoothed cost as a fraction of one CPU.
+    pub fn cost_fraction(&self) -> f64 {
+        self.cost
+    }
+
+    /// Per-thread switch counts are read every this many periods.
+    pub fn switch_stride(&self) -> u64 {
+        1 << self.level
+    }
+
+    /// Threads whose run state one sub-sample reads.
+    pub fn runnable_window(&self) -> usize {
+        (RUNNABLE_WINDOW >> self.level).max(4)
+    }
+
+    /// Run states are read at every this-many-th sub-sample slice (of the full-rate
+    /// schedule, `n` slices a period).
+    pub fn runnable_every(&self) -> u32 {
+        1 << self.level
+    }
+
+    /// Controller wake-ups per period for run-state sub-samples, out of `n` at full rate.
+    /// The controller sleeps through the slices in which nothing would be read: every
+    /// wake-up is a vCPU wake-up, and at the deepest level waking for each of ten slices a
+    /// period only to skip them cost more than the reads (perf: a third of Gleaner's CPU).
+    pub fn wakeups_per_period(&self, n: u32) -> u32 {
+        (n >> self.level).max(1)
+    }
+
+    /// Takes one period's sampling CPU time and adapts the level.
+    pub fn account(&mut self, cost_ns: u64, period_ns: u64) {
+        let now = cost_ns as f64 / period_ns.max(1) as f64;
+        // First period: take it as is; then smooth over about four periods.
+        self.cost = if self.cost == 0.0 {
+            now
+        } else {
+            0.75 * self.cost + 0.25 * now
+        };
+        if self.cost > self.fraction && self.level < MAX_THIN_LEVEL {
+            self.level += 1;
+            // The new level's cost is not known yet: judge it afresh.
+            self.cost /= 2.0;
+        } else if self.cost < self.fraction / 4.0 && self.level > 0 {
+            self.level -= 1;
+            self.cost *= 2.0;
+        }
+    }
+}
+
+/// Scheduler events the BPF sampler measures per period at most: the measurement window is
+/// sized from the last period's event rate so that no more fall into it. 2,000 events of
+/// about 150 ns are 0.3 ms of a 100 ms period: a workload with fewer is measured throughout,
+/// a ping-pong at 200,000 hand-offs a second for a few milliseconds of each period.
+pub const WINDOW_EVENTS: u64 = 2_000;
+
+/// The shortest window, as a fraction of the period: below it the sample of wake-ups in a
+/// period becomes too small to say anything about that period.
+const MIN_WINDOW_FRACTION: u64 = 20;
+
+/// The BPF sampler's measurement window for the current period.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Window {
+    /// When it opened (CLOCK_MONOTONIC ns).
+    pub start_ns: u64,
+    /// How long it lasts; `None`: until the next period, every event measured.
+    pub len_ns: Option<u64>,
+}
+
+impl Window {
+    /// The part of a period from `start_ns` to `now_ns` that the window covered.
+    pub fn covered_ns(&self, now_ns: u64) -> u64 {
+        let elapsed = now_ns.saturating_sub(self.start_ns);
+        self.len_ns.map_or(elapsed, |l| l.min(elapsed))
+    }
+
+    /// The next window's length, from `events` seen in `covered_ns` of measuring, for a
+    /// period of `period_ns`: the whole period when that many events fit in
+    /// [`WINDOW_EVENTS`], else the time in which that many are expected.
+    pub fn next_len(events: u64, covered_ns: u64, period_ns: u64) -> Option<u64> {
+        if covered_ns == 0 {
+            return None;
+        }
+        let expected = events as u128 * period_ns as u128 / covered_ns as u128;
+        if expected <= WINDOW_EVENTS as u128 {
+            return None;
+        }
+        let len = (WINDOW_EVENTS as u128 * covered_ns as u128 / events.max(1) as u128) as u64;
+        Some(len.clamp(period_ns / MIN_WINDOW_FRACTION, period_ns))
+    }
+}
