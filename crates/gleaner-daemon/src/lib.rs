@@ -14,6 +14,7 @@ pub mod notify;
 pub mod probe;
 pub mod service;
 pub mod status;
+pub mod unit;
 
 /// `println!` that ignores a closed pipe. Gleaner manages a workload while its output may be
 /// piped into something that exits early (`gleaner run … | head -1`): `println!` would panic on

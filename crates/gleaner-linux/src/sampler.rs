@@ -500,19 +500,7 @@ impl Sampler {
                 idle_entries: entries1.saturating_sub(entries0),
             });
         }
-        match (&snap.percpu_work, &prev.percpu_work) {
-            (Some(now), Some(before)) => {
-                for v in &mut vcpus {
-                    let a = now.get(v.cpu).copied().unwrap_or(0);
-                    let b = before.get(v.cpu).copied().unwrap_or(0);
-                    v.work_ns = a.saturating_sub(b).min(period_ns);
-                }
-            }
-            _ => {
-                let total = snap.work_total_ns.saturating_sub(prev.work_total_ns);
-                spread(total, &spare, period_ns, &mut vcpus);
-            }
-        }
+        work_between(&prev, &snap, &spare, period_ns, &mut vcpus);
         let runnable_wait =
             (crowded.1 > 0).then(|| period_ns * crowded.0 as u64 / crowded.1 as u64);
         Ok(Some(PeriodSample {
@@ -548,26 +536,17 @@ impl Sampler {
         let stat = self.procfs.stat()?;
         let now_retention: HashMap<usize, RetentionCounters> = retention.iter().copied().collect();
         let prev_counters = std::mem::replace(&mut self.kernel_prev, counters);
-        let steal_now: Vec<u64> = self
+        // Per vCPU: (idle, entries: from the program), steal and busy time from /proc/stat.
+        let cpus: Vec<(u64, u64, u64, u64)> = self
             .cpus
             .iter()
             .map(|c| {
                 stat.per_cpu
                     .iter()
                     .find(|p| p.cpu == c)
-                    .map(|p| p.times.steal_ns)
-                    .unwrap_or(0)
-            })
-            .collect();
-        let busy_now: Vec<u64> = self
-            .cpus
-            .iter()
-            .map(|c| {
-                stat.per_cpu
-                    .iter()
-                    .find(|p| p.cpu == c)
-                    .map(|p| p.times.busy_ns())
-                    .unwrap_or(0)
+                    .map_or((0, 0, 0, 0), |p| {
+                        (0, 0, p.times.steal_ns, p.times.busy_ns())
+                    })
             })
             .collect();
         // Outside its measurement windows the program does not follow switches, so the
@@ -579,11 +558,7 @@ impl Sampler {
             self.process_clocks(&work.pids)
         };
         let snap = Snapshot {
-            cpus: steal_now
-                .iter()
-                .zip(&busy_now)
-                .map(|(&s, &b)| (0, 0, s, b))
-                .collect(),
+            cpus,
             retention: now_retention,
             percpu_work: work.percpu_work_ns.clone(),
             work_total_ns,
@@ -639,19 +614,7 @@ impl Sampler {
             let scale = |x: u64| (x as u128 * period_ns as u128 / covered_ns as u128) as u64;
             switches = scale(switches);
             crowded_ns = scale(crowded_ns);
-            match (&snap.percpu_work, &prev.percpu_work) {
-                (Some(now), Some(before)) => {
-                    for v in &mut vcpus {
-                        let a = now.get(v.cpu).copied().unwrap_or(0);
-                        let b = before.get(v.cpu).copied().unwrap_or(0);
-                        v.work_ns = a.saturating_sub(b).min(period_ns);
-                    }
-                }
-                _ => {
-                    let total = snap.work_total_ns.saturating_sub(prev.work_total_ns);
-                    spread(total, &spare, period_ns, &mut vcpus);
-                }
-            }
+            work_between(&prev, &snap, &spare, period_ns, &mut vcpus);
         }
         self.wake_total.merge(&wake);
         self.kernel_events = self.kernel_prev.iter().map(|c| c.events).sum();
@@ -781,6 +744,31 @@ fn poll_state_index(sysfs: &SysFs, cpu: usize) -> Option<usize> {
         .map_while(|i| sysfs.cpuidle_state_name(cpu, i).ok().map(|name| (i, name)))
         .find(|(_, name)| name == "POLL")
         .map(|(i, _)| i)
+}
+
+/// The workload's CPU time per vCPU between two snapshots: the cgroup's per-CPU usage where
+/// the placement has one, else the processes' total spread over the vCPUs' busy time
+/// (`spare`: busy minus retention, per vCPU).
+fn work_between(
+    prev: &Snapshot,
+    now: &Snapshot,
+    spare: &[u64],
+    period_ns: u64,
+    vcpus: &mut [VcpuSample],
+) {
+    match (&now.percpu_work, &prev.percpu_work) {
+        (Some(after), Some(before)) => {
+            for v in vcpus.iter_mut() {
+                let a = after.get(v.cpu).copied().unwrap_or(0);
+                let b = before.get(v.cpu).copied().unwrap_or(0);
+                v.work_ns = a.saturating_sub(b).min(period_ns);
+            }
+        }
+        _ => {
+            let total = now.work_total_ns.saturating_sub(prev.work_total_ns);
+            spread(total, spare, period_ns, vcpus);
+        }
+    }
 }
 
 /// Spreads `total` workload ns over vCPUs in proportion to their non-retention busy time,

@@ -528,22 +528,15 @@ fn daemon_manages_a_real_cgroup_and_its_metrics_move_with_the_workload() {
 /// daemon: the capability bounding set named there, no inheritable or ambient capabilities,
 /// no new privileges. Read from the unit file, so the test follows any change to it.
 fn unit_capabilities() -> Vec<String> {
-    let unit = include_str!("../../../packaging/gleaner.service");
-    let caps: Vec<String> = unit
-        .lines()
-        .filter_map(|l| l.strip_prefix("CapabilityBoundingSet="))
-        .flat_map(|l| l.split_whitespace())
-        .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase()))
-        .collect();
-    assert!(!caps.is_empty(), "the unit names no CapabilityBoundingSet");
+    let unit = gleaner_daemon::unit::UNIT;
+    assert!(
+        unit.lines()
+            .any(|l| l.starts_with("CapabilityBoundingSet=")),
+        "the unit names no CapabilityBoundingSet"
+    );
     assert!(unit.lines().any(|l| l == "NoNewPrivileges=yes"));
     assert!(unit.lines().any(|l| l == "AmbientCapabilities="));
-    vec![
-        "setpriv".into(),
-        format!("--bounding-set=-all,{}", caps.join(",")),
-        "--inh-caps=-all".into(),
-        "--no-new-privs".into(),
-    ]
+    gleaner_daemon::unit::setpriv_args()
 }
 
 fn setpriv_works() -> bool {

@@ -5,23 +5,6 @@ use std::os::unix::fs::PermissionsExt;
 /// Set in the copy of this test that runs under the unit's capabilities.
 const UNDER_UNIT_CAPS: &str = "GLEANER_TEST_UNDER_UNIT_CAPS";
 
-/// `setpriv` with exactly the capability bounding set of packaging/gleaner.service.
-fn unit_setpriv() -> Vec<String> {
-    let unit = include_str!("../../../../packaging/gleaner.service");
-    let caps: Vec<String> = unit
-        .lines()
-        .filter_map(|l| l.strip_prefix("CapabilityBoundingSet="))
-        .flat_map(|l| l.split_whitespace())
-        .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase()))
-        .collect();
-    vec![
-        "setpriv".into(),
-        format!("--bounding-set=-all,{}", caps.join(",")),
-        "--inh-caps=-all".into(),
-        "--no-new-privs".into(),
-    ]
-}
-
 /// A fake cgroup v2 tree like a real one: the root read-only (0555) and a cgroup whose
 /// cpuset.cpus its owner may write (0644). Run as root, the test runs itself again under
 /// the unit's capabilities (no CAP_DAC_OVERRIDE), where the root is not writable either;
@@ -30,7 +13,7 @@ fn unit_setpriv() -> Vec<String> {
 fn an_existing_cgroup_is_judged_by_its_own_files_not_the_hierarchy_root() {
     let is_root = crate::config::is_root();
     if is_root && std::env::var_os(UNDER_UNIT_CAPS).is_none() {
-        let sp = unit_setpriv();
+        let sp = crate::unit::setpriv_args();
         let exe = std::env::current_exe().unwrap();
         let out = Command::new(&sp[0])
                 .args(&sp[1..])
