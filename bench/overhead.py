@@ -8,7 +8,7 @@ Three parts, each recording the commit, cpuidle driver, kernel and load average:
   within 1 %. Workloads: fine pipeline, ping-pong, `sysbench threads` (fixed events; skipped
   without sysbench) and a 160-thread messaging workload over sockets and over pipes
   (`perf bench sched messaging -t -g 4`, 4 groups of 20 senders + 20 receivers; skipped
-  without perf).
+  without perf), and the same pattern as `gleaner workload messaging` (no perf needed).
 * **self-cpu** — Gleaner's own CPU (utime+stime of the gleaner process, read from /proc while
   it runs, the first second left out) as a fraction of one CPU, with 1,000 busy threads and with
   ping-pong's ~100,000+ context switches per second. Target: ≤ 0.5 %. Run for each sampler.
@@ -45,6 +45,8 @@ def wall_workloads(gleaner: str) -> dict[str, list[str]]:
     w = {
         "pipeline-fine": [gleaner, "workload", "pipeline", "--work", "500", "--items", "300000"],
         "pingpong": [gleaner, "workload", "pingpong", "--rounds", "200000"],
+        # hackbench's pattern without perf: 4 groups of 20 senders + 20 receivers on sockets.
+        "messaging-160": [gleaner, "workload", "messaging", "--groups", "4", "--pairs", "20", "--loops", "1000"],
     }
     if shutil.which("sysbench"):
         w["sysbench-threads"] = ["sysbench", "threads", "--threads=8", "--thread-locks=2", "--events=20000", "--time=0", "run"]

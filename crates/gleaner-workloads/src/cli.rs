@@ -12,6 +12,7 @@ use clap::{Args, Subcommand};
 use crate::barrier::{barrier, BarrierConfig};
 use crate::freqsleep::{freqsleep, FreqsleepConfig};
 use crate::matmul::{matmul, MatmulConfig, MAX_MATMUL_SIZE};
+use crate::messaging::{messaging, MessagingConfig};
 use crate::mutex::{mutex, MutexConfig};
 use crate::phase::{parse_duration_arg, Length, PhaseSpec, PhaseSpecError, FINE_WORK};
 use crate::pingpong::{pingpong, PingpongConfig};
@@ -46,6 +47,9 @@ pub enum WorkloadCommand {
     Barrier(BarrierArgs),
     /// Two threads bouncing a token through a futex; reports round-trip latency
     Pingpong(PingpongArgs),
+    /// hackbench-like: groups of senders and receivers exchanging 100-byte messages over
+    /// Unix sockets (160 threads by default)
+    Messaging(MessagingArgs),
     /// CPU-bound integer matrix multiply co-runner (never blocks)
     Matmul(MatmulArgs),
     /// Every thread calls nanosleep(1 ns) in a loop (idle/wakeup churn co-runner)
@@ -150,6 +154,22 @@ pub struct PingpongArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct MessagingArgs {
+    /// Groups of senders and receivers
+    #[arg(long, default_value_t = 4, value_parser = RangedU64ValueParser::<usize>::new().range(1..=1_000))]
+    pub groups: usize,
+    /// Senders per group, and receivers per group (each sender writes to every receiver)
+    #[arg(long, default_value_t = 20, value_parser = RangedU64ValueParser::<usize>::new().range(1..=1_000))]
+    pub pairs: usize,
+    /// Messages each sender sends each receiver of its group
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "duration")]
+    pub loops: u64,
+    /// Send for this long instead of a fixed number of loops (seconds, or e.g. 500ms)
+    #[arg(long, value_parser = parse_duration_arg)]
+    pub duration: Option<Duration>,
+}
+
+#[derive(Debug, Args)]
 pub struct MatmulArgs {
     /// Worker threads [default: number of CPUs]
     #[arg(long, value_parser = threads_parser())]
@@ -249,6 +269,19 @@ impl PingpongArgs {
     }
 }
 
+impl MessagingArgs {
+    pub fn to_config(&self) -> MessagingConfig {
+        let length = self
+            .duration
+            .map_or(Length::Count(self.loops), Length::Duration);
+        MessagingConfig {
+            groups: self.groups,
+            pairs: self.pairs,
+            length,
+        }
+    }
+}
+
 impl MatmulArgs {
     pub fn to_config(&self) -> MatmulConfig {
         let length = match (self.reps, self.duration) {
@@ -279,6 +312,7 @@ pub fn run_workload(command: &WorkloadCommand) -> anyhow::Result<Report> {
         WorkloadCommand::Mutex(args) => mutex(&args.to_config()?)?,
         WorkloadCommand::Barrier(args) => barrier(&args.to_config()?)?,
         WorkloadCommand::Pingpong(args) => pingpong(&args.to_config())?,
+        WorkloadCommand::Messaging(args) => messaging(&args.to_config())?,
         WorkloadCommand::Matmul(args) => matmul(&args.to_config())?,
         WorkloadCommand::Freqsleep(args) => freqsleep(&args.to_config())?,
     };

@@ -26,6 +26,8 @@ pub enum WorkloadError {
         operation: &'static str,
         source: io::Error,
     },
+    #[error("cannot {what}: {source}; raise the open-file limit (ulimit -n) or use fewer --groups/--pairs")]
+    Io { what: String, source: io::Error },
     #[error("pingpong partner thread stopped early; see its error")]
     PartnerStopped,
     #[error("pingpong sent {sent} round trips but {returned} came back; this is a bug in gleaner-workloads")]

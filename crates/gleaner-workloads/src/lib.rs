@@ -13,6 +13,7 @@
 //! | `mutex`     | threads contending for a few mutexes                      |
 //! | `barrier`   | streamcluster: bulk-synchronous episodes on a barrier     |
 //! | `pingpong`  | a token bounced through a raw futex; round-trip latency   |
+//! | `messaging` | hackbench: sender/receiver groups over Unix sockets       |
 //! | `matmul`    | CPU-bound co-runner that never blocks                     |
 //! | `freqsleep` | nanosleep(1 ns) loop on every CPU                         |
 //!
@@ -31,6 +32,7 @@ mod harness;
 pub mod hash;
 mod latency;
 mod matmul;
+mod messaging;
 mod mutex;
 pub mod phase;
 mod pingpong;
@@ -39,13 +41,14 @@ mod report;
 
 pub use barrier::{barrier, BarrierConfig};
 pub use cli::{
-    run, run_workload, BarrierArgs, BarrierPhases, FreqsleepArgs, MatmulArgs, MutexArgs,
-    PingpongArgs, PipelineArgs, WorkloadArgs, WorkloadCommand,
+    run, run_workload, BarrierArgs, BarrierPhases, FreqsleepArgs, MatmulArgs, MessagingArgs,
+    MutexArgs, PingpongArgs, PipelineArgs, WorkloadArgs, WorkloadCommand,
 };
 pub(crate) use error::require_positive;
 pub use error::WorkloadError;
 pub use freqsleep::{freqsleep, FreqsleepConfig};
 pub use matmul::{matmul, MatmulConfig, MAX_MATMUL_SIZE};
+pub use messaging::{messaging, MessagingConfig, MESSAGE_BYTES};
 pub use mutex::{mutex, MutexConfig};
 pub use phase::{Length, Phase, PhaseSpec, PhaseSpecError};
 pub use pingpong::{pingpong, PingpongConfig};
