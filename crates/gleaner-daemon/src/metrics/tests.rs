@@ -1,6 +1,10 @@
 use super::*;
 use gleaner_linux::status::VcpuStatus;
 use gleaner_policy::Characteristics;
+use serve::MAX_REQUEST;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
 
 fn sample_status() -> InstanceStatus {
     InstanceStatus {
