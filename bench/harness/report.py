@@ -82,7 +82,8 @@ def markdown(results: dict) -> str:
                  f"{results['reps']} repetitions per configuration, interleaved.")
     lines.append("")
     host = results["host"]
-    lines.append(f"Host: {host['nproc']} vCPUs, kernel {host['kernel']}, cpuidle driver `{host['cpuidle_driver']}`.")
+    lines.append(f"Host: {host['nproc']} vCPUs, kernel {host['kernel']}, cpuidle driver `{host['cpuidle_driver']}`; "
+                 f"commit `{host.get('commit', 'not recorded')}`.")
     load = results["load"]
     if load["warning"]:
         lines.append(f"**WARNING: 1-minute load average was {load['before'][0]:.2f} (> {load['threshold']}) "

@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -77,11 +78,25 @@ def config_statuses(options: Options) -> tuple[list[Config], list[dict]]:
 
 def host_info(haltpoll: HaltpollStatus) -> dict:
     return {
+        "commit": source_commit(),
         "nproc": os.cpu_count(),
         "kernel": platform.release(),
         "cpuidle_driver": haltpoll.driver,
         "python": platform.python_version(),
     }
+
+
+def source_commit() -> str:
+    """The commit the suite measures, marked `-dirty` when the work tree has uncommitted changes
+    to tracked files (then the commit alone does not say what was built)."""
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    commit = git("rev-parse", "HEAD") or "unknown"
+    return commit + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def measure_once(

@@ -35,7 +35,7 @@ def results():
         entry["summary"] = report.summarise_workload(entry, ["baseline", "gleaner"])
     return {
         "suite": "quick", "started": "2026-01-01T00:00:00", "finished": "2026-01-01T00:05:00", "reps": 3,
-        "host": {"nproc": 2, "kernel": "6.18", "cpuidle_driver": "none"},
+        "host": {"nproc": 2, "kernel": "6.18", "cpuidle_driver": "none", "commit": "abc123-dirty"},
         "load": {"before": [0.9, 0.5, 0.2], "threshold": 0.3, "warning": "busy"},
         "idle_source": "timer_list",
         "configs": [
@@ -75,6 +75,7 @@ def test_markdown_table_rows_and_warnings(results):
     assert "sysbench-threads / gleaner rep 1: exit status 1: boom" in text
     assert "Only 3 repetition(s)" in text
     assert "| sysbench-threads | 25.0 | 2.50 |" in text
+    assert "commit `abc123-dirty`" in text
 
 
 def test_markdown_quiet_machine_has_no_warning(results):
@@ -83,3 +84,11 @@ def test_markdown_quiet_machine_has_no_warning(results):
     text = report.markdown(results)
     assert "WARNING" not in text and "Only" not in text
     assert "1-minute load average before the suite: 0.05." in text
+
+
+def test_suite_records_the_commit_it_measured():
+    from harness import runner
+
+    commit = runner.source_commit()
+    # This test runs inside the repository: a 40-hex commit, marked when the tree is dirty.
+    assert len(commit.removesuffix("-dirty")) == 40, commit
