@@ -205,6 +205,10 @@ fn manage_inner(
     }
     let costs = wake_costs(cfg, state_dir);
     let timeout = costs.timeout;
+    // Before the workload starts (see `Sampler::prepare`): loading the BPF side then costs the
+    // workload nothing, and the sampler sees it from its first instruction.
+    let prepared = Sampler::prepare(Path::new("/sys"), cfg.sampler.preference())
+        .map_err(|why| anyhow!("--sampler bpf: {why}; use --sampler auto to fall back to /proc"))?;
 
     let mut child: Option<Child> = None;
     let mut placement: Box<dyn Placement> = match (&target, kind) {
@@ -332,13 +336,7 @@ fn manage_inner(
         retention_backend: retention_name,
         retention_timeout_source: costs.source.clone(),
     };
-    let sampler = Sampler::open(
-        ProcFs::new("/proc"),
-        "/sys",
-        allowed.clone(),
-        cfg.sampler.preference(),
-    )
-    .map_err(|why| anyhow!("--sampler bpf: {why}; use --sampler auto to fall back to /proc"))?;
+    let sampler = Sampler::from_prepared(ProcFs::new("/proc"), "/sys", allowed.clone(), prepared);
 
     let exited: Cell<Option<ExitStatus>> = Cell::new(None);
     let child_cell = std::cell::RefCell::new(child);

@@ -36,7 +36,7 @@
 //!   per sub-sample. It cannot time wake-ups at all.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use gleaner_policy::{Cpuset, PeriodSample, VcpuSample, WakeLatencies};
 
@@ -140,6 +140,12 @@ pub use cost::{ProcfsBudget, Window, PROCFS_BUDGET_FRACTION, WINDOW_EVENTS};
 /// for workloads with hundreds of threads.
 const RUNNABLE_WINDOW: usize = 32;
 
+/// A sampler's kernel side, loaded before its workload is known ([`Sampler::prepare`]);
+/// `None` where the procfs sampler will run.
+pub struct PreparedSampler {
+    kernel: Option<KernelSampler>,
+}
+
 pub struct Sampler {
     procfs: ProcFs,
     cpus: Cpuset,
@@ -228,28 +234,58 @@ impl Sampler {
         preference: SamplerPreference,
     ) -> std::result::Result<Self, Unavailable> {
         let sys_root = sys_root.into();
+        let prepared = Self::prepare(&sys_root, preference)?;
+        Ok(Self::from_prepared(procfs, sys_root, cpus, prepared))
+    }
+
+    /// Loads and attaches the sampler's kernel side, as [`Sampler::open`] would, before the
+    /// workload is known. `gleaner run` does this before it starts the workload: the BPF
+    /// verifier's tens of milliseconds of CPU then do not compete with the workload's first
+    /// moments, and the sampler sees the workload from its first instruction. The kernel side
+    /// does not depend on the workload's vCPUs: the POLL state's index is the same on every
+    /// CPU, so it is read from the first online one.
+    pub fn prepare(
+        sys_root: &Path,
+        preference: SamplerPreference,
+    ) -> std::result::Result<PreparedSampler, Unavailable> {
         if preference == SamplerPreference::Procfs {
-            return Ok(Self::new(procfs, sys_root, cpus));
+            return Ok(PreparedSampler { kernel: None });
         }
-        let sysfs = SysFs::new(&sys_root);
-        let first = cpus.iter().next().unwrap_or(0);
+        let sysfs = SysFs::new(sys_root);
+        let online = sysfs.online_cpus().ok();
+        let first = online.as_ref().and_then(|c| c.iter().next()).unwrap_or(0);
         let poll_state = poll_state_index(&sysfs, first);
         let nr_cpus = sysfs
             .possible_cpus()
             .ok()
+            .or(online)
             .and_then(|p| p.iter().max())
-            .map(|m| m + 1)
-            .unwrap_or(cpus.iter().max().unwrap_or(0) + 1);
-        match KernelSampler::load(&sys_root, poll_state, nr_cpus) {
+            .map_or(1, |m| m + 1);
+        match KernelSampler::load(sys_root, poll_state, nr_cpus) {
             Ok(kernel) => {
                 tracing::debug!(poll_state = ?poll_state, "BPF sampler loaded");
-                Ok(Self::with(procfs, cpus, None, Some(kernel)))
+                Ok(PreparedSampler {
+                    kernel: Some(kernel),
+                })
             }
             Err(why) if preference == SamplerPreference::Auto => {
                 tracing::info!("sampling from /proc (no wake-latency histogram, CPU budget {:.1} % of one CPU): {why}", PROCFS_BUDGET_FRACTION * 100.0);
-                Ok(Self::new(procfs, sys_root, cpus))
+                Ok(PreparedSampler { kernel: None })
             }
             Err(why) => Err(why),
+        }
+    }
+
+    /// The sampler for the workload on `cpus`, from what [`Sampler::prepare`] loaded.
+    pub fn from_prepared(
+        procfs: ProcFs,
+        sys_root: impl Into<PathBuf>,
+        cpus: Cpuset,
+        prepared: PreparedSampler,
+    ) -> Self {
+        match prepared.kernel {
+            Some(kernel) => Self::with(procfs, cpus, None, Some(kernel)),
+            None => Self::new(procfs, sys_root, cpus),
         }
     }
 
