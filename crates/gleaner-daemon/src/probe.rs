@@ -259,6 +259,13 @@ fn render_report(r: &ProbeReport) -> String {
     for s in &r.skipped {
         let _ = writeln!(out, "skipped:   {}: {}", s.setting.label(), s.reason);
     }
+    if let Some(ns) = r.crossing_ns {
+        let _ = writeln!(
+            out,
+            "crossing:  a system call's entry and return (FUTEX_WAKE, no waiter) p50 {}: in these latencies, not in the live ones (sched_waking to running)",
+            fmt_ns(ns)
+        );
+    }
     if let Some(steal) = &r.steal {
         let _ = writeln!(
             out,

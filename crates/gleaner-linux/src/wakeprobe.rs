@@ -264,6 +264,10 @@ pub struct ProbeReport {
     pub steal: Option<StealReport>,
     pub wakee_load: Vec<WakeeLoad>,
     pub derived_timeout: Option<DerivedTimeout>,
+    /// Median cost of a system call crossing on the waker's vCPU (a `FUTEX_WAKE` that wakes
+    /// nobody): the probe's user-level clock includes about one, an in-kernel one does not.
+    #[serde(default)]
+    pub crossing_ns: Option<u64>,
     pub duration_ms: u64,
 }
 
@@ -383,6 +387,7 @@ pub fn measure(
         _ => None,
     };
     let derived_timeout = derive_timeout(&points);
+    let crossing_ns = crossing_ns(waker_cpu).ok();
     Ok(ProbeReport {
         machine,
         waker_cpu,
@@ -393,6 +398,7 @@ pub fn measure(
         steal,
         wakee_load,
         derived_timeout,
+        crossing_ns,
         duration_ms: started.elapsed().as_millis() as u64,
     })
 }
@@ -527,7 +533,7 @@ fn open_poll(cfg: &ProbeConfig, cpu: usize) -> crate::Result<PollRetention> {
 }
 
 mod point;
-use point::{run_point, SettingEnv};
+use point::{crossing_ns, run_point, SettingEnv};
 
 /// The aggregate times (`cpu: None`) or one CPU's times from /proc/stat.
 fn cpu_times(proc: &ProcFs, cpu: Option<usize>) -> crate::Result<CpuTimes> {

@@ -286,3 +286,25 @@ fn futex_wait(word: &AtomicU32, expected: u32, timeout_ns: u64) {
 fn futex_wake(word: &AtomicU32) {
     let _ = futex::wake(word, u32::MAX);
 }
+
+/// Wakes of an unwaited futex timed to find the user↔kernel crossing cost.
+const CROSSING_SAMPLES: usize = 2_000;
+
+/// Median time, on `cpu`, of a `FUTEX_WAKE` that wakes nobody: a system call's entry and
+/// return plus the futex lookup. The probe's clock runs from before the waker's `FUTEX_WAKE`
+/// to the wakee's return to user space, so it includes about one such crossing that an
+/// in-kernel clock (the BPF sampler's, `sched_waking` to switch-in) does not; comparing the
+/// two needs this number.
+pub(super) fn crossing_ns(cpu: usize) -> Result<u64, ProbeError> {
+    let _pinned = CallerPinned::pin(cpu)?;
+    let word = AtomicU32::new(0);
+    let mut samples: Vec<u64> = (0..CROSSING_SAMPLES)
+        .map(|_| {
+            let t0 = now_ns();
+            futex_wake(&word);
+            now_ns().saturating_sub(t0)
+        })
+        .collect();
+    samples.sort_unstable();
+    Ok(samples[samples.len() / 2])
+}

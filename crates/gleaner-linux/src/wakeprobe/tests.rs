@@ -282,6 +282,12 @@ fn short_real_run() {
         .as_ref()
         .is_some_and(|s| (0.0..=1.0).contains(&s.fraction)));
     assert_eq!(report.derived_timeout.is_some(), report.wakee_cpu.is_some());
+    // A system call's crossing is measured, and is far below any wake-up measured here.
+    let crossing = report.crossing_ns.unwrap();
+    assert!(
+        crossing > 0 && crossing < report.points[0].latency.p99_ns.max(1_000_000),
+        "{crossing}"
+    );
     assert_eq!(report.wakee_load.len(), expected.len());
     assert!(report
         .wakee_load
