@@ -34,6 +34,11 @@ impl Daemon {
 
     /// Started through `wrapper` (e.g. `setpriv` with the unit's capabilities).
     fn start_as(wrapper: &[String], config: &Path) -> Daemon {
+        Daemon::start_with(wrapper, &[], config)
+    }
+
+    /// Started through `wrapper`, with `env` added to its environment.
+    fn start_with(wrapper: &[String], env: &[(&str, String)], config: &Path) -> Daemon {
         let mut cmd = match wrapper.split_first() {
             Some((first, rest)) => {
                 let mut c = Command::new(first);
@@ -46,6 +51,7 @@ impl Daemon {
             .args(["daemon", "--config"])
             .arg(config)
             .env("GLEANER_LOG", "info")
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -825,4 +831,86 @@ fn json_logs_are_json_throughout() {
         lines.iter().any(|l| l.contains("gleaner guard")),
         "no line from the guard:\n{text}"
     );
+}
+
+/// What systemd sees of a `Type=notify` service with `WatchdogSec=`, short of running under
+/// systemd (this test machine's PID 1 is not systemd): the daemon is started with the
+/// environment systemd gives it, a datagram socket standing in for systemd's, and must
+/// announce readiness, feed the watchdog at half its interval, announce a reload and its end,
+/// and announce stopping on SIGTERM.
+#[test]
+fn daemon_speaks_systemds_notify_protocol() {
+    use std::os::unix::net::UnixDatagram;
+    let dir = tempfile::tempdir().unwrap();
+    let socket_path = dir.path().join("notify.sock");
+    let socket = UnixDatagram::bind(&socket_path).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let config = dir.path().join("gleaner.toml");
+    write_config(
+        &config,
+        &format!(
+            "state_dir = \"{}\"\nretention_timeout_us = 100\n[metrics]\nlisten = \"127.0.0.1:0\"\n",
+            dir.path().join("state").display()
+        ),
+    );
+    // WatchdogSec=0.4s: pings are due every 0.2 s.
+    let env = [
+        ("NOTIFY_SOCKET", socket_path.display().to_string()),
+        ("WATCHDOG_USEC", "400000".to_string()),
+    ];
+    let mut daemon = Daemon::start_with(&[], &env, &config);
+    let mut seen: Vec<String> = Vec::new();
+    let mut collect_until =
+        |seen: &mut Vec<String>, done: &dyn Fn(&[String]) -> bool, within: Duration| {
+            let deadline = Instant::now() + within;
+            let mut buf = [0u8; 4096];
+            while !done(seen) && Instant::now() < deadline {
+                if let Ok(n) = socket.recv(&mut buf) {
+                    seen.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+                }
+            }
+            done(seen)
+        };
+    let count =
+        |seen: &[String], what: &str| seen.iter().filter(|m| m.lines().any(|l| l == what)).count();
+    assert!(
+        collect_until(
+            &mut seen,
+            &|s| count(s, "READY=1") >= 1,
+            Duration::from_secs(10)
+        ),
+        "no READY=1: {seen:?}\n{}",
+        daemon.log_text()
+    );
+    // Two pings within two seconds: the interval is 0.2 s, so missing both means no watchdog.
+    let start = seen.len();
+    assert!(
+        collect_until(
+            &mut seen,
+            &|s| count(&s[start..], "WATCHDOG=1") >= 2,
+            Duration::from_secs(2)
+        ),
+        "watchdog not fed: {seen:?}"
+    );
+    daemon.signal(libc::SIGHUP);
+    assert!(
+        collect_until(
+            &mut seen,
+            &|s| count(s, "RELOADING=1") >= 1 && count(s, "READY=1") >= 2,
+            Duration::from_secs(10)
+        ),
+        "no reload announced: {seen:?}"
+    );
+    daemon.signal(libc::SIGTERM);
+    assert!(
+        collect_until(
+            &mut seen,
+            &|s| count(s, "STOPPING=1") >= 1,
+            Duration::from_secs(10)
+        ),
+        "no STOPPING=1: {seen:?}"
+    );
+    assert_eq!(daemon.stop(), Some(0));
 }
