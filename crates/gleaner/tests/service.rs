@@ -862,7 +862,7 @@ fn daemon_speaks_systemds_notify_protocol() {
     ];
     let mut daemon = Daemon::start_with(&[], &env, &config);
     let mut seen: Vec<String> = Vec::new();
-    let mut collect_until =
+    let collect_until =
         |seen: &mut Vec<String>, done: &dyn Fn(&[String]) -> bool, within: Duration| {
             let deadline = Instant::now() + within;
             let mut buf = [0u8; 4096];
