@@ -3,6 +3,7 @@
 
 import json
 import os
+import time
 
 import overhead
 import wake_latency_check as wlc
@@ -35,9 +36,15 @@ def test_timeline_sum_adds_each_states_buckets_and_skips_periods_without_histogr
     assert sum(sums["polling"]) == 0
 
 
-def test_own_cpu_time_is_read_from_proc_stat():
-    cpu = overhead.proc_cpu_s(os.getpid())
-    assert cpu is not None and cpu > 0
+def test_own_cpu_time_is_read_per_thread_in_nanoseconds():
+    before = overhead.proc_cpu_s(os.getpid())
+    t0 = time.process_time()
+    while time.process_time() - t0 < 0.003:  # 3 ms: less than one 10 ms tick
+        pass
+    after = overhead.proc_cpu_s(os.getpid())
+    assert before is not None and after is not None
+    # A tick-based reading would often see no change at all here.
+    assert 0.002 <= after - before < 1.0, (before, after)
     assert overhead.proc_cpu_s(2**22 + 12345) is None
 
 
