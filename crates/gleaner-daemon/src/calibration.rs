@@ -14,7 +14,11 @@
 //!    taken to find two that agree;
 //! 4. only an agreed hold is cached for the boot; anything else is used for this run only
 //!    (the median of the plausible runs, else the default) and measured again next start;
-//! 5. the result says how it was obtained, for `gleaner status`.
+//! 5. if the first runs all found the vCPUs busy (no halt), more runs will not find a halt
+//!    either: calibration stops there, and the caller may keep that answer for a while
+//!    ([`Calibrated::vcpus_busy`]), so that every start on a busy machine does not pay about
+//!    a second for a measurement that cannot succeed;
+//! 6. the result says how it was obtained, for `gleaner status`.
 
 use gleaner_linux::wakeprobe::QuickCalibration;
 use gleaner_policy::retention::{RetentionTimeout, MIN_TIMEOUT_NS};
@@ -38,6 +42,9 @@ pub struct Calibrated {
     pub host_poll_ns: u64,
     /// Whether the runs agreed: only then is the result cached for the boot.
     pub trusted: bool,
+    /// Every run found the wakee's vCPU busy (none saw it halt): the machine is loaded, and
+    /// measuring again at once would find the same.
+    pub vcpus_busy: bool,
     /// One line for `status`: how the hold was obtained and, if not trusted, why.
     pub source: String,
 }
@@ -112,8 +119,17 @@ pub fn calibrate<E: std::fmt::Display>(
         if errors.len() >= 2 && judged.is_empty() {
             break;
         }
+        // Nor will vCPUs kept busy by other work start halting within a second.
+        if run + 1 >= FIRST_RUNS && all_busy(&judged) {
+            break;
+        }
     }
     decide(&judged, &errors)
+}
+
+/// Whether there were runs and none of them saw the wakee's vCPU halt.
+fn all_busy(judged: &[Judged]) -> bool {
+    !judged.is_empty() && judged.iter().all(|j| *j == Judged::NoHalt)
 }
 
 fn plausible_runs(judged: &[Judged]) -> Vec<(u64, u64)> {
@@ -147,6 +163,7 @@ fn decide(judged: &[Judged], errors: &[String]) -> Calibrated {
             timeout_ns,
             host_poll_ns,
             trusted: true,
+            vcpus_busy: false,
             source: format!(
                 "measured: {} of {} runs agreed within {:.0} % ({runs})",
                 agree.len(),
@@ -161,6 +178,7 @@ fn decide(judged: &[Judged], errors: &[String]) -> Calibrated {
             timeout_ns,
             host_poll_ns,
             trusted: false,
+            vcpus_busy: false,
             source: format!("measured, not cached: the runs disagreed ({runs}); using the median of the plausible ones and measuring again at the next start"),
         };
     }
@@ -169,6 +187,10 @@ fn decide(judged: &[Judged], errors: &[String]) -> Calibrated {
             "cannot measure wake costs ({})",
             errors.first().map(String::as_str).unwrap_or("no run")
         )
+    } else if all_busy(judged) {
+        format!(
+            "no plausible run ({runs}): no run saw the wakee's vCPU halt, other work kept it busy"
+        )
     } else {
         format!("no plausible run ({runs})")
     };
@@ -176,9 +198,8 @@ fn decide(judged: &[Judged], errors: &[String]) -> Calibrated {
         timeout_ns: RetentionTimeout::default().ns,
         host_poll_ns: 0,
         trusted: false,
-        source: format!(
-            "default 20 µs (the paper's Table 2): {why}; measuring again at the next start"
-        ),
+        vcpus_busy: all_busy(judged),
+        source: format!("default 20 µs (the paper's Table 2): {why}"),
     }
 }
 
@@ -191,16 +212,21 @@ pub struct CacheEntry {
     /// How it was measured (the [`Calibrated::source`] of the run that cached it).
     #[serde(default)]
     pub source: String,
+    /// Unix time after which the entry is not used: set for a default kept because the vCPUs
+    /// were busy ([`Calibrated::vcpus_busy`]); an agreed measurement holds for the boot.
+    #[serde(default)]
+    pub expires_unix_s: Option<u64>,
 }
 
 impl CacheEntry {
     /// A cached value is used only on the boot it was measured on and only if the cost model
     /// allows it (a cache written by an older Gleaner, which cached single runs, may hold an
     /// outlier).
-    pub fn usable_on(&self, boot_id: &str) -> bool {
+    pub fn usable_on(&self, boot_id: &str, now_unix_s: u64) -> bool {
         self.boot_id == boot_id
             && !boot_id.is_empty()
             && (MIN_TIMEOUT_NS..=MODEL_MAX_HOLD_NS).contains(&self.timeout_ns)
+            && self.expires_unix_s.is_none_or(|t| now_unix_s < t)
     }
 }
 
@@ -272,6 +298,21 @@ mod tests {
     }
 
     #[test]
+    fn busy_vcpus_stop_after_the_first_runs_and_say_so() {
+        let mut calls = 0;
+        let c = calibrate(|| {
+            calls += 1;
+            Ok::<_, String>(run(10, 12))
+        });
+        assert_eq!(calls, FIRST_RUNS, "more runs would not find a halt");
+        assert!(!c.trusted && c.vcpus_busy, "{c:?}");
+        assert!(c.source.contains("other work kept it busy"), "{}", c.source);
+        // One run that saw a halt means the machine is not simply busy.
+        let c = calibrate(scripted(vec![run(10, 12), run(10, 12), run(10, 500)]));
+        assert!(!c.vcpus_busy, "{c:?}");
+    }
+
+    #[test]
     fn stops_after_three_runs_when_they_agree() {
         let mut calls = 0;
         let c = calibrate(|| {
@@ -289,10 +330,18 @@ mod tests {
             timeout_ns: ns,
             host_poll_ns: 0,
             source: String::new(),
+            expires_unix_s: None,
         };
-        assert!(e(30_000).usable_on("b"));
-        assert!(!e(30_000).usable_on("other"));
-        assert!(!e(416_000).usable_on("b"));
-        assert!(!e(30_000).usable_on(""));
+        assert!(e(30_000).usable_on("b", 0));
+        assert!(!e(30_000).usable_on("other", 0));
+        assert!(!e(416_000).usable_on("b", 0));
+        assert!(!e(30_000).usable_on("", 0));
+        // A default kept while the vCPUs were busy expires.
+        let kept = CacheEntry {
+            expires_unix_s: Some(1_000),
+            ..e(20_000)
+        };
+        assert!(kept.usable_on("b", 999));
+        assert!(!kept.usable_on("b", 1_000));
     }
 }

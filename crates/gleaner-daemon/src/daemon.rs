@@ -569,6 +569,10 @@ fn choose_retention(
     }
 }
 
+/// How long a default hold is kept when calibration found every vCPU busy (see
+/// [`crate::calibration`]).
+const BUSY_CALIBRATION_KEPT_S: u64 = 600;
+
 /// What the wake-cost measurement tells the policy.
 struct WakeCosts {
     timeout: RetentionTimeout,
@@ -597,31 +601,61 @@ fn wake_costs(cfg: &DaemonConfig, state_dir: &Path) -> WakeCosts {
     }
     // Without a boot id (a /proc without it) the cache never matches, so it is measured anew.
     let boot = ProcFs::new("/proc").boot_id().unwrap_or_default();
+    let now_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     let cache = state_dir.join("calibration.json");
     if let Some(c) = std::fs::read_to_string(&cache)
         .ok()
         .and_then(|t| serde_json::from_str::<CacheEntry>(&t).ok())
-        .filter(|c| c.usable_on(&boot))
+        .filter(|c| c.usable_on(&boot, now_s))
     {
         return WakeCosts {
             timeout: RetentionTimeout { ns: c.timeout_ns },
             host_poll_ns: c.host_poll_ns,
-            source: format!("cached for this boot; {}", c.source),
+            source: format!("cached; {}", c.source),
         };
     }
-    let c = calibrate(gleaner_linux::wakeprobe::quick_calibration);
-    if c.trusted {
+    let mut c = calibrate(gleaner_linux::wakeprobe::quick_calibration);
+    // An agreed measurement holds for the boot. A default kept because every run found the
+    // vCPUs busy is kept for a while only: each start on a busy machine would otherwise pay
+    // for runs that cannot succeed, and a quieter start later measures for real.
+    let expires_unix_s = if c.trusted {
         tracing::info!(
             timeout_us = c.timeout_ns / 1000,
             host_poll_us = c.host_poll_ns / 1000,
             "calibrated retention: {}",
             c.source
         );
+        c.source.push_str(" (for this boot)");
+        Some(None)
+    } else if c.vcpus_busy {
+        c.source.push_str(&format!(
+            "; measuring again at a start after {} min",
+            BUSY_CALIBRATION_KEPT_S / 60
+        ));
+        tracing::warn!(
+            timeout_us = c.timeout_ns / 1000,
+            "retention hold: {}",
+            c.source
+        );
+        Some(Some(now_s + BUSY_CALIBRATION_KEPT_S))
+    } else {
+        c.source.push_str("; measuring again at the next start");
+        tracing::warn!(
+            timeout_us = c.timeout_ns / 1000,
+            "retention hold: {}",
+            c.source
+        );
+        None
+    };
+    if let Some(expires_unix_s) = expires_unix_s {
         let entry = CacheEntry {
             boot_id: boot,
             timeout_ns: c.timeout_ns,
             host_poll_ns: c.host_poll_ns,
             source: c.source.clone(),
+            expires_unix_s,
         };
         // Whole or not at all: two instances may calibrate at the same time.
         let tmp = state_dir.join(format!(".calibration.json.{}.tmp", std::process::id()));
@@ -631,12 +665,6 @@ fn wake_costs(cfg: &DaemonConfig, state_dir: &Path) -> WakeCosts {
         if !written {
             let _ = std::fs::remove_file(&tmp);
         }
-    } else {
-        tracing::warn!(
-            timeout_us = c.timeout_ns / 1000,
-            "retention hold: {}",
-            c.source
-        );
     }
     WakeCosts {
         timeout: RetentionTimeout { ns: c.timeout_ns },
