@@ -50,3 +50,17 @@ def test_own_cpu_time_is_read_per_thread_in_nanoseconds():
 
 def test_bpf_stats_of_a_process_without_bpf_programs_are_zero():
     assert overhead.bpf_prog_stats(os.getpid()) == (0, 0)
+
+
+def test_median_idle_period_skips_periods_without_idle(tmp_path):
+    path = tmp_path / "t.jsonl"
+    recs = [
+        {"characteristics": {"idle_periods_per_sec": 100.0, "l_idle_ns": 30_000.0}},
+        {"characteristics": {"idle_periods_per_sec": 0.0, "l_idle_ns": 0.0}},
+        {"characteristics": {"idle_periods_per_sec": 50.0, "l_idle_ns": 50_000.0}},
+        {"characteristics": {"idle_periods_per_sec": 80.0, "l_idle_ns": 40_000.0}},
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    assert wlc.median_idle_period_ns(path) == 40_000.0
+    path.write_text(json.dumps({"characteristics": {}}) + "\n")
+    assert wlc.median_idle_period_ns(path) is None
