@@ -69,6 +69,33 @@ def gleaner_cmd(gleaner: str, sampler: str, state_dir: str, cmd: list[str]) -> l
     return [gleaner, "run", "--observe", "--sampler", sampler, "--state-dir", state_dir, "--", *cmd]
 
 
+def part_startup(gleaner: str, sampler: str, state_dir: str, runs: int = 10) -> dict:
+    """What `gleaner run --observe` costs around a workload that does nothing: start-up and
+    teardown. The first run calibrates the retention hold (cached for the boot when the runs
+    agree), as the first `gleaner run` after a boot does; it is timed apart, and the rest show
+    what every later start costs. The wall pairs below run after it, so they pay calibration
+    only if it could not be cached (the cache file says which)."""
+    first = timed(gleaner_cmd(gleaner, sampler, state_dir, ["true"]))
+    cache = Path(state_dir) / "calibration.json"
+    try:
+        calibration = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        calibration = None
+    times = [timed(gleaner_cmd(gleaner, sampler, state_dir, ["true"])) for _ in range(runs)]
+    r = {
+        "command": " ".join(gleaner_cmd(gleaner, sampler, "STATE", ["true"])),
+        "first_s": first,
+        "calibration_cache": calibration,
+        "later_s": times,
+        "median_s": statistics.median(times),
+        "min_s": min(times),
+        "max_s": max(times),
+    }
+    print(f"startup: first {first:.3f} s (calibration {'cached' if calibration else 'not cached'}), then median {r['median_s']:.3f} s "
+          f"(min {r['min_s']:.3f}, max {r['max_s']:.3f}) over {runs}", flush=True)
+    return r
+
+
 def part_wall(gleaner: str, pairs: int, sampler: str, state_dir: str, only: set[str]) -> list[dict]:
     rows = []
     for name, cmd in wall_workloads(gleaner).items():
@@ -208,7 +235,7 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=8)
     ap.add_argument("--seconds", type=int, default=20, help="duration of the self-cpu and bpf-cost runs")
     ap.add_argument("--sampler", default="auto", choices=["auto", "bpf", "procfs"], help="sampler for the wall-time pairs")
-    ap.add_argument("--parts", default="wall,self-cpu,bpf-cost")
+    ap.add_argument("--parts", default="startup,wall,self-cpu,bpf-cost")
     ap.add_argument("--only", default="", help="comma-separated wall workloads to run (default all)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -219,6 +246,8 @@ def main() -> int:
     parts = set(args.parts.split(","))
     state_dir = tempfile.mkdtemp(prefix="gleaner-overhead-")
     result: dict = {"machine_start": machine_facts()}
+    if "startup" in parts:
+        result["startup"] = part_startup(gleaner, args.sampler, state_dir)
     if "wall" in parts:
         result["wall"] = part_wall(gleaner, args.pairs, args.sampler, state_dir, set(filter(None, args.only.split(","))))
     if "self-cpu" in parts:
@@ -234,6 +263,13 @@ def main() -> int:
     m = result["machine_start"]
     md += [f"commit `{m['commit']}`, cpuidle driver `{m['cpuidle_driver']}`, kernel {m['kernel']}, {m['cpus']} CPUs, loadavg at start {m['loadavg']}, at end {result['machine_end']['loadavg']}", ""]
     md += [f"Command: `sudo python3 bench/overhead.py {' '.join(sys.argv[1:])}`", ""]
+    st = result.get("startup")
+    if st:
+        cal = st["calibration_cache"]
+        md += [f"Start-up and teardown (`{st['command']}`): the first run {st['first_s']:.3f} s "
+               f"(calibration {'cached: ' + cal.get('source', '') if cal else 'not cached: every start measures again'}), "
+               f"then median {st['median_s']:.3f} s (min {st['min_s']:.3f}, max {st['max_s']:.3f}) over {len(st['later_s'])} runs; "
+               "the wall-time ratios below include it.", ""]
     if result.get("wall"):
         md += ["| workload | sampler | pairs | median gleaner/bare | min | max | within 1 % |", "|---|---|---|---|---|---|---|"]
         for r in result["wall"]:
