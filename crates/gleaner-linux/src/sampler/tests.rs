@@ -1,4 +1,5 @@
 use super::cost::MAX_THIN_LEVEL;
+use super::deltas::spread;
 use super::*;
 use gleaner_policy::LatencyHistogram;
 
