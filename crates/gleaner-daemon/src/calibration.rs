@@ -20,7 +20,7 @@
 //!    a second for a measurement that cannot succeed;
 //! 6. the result says how it was obtained, for `gleaner status`.
 
-use gleaner_linux::wakeprobe::QuickCalibration;
+use gleaner_linux::wakeprobe::{QuickCalibration, Setting};
 use gleaner_policy::retention::{RetentionTimeout, MIN_TIMEOUT_NS};
 use serde::{Deserialize, Serialize};
 
@@ -106,9 +106,13 @@ pub fn calibrate<E: std::fmt::Display>(
 ) -> Calibrated {
     let mut judged: Vec<Judged> = Vec::new();
     let mut errors: Vec<String> = Vec::new();
+    let mut busy_side = None;
     for run in 0..MAX_RUNS {
         match measure() {
-            Ok(c) => judged.push(judge(&c)),
+            Ok(c) => {
+                busy_side.get_or_insert(c.busy_setting);
+                judged.push(judge(&c));
+            }
             Err(e) => errors.push(e.to_string()),
         }
         let plausible: Vec<(u64, u64)> = plausible_runs(&judged);
@@ -124,7 +128,12 @@ pub fn calibrate<E: std::fmt::Display>(
             break;
         }
     }
-    decide(&judged, &errors)
+    let mut c = decide(&judged, &errors);
+    if let Some(setting) = busy_side {
+        c.source
+            .push_str(&format!(" [busy side: {}]", setting.label()));
+    }
+    c
 }
 
 /// Whether there were runs and none of them saw the wakee's vCPU halt.
@@ -216,14 +225,19 @@ pub struct CacheEntry {
     /// were busy ([`Calibrated::vcpus_busy`]); an agreed measurement holds for the boot.
     #[serde(default)]
     pub expires_unix_s: Option<u64>,
+    /// The busy wake the hold was weighed against (B or B-poll); an entry measured against
+    /// another one (or by a Gleaner that did not record it) is measured again.
+    #[serde(default)]
+    pub busy_setting: Option<Setting>,
 }
 
 impl CacheEntry {
     /// A cached value is used only on the boot it was measured on and only if the cost model
     /// allows it (a cache written by an older Gleaner, which cached single runs, may hold an
     /// outlier).
-    pub fn usable_on(&self, boot_id: &str, now_unix_s: u64) -> bool {
-        self.boot_id == boot_id
+    pub fn usable_on(&self, boot_id: &str, now_unix_s: u64, busy: Setting) -> bool {
+        self.busy_setting == Some(busy)
+            && self.boot_id == boot_id
             && !boot_id.is_empty()
             && (MIN_TIMEOUT_NS..=MODEL_MAX_HOLD_NS).contains(&self.timeout_ns)
             && self.expires_unix_s.is_none_or(|t| now_unix_s < t)
@@ -236,6 +250,7 @@ mod tests {
 
     fn run(busy_us: u64, halted_us: u64) -> QuickCalibration {
         QuickCalibration {
+            busy_setting: Setting::BusyYield,
             busy_p50_ns: busy_us * 1000,
             halted_p50_ns: halted_us * 1000,
             timeout: RetentionTimeout::from_wake_costs(halted_us * 1000, busy_us * 1000),
@@ -331,17 +346,26 @@ mod tests {
             host_poll_ns: 0,
             source: String::new(),
             expires_unix_s: None,
+            busy_setting: Some(Setting::BusyPoll),
         };
-        assert!(e(30_000).usable_on("b", 0));
-        assert!(!e(30_000).usable_on("other", 0));
-        assert!(!e(416_000).usable_on("b", 0));
-        assert!(!e(30_000).usable_on("", 0));
+        let poll = Setting::BusyPoll;
+        assert!(e(30_000).usable_on("b", 0, poll));
+        assert!(!e(30_000).usable_on("other", 0, poll));
+        assert!(!e(416_000).usable_on("b", 0, poll));
+        assert!(!e(30_000).usable_on("", 0, poll));
+        // Weighed against another busy wake, or not recorded: measured again.
+        assert!(!e(30_000).usable_on("b", 0, Setting::BusyYield));
+        let unrecorded = CacheEntry {
+            busy_setting: None,
+            ..e(30_000)
+        };
+        assert!(!unrecorded.usable_on("b", 0, poll));
         // A default kept while the vCPUs were busy expires.
         let kept = CacheEntry {
             expires_unix_s: Some(1_000),
             ..e(20_000)
         };
-        assert!(kept.usable_on("b", 999));
-        assert!(!kept.usable_on("b", 1_000));
+        assert!(kept.usable_on("b", 999, poll));
+        assert!(!kept.usable_on("b", 1_000, poll));
     }
 }

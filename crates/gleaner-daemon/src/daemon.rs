@@ -26,6 +26,7 @@ use gleaner_linux::restore;
 use gleaner_linux::retention::{RetentionPool, YielderParams};
 use gleaner_linux::sampler::Sampler;
 use gleaner_linux::status::status_path;
+use gleaner_linux::wakeprobe::{self, PmQosHook};
 use gleaner_linux::{detect, Placement, PlacementEnv, PlacementKind, ProcFs, SharedJournal, SysFs};
 use gleaner_policy::{Gleaner, Mode, RetentionTimeout};
 
@@ -151,25 +152,15 @@ pub fn manage(flags: &DaemonFlags, target: Target) -> Result<i32> {
         None => None,
     };
     let state_dir = cfg.state_dir.clone().unwrap_or_else(Journal::default_dir);
-    // The guard starts first, so that a kill at any moment after this leaves no journal: it
-    // deletes one that was created (empty or not) and ignores one that never was.
-    let guard = spawn_guard(&state_dir.join(format!("{}.json", std::process::id())))?;
-    let journal = Journal::create(&state_dir, &proc).with_context(|| {
-        format!(
-            "cannot create the crash journal in {}: pass --state-dir DIR you can write",
-            state_dir.display()
-        )
-    })?;
-    let journal = journal.into_shared();
+    let guarded = GuardedJournal::start(&state_dir)?;
     install_stop_handlers()?;
 
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        manage_inner(&cfg, target, timeline, &proc, &journal, &state_dir)
+        manage_inner(&cfg, target, timeline, &proc, guarded.journal(), &state_dir)
     }));
     // Back ends restored on their way out (drop runs during unwinding too); what they could
     // not restore is still in the journal: try once more, then leave it to the guard.
-    let leftovers = finish_journal(&journal, &proc);
-    drop(guard); // closes the pipe: the guard undoes whatever is left and exits
+    let leftovers = guarded.finish();
     let _ = std::fs::remove_file(status_path(&state_dir, std::process::id()));
     let code = match outcome {
         Ok(r) => r?,
@@ -203,7 +194,7 @@ fn manage_inner(
             why.join("; ")
         );
     }
-    let costs = wake_costs(cfg, state_dir);
+    let costs = wake_costs(cfg, state_dir, journal);
     let timeout = costs.timeout;
     // Before the workload starts (see `Sampler::prepare`): loading the BPF side then costs the
     // workload nothing, and the sampler sees it from its first instruction.
@@ -584,7 +575,7 @@ struct WakeCosts {
 
 /// The configured hold, or one derived from repeated wake-latency measurements (see
 /// [`crate::calibration`]); an agreed measurement is cached for the boot.
-fn wake_costs(cfg: &DaemonConfig, state_dir: &Path) -> WakeCosts {
+fn wake_costs(cfg: &DaemonConfig, state_dir: &Path, journal: &SharedJournal) -> WakeCosts {
     if let Some(timeout) = cfg.retention_timeout() {
         return WakeCosts {
             timeout,
@@ -599,6 +590,11 @@ fn wake_costs(cfg: &DaemonConfig, state_dir: &Path) -> WakeCosts {
             source: "default (no retention in this mode)".into(),
         };
     }
+    // The busy wake the hold is weighed against is the back end's that will hold vCPUs.
+    let busy = wakeprobe::calibration_busy_setting(
+        Path::new("/sys"),
+        cfg.retention_backend != RetentionBackendChoice::Yield,
+    );
     // Without a boot id (a /proc without it) the cache never matches, so it is measured anew.
     let boot = ProcFs::new("/proc").boot_id().unwrap_or_default();
     let now_s = std::time::SystemTime::now()
@@ -608,7 +604,7 @@ fn wake_costs(cfg: &DaemonConfig, state_dir: &Path) -> WakeCosts {
     if let Some(c) = std::fs::read_to_string(&cache)
         .ok()
         .and_then(|t| serde_json::from_str::<CacheEntry>(&t).ok())
-        .filter(|c| c.usable_on(&boot, now_s))
+        .filter(|c| c.usable_on(&boot, now_s, busy))
     {
         return WakeCosts {
             timeout: RetentionTimeout { ns: c.timeout_ns },
@@ -616,7 +612,8 @@ fn wake_costs(cfg: &DaemonConfig, state_dir: &Path) -> WakeCosts {
             source: format!("cached; {}", c.source),
         };
     }
-    let mut c = calibrate(gleaner_linux::wakeprobe::quick_calibration);
+    let hook = pm_qos_hook(journal);
+    let mut c = calibrate(|| wakeprobe::quick_calibration(busy, Some(hook.clone())));
     // An agreed measurement holds for the boot. A default kept because every run found the
     // vCPUs busy is kept for a while only: each start on a busy machine would otherwise pay
     // for runs that cannot succeed, and a quieter start later measures for real.
@@ -656,6 +653,7 @@ fn wake_costs(cfg: &DaemonConfig, state_dir: &Path) -> WakeCosts {
             host_poll_ns: c.host_poll_ns,
             source: c.source.clone(),
             expires_unix_s,
+            busy_setting: Some(busy),
         };
         // Whole or not at all: two instances may calibrate at the same time.
         let tmp = state_dir.join(format!(".calibration.json.{}.tmp", std::process::id()));
@@ -671,6 +669,60 @@ fn wake_costs(cfg: &DaemonConfig, state_dir: &Path) -> WakeCosts {
         host_poll_ns: c.host_poll_ns,
         source: c.source,
     }
+}
+
+/// The crash journal and the guard watching it: what exists before anything is changed.
+pub struct GuardedJournal {
+    journal: SharedJournal,
+    guard: GuardHandle,
+}
+
+impl GuardedJournal {
+    /// Starts the guard, then creates the journal in `state_dir`. The guard starts first, so
+    /// that a kill at any moment after this leaves no journal: it deletes one that was created
+    /// (empty or not) and ignores one that never was.
+    pub fn start(state_dir: &Path) -> Result<Self> {
+        let proc = ProcFs::new("/proc");
+        let guard = spawn_guard(&state_dir.join(format!("{}.json", std::process::id())))?;
+        let journal = Journal::create(state_dir, &proc).with_context(|| {
+            format!(
+                "cannot create the crash journal in {}: pass --state-dir DIR you can write",
+                state_dir.display()
+            )
+        })?;
+        Ok(Self {
+            journal: journal.into_shared(),
+            guard,
+        })
+    }
+
+    pub fn journal(&self) -> &SharedJournal {
+        &self.journal
+    }
+
+    /// Journals a CPU's original PM QoS value before it is changed (for `wakeprobe`).
+    pub fn pm_qos_hook(&self) -> PmQosHook {
+        pm_qos_hook(&self.journal)
+    }
+
+    /// Undoes what is left in the journal and deletes it, then lets the guard go (it undoes
+    /// whatever could still not be undone, and exits).
+    pub fn finish(self) -> Result<()> {
+        let leftovers = finish_journal(&self.journal, &ProcFs::new("/proc"));
+        drop(self.guard);
+        leftovers
+    }
+}
+
+/// A [`PmQosHook`] that records each original value in `journal` before it is changed.
+fn pm_qos_hook(journal: &SharedJournal) -> PmQosHook {
+    let record = std::sync::Mutex::new(journal::pm_qos_recorder(journal.clone()));
+    std::sync::Arc::new(move |cpu, file: &Path, original| {
+        let mut record = record
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        record(cpu, file, original)
+    })
 }
 
 /// Undoes whatever the back ends left in the journal and deletes it if empty.

@@ -6,8 +6,10 @@
 
 use std::fmt::Write as _;
 use std::io::IsTerminal;
+use std::path::Path;
 
 use anyhow::Context;
+use gleaner_linux::journal::Journal;
 use gleaner_linux::wakeprobe::{
     self, ProbeConfig, ProbeReport, QuickCalibration, Setting, DEFAULT_SAMPLES,
 };
@@ -38,9 +40,14 @@ pub struct ProbeArgs {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GapList(pub Vec<u64>);
 
-pub fn run(args: ProbeArgs) -> anyhow::Result<()> {
+/// `--calibrate` and `--quick`: what `gleaner run` measures at start-up.
+fn quick_command(
+    args: &ProbeArgs,
+    busy: Setting,
+    hook: Option<wakeprobe::PmQosHook>,
+) -> anyhow::Result<()> {
     if args.calibrate {
-        let c = crate::calibration::calibrate(wakeprobe::quick_calibration);
+        let c = crate::calibration::calibrate(|| wakeprobe::quick_calibration(busy, hook.clone()));
         if args.json {
             crate::outln!("{}", serde_json::to_string_pretty(&c)?);
         } else {
@@ -53,19 +60,49 @@ pub fn run(args: ProbeArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    if args.quick {
-        let cal =
-            wakeprobe::quick_calibration().context("quick wake-latency calibration failed")?;
-        if args.json {
-            crate::outln!("{}", serde_json::to_string_pretty(&cal)?);
-        } else {
-            crate::outln!("{}", (render_quick(&cal)).trim_end_matches('\n'));
-        }
-        return Ok(());
+    let cal = wakeprobe::quick_calibration(busy, hook)
+        .context("quick wake-latency calibration failed")?;
+    if args.json {
+        crate::outln!("{}", serde_json::to_string_pretty(&cal)?);
+    } else {
+        crate::outln!("{}", (render_quick(&cal)).trim_end_matches('\n'));
     }
+    Ok(())
+}
+
+pub fn run(args: ProbeArgs) -> anyhow::Result<()> {
+    // Where the guest can poll, the probe holds a vCPU by PM QoS (B-poll, and the busy side
+    // of `--calibrate`/`--quick`, as `gleaner run` measures it): that change is journaled and a
+    // guard watches, as under `gleaner run`, so that Ctrl-C or a kill leaves nothing changed.
+    let polls = wakeprobe::calibration_busy_setting(Path::new("/sys"), true) == Setting::BusyPoll;
+    let guarded = if polls {
+        Some(crate::daemon::GuardedJournal::start(
+            &Journal::default_dir(),
+        )?)
+    } else {
+        None
+    };
+    let hook = guarded.as_ref().map(|g| g.pm_qos_hook());
+    let result = if args.calibrate || args.quick {
+        let busy = if polls {
+            Setting::BusyPoll
+        } else {
+            Setting::BusyYield
+        };
+        quick_command(&args, busy, hook)
+    } else {
+        full_probe(&args, hook)
+    };
+    let restored = guarded.map_or(Ok(()), |g| g.finish());
+    result.and(restored)
+}
+
+/// The full probe: every setting at every gap.
+fn full_probe(args: &ProbeArgs, hook: Option<wakeprobe::PmQosHook>) -> anyhow::Result<()> {
     let cfg = ProbeConfig {
         gaps_ns: args.gaps.0.clone(),
         samples: args.samples,
+        on_pmqos_original: hook,
         ..ProbeConfig::default()
     };
     let bar = if args.json || !std::io::stderr().is_terminal() {
@@ -153,8 +190,9 @@ fn fmt_ns(ns: u64) -> String {
 
 fn render_quick(cal: &QuickCalibration) -> String {
     format!(
-        "busy-vCPU wake p50 {}, halted-vCPU wake p50 {}\nretention timeout Gleaner would use: {}\n",
+        "busy-vCPU wake p50 {} ({}), halted-vCPU wake p50 {}\nretention timeout Gleaner would use: {}\n",
         fmt_ns(cal.busy_p50_ns),
+        cal.busy_setting.label(),
         fmt_ns(cal.halted_p50_ns),
         fmt_ns(cal.timeout.ns)
     )
@@ -287,9 +325,10 @@ fn render_report(r: &ProbeReport) -> String {
             };
             let _ = writeln!(
                 out,
-                "retention timeout Gleaner would derive: {} (C p50 {} - B p50 {} at gap {}{clamped})",
+                "retention timeout Gleaner would derive: {} (C p50 {} - {} p50 {} at gap {}{clamped})",
                 fmt_ns(d.timeout.ns),
                 fmt_ns(d.halted_p50_ns),
+                short(d.busy_setting),
                 fmt_ns(d.busy_p50_ns),
                 fmt_ns(d.gap_ns)
             );

@@ -249,6 +249,10 @@ pub struct WakeeLoad {
 pub struct DerivedTimeout {
     pub gap_ns: u64,
     pub halted_p50_ns: u64,
+    /// The busy wake the hold is weighed against: B-poll where it was measured (the back end
+    /// Gleaner then uses), else B.
+    #[serde(default = "yield_setting")]
+    pub busy_setting: Setting,
     pub busy_p50_ns: u64,
     pub timeout: RetentionTimeout,
 }
@@ -283,6 +287,10 @@ impl ProbeReport {
 /// Result of [`quick_calibration`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QuickCalibration {
+    /// How the busy side kept the wakee's vCPU busy: the retention back end that will hold
+    /// vCPUs ([`calibration_busy_setting`]), since the hold pays off against that wake's cost.
+    #[serde(default = "yield_setting")]
+    pub busy_setting: Setting,
     pub busy_p50_ns: u64,
     pub halted_p50_ns: u64,
     pub timeout: RetentionTimeout,
@@ -291,6 +299,10 @@ pub struct QuickCalibration {
     /// vCPU that long, so holding it for shorter idle periods gains nothing. 0 if even the
     /// shortest gap probed was already dear.
     pub host_poll_ns: u64,
+}
+
+fn yield_setting() -> Setting {
+    Setting::BusyYield
 }
 
 /// Alternating busy/halted blocks in one quick calibration (see [`quick_calibration`]).
@@ -403,9 +415,39 @@ pub fn measure(
     })
 }
 
-/// A short B and C measurement (≈ 0.2 s) for the daemon's start-up: the break-even retention
-/// timeout from the median busy and halted wake costs.
-pub fn quick_calibration() -> Result<QuickCalibration, ProbeError> {
+/// How a calibration keeps the wakee's vCPU busy: by cpuidle polling (B-poll) where Gleaner
+/// will hold vCPUs that way (`prefer_poll`, i.e. a retention back end other than `yield`, and
+/// a guest whose wakee CPU has a POLL state, the condition `PollRetention` starts under), else
+/// by a yielding thread (B). The hold is worth what the held vCPU's wake saves, and the two
+/// differ a lot: on a haltpoll guest a polling vCPU woke in 2.6 µs where a yield-held one took
+/// 15 µs. Polling is also the stabler side to subtract: its wake cost barely moves.
+pub fn calibration_busy_setting(sysfs_root: &Path, prefer_poll: bool) -> Setting {
+    let wakee = thread_affinity(0).ok().and_then(|c| c.iter().nth(1));
+    let sys = SysFs::new(sysfs_root);
+    let can_poll = |cpu: usize| {
+        PollRetention::new(&sys, &[cpu].into_iter().collect(), Box::new(|_, _, _| Ok(()))).is_ok()
+            // Without the right to write PM QoS (not root) the poll back end cannot hold.
+            && nix::unistd::access(&sys.pm_qos_path(cpu), nix::unistd::AccessFlags::W_OK).is_ok()
+    };
+    match wakee {
+        Some(cpu) if prefer_poll && can_poll(cpu) => Setting::BusyPoll,
+        _ => Setting::BusyYield,
+    }
+}
+
+/// A short B (or B-poll, `busy`) and C measurement (≈ 0.2 s) for the daemon's start-up: the
+/// break-even retention timeout from the median busy and halted wake costs. With B-poll the
+/// wakee's PM QoS is changed and restored per block; `on_pmqos_original` (the caller's crash
+/// journal) hears of it first.
+pub fn quick_calibration(
+    busy: Setting,
+    on_pmqos_original: Option<PmQosHook>,
+) -> Result<QuickCalibration, ProbeError> {
+    if !matches!(busy, Setting::BusyYield | Setting::BusyPoll) {
+        return Err(ProbeError::Config {
+            reason: format!("{busy:?} is not a busy setting (BusyYield or BusyPoll)"),
+        });
+    }
     let allowed: Vec<usize> = thread_affinity(0)
         .map_err(|source| ProbeError::Affinity { source })?
         .iter()
@@ -420,6 +462,7 @@ pub fn quick_calibration() -> Result<QuickCalibration, ProbeError> {
     };
     let cfg = ProbeConfig {
         warmup: 3,
+        on_pmqos_original,
         ..ProbeConfig::default()
     };
     // A busy wake does not depend on the gap; a halted one only shows its full cost once the
@@ -436,10 +479,10 @@ pub fn quick_calibration() -> Result<QuickCalibration, ProbeError> {
     let halted_cfg = ProbeConfig { samples: 25, ..cfg };
     let (mut busy_ns, mut halted_ns) = (Vec::new(), Vec::new());
     for _ in 0..CALIBRATION_BLOCKS {
-        let env = SettingEnv::enter(Setting::BusyYield, wakee, &busy_cfg)?;
-        let busy = run_point(Setting::BusyYield, waker, wakee, 200_000, &busy_cfg, |_| {});
+        let env = SettingEnv::enter(busy, wakee, &busy_cfg)?;
+        let point = run_point(busy, waker, wakee, 200_000, &busy_cfg, |_| {});
         env.leave()?;
-        busy_ns.extend(busy?.samples_ns);
+        busy_ns.extend(point?.samples_ns);
         let halted = run_point(
             Setting::Halted,
             waker,
@@ -467,6 +510,7 @@ pub fn quick_calibration() -> Result<QuickCalibration, ProbeError> {
         }
     }
     Ok(QuickCalibration {
+        busy_setting: busy,
         busy_p50_ns,
         halted_p50_ns,
         timeout: RetentionTimeout::from_wake_costs(halted_p50_ns, busy_p50_ns),
@@ -498,23 +542,30 @@ fn validate(cfg: &ProbeConfig) -> Result<(), ProbeError> {
     Ok(())
 }
 
-/// The break-even hold from C and B medians at the largest gap measured for both.
+/// The break-even hold from C and B medians at the largest gap measured for both; B-poll
+/// stands for B where it was measured, since Gleaner then holds vCPUs by polling.
 fn derive_timeout(points: &[ProbePoint]) -> Option<DerivedTimeout> {
     let at = |setting: Setting, gap: u64| {
         points
             .iter()
             .find(|p| p.setting == setting && p.gap_ns == gap)
     };
+    let busy_setting = if points.iter().any(|p| p.setting == Setting::BusyPoll) {
+        Setting::BusyPoll
+    } else {
+        Setting::BusyYield
+    };
     let gap_ns = points
         .iter()
-        .filter(|p| p.setting == Setting::Halted && at(Setting::BusyYield, p.gap_ns).is_some())
+        .filter(|p| p.setting == Setting::Halted && at(busy_setting, p.gap_ns).is_some())
         .map(|p| p.gap_ns)
         .max()?;
     let halted_p50_ns = at(Setting::Halted, gap_ns)?.latency.p50_ns;
-    let busy_p50_ns = at(Setting::BusyYield, gap_ns)?.latency.p50_ns;
+    let busy_p50_ns = at(busy_setting, gap_ns)?.latency.p50_ns;
     Some(DerivedTimeout {
         gap_ns,
         halted_p50_ns,
+        busy_setting,
         busy_p50_ns,
         timeout: RetentionTimeout::from_wake_costs(halted_p50_ns, busy_p50_ns),
     })
