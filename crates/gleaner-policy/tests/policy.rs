@@ -626,15 +626,21 @@ fn a_clear_loss_is_undone_early_and_not_retried_at_once() {
     });
     let rolled = ds
         .iter()
-        .position(|d| d.events.iter().any(|e| matches!(e.kind, EventKind::Rollback { .. })))
+        .position(|d| {
+            d.events
+                .iter()
+                .any(|e| matches!(e.kind, EventKind::Rollback { .. }))
+        })
         .unwrap_or_else(|| panic!("never rolled back: {:?}", events(&ds)));
     // Periods after the change: ds[0] and ds[1] are its first two; undone with the second.
     assert_eq!(rolled, 1, "{:?}", events(&ds));
     assert_eq!(ds[rolled].active, all);
     // Not tried again within the back-off (settling, then 4 periods).
-    let retried = ds[rolled + 1..]
-        .iter()
-        .position(|d| d.events.iter().any(|e| matches!(e.kind, EventKind::Deactivate { .. })));
+    let retried = ds[rolled + 1..].iter().position(|d| {
+        d.events
+            .iter()
+            .any(|e| matches!(e.kind, EventKind::Deactivate { .. }))
+    });
     assert!(
         retried.is_none_or(|p| p >= 3),
         "retried {retried:?} periods after the rollback: {:?}",
@@ -659,7 +665,9 @@ fn a_phase_change_during_a_trial_voids_it() {
     let ds = drive(&mut g, 2, |a| sample(a, 4, 10 * T, 0, 25 * T, 1));
     assert!(d1.events.is_empty(), "{:?}", d1.events);
     assert!(
-        events(&ds).iter().any(|e| matches!(e, EventKind::MajorChange)),
+        events(&ds)
+            .iter()
+            .any(|e| matches!(e, EventKind::MajorChange)),
         "{:?}",
         events(&ds)
     );

@@ -151,7 +151,7 @@ pub struct Gleaner {
 
 /// Periods before the first retry after a rolled-back consolidation; doubled by each further
 /// rollback up to `max_backoff_periods`.
-const CONSOLIDATION_BACKOFF_START: u32 = 4;
+const CONSOLIDATION_BACKOFF_START: u32 = 8;
 
 impl Gleaner {
     pub fn new(cfg: PolicyConfig, allowed: Cpuset) -> Result<Self, ConfigError> {
@@ -659,6 +659,11 @@ impl Gleaner {
             return;
         }
         if c.runnable_wait_fraction > self.cfg.max_runnable_wait {
+            return;
+        }
+        if crate::gain::consolidation_gain_bound(sample, self.cfg.retention_timeout.ns)
+            .is_some_and(|g| g < crate::gain::MIN_CONSOLIDATION_GAIN)
+        {
             return;
         }
         // Steal means the host is oversubscribed: a held or lightly used vCPU costs other VMs,
