@@ -53,6 +53,9 @@ impl Gleaner {
                     self.retention_backoff = 1;
                 }
                 self.trial = None;
+                // Whatever the verdict, the workload's pace moved because of us: the settled
+                // state against which major changes are detected is measured afresh.
+                self.reference = None;
             }
         }
 
@@ -104,6 +107,9 @@ impl Gleaner {
                 st.retaining = true;
                 turned_on.push(cpu);
             }
+        }
+        if !turned_off.is_empty() || !turned_on.is_empty() {
+            self.reference = None;
         }
         if !turned_off.is_empty() {
             events.push(self.event(EventKind::RetentionOff { cpus: turned_off }, why_off));

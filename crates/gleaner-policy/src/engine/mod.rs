@@ -456,6 +456,11 @@ impl Gleaner {
             self.reference = Some(accepted);
             return;
         }
+        // A retention trial moves the workload's pace itself; its own judge decides it, and a
+        // major change is looked for again once it is over.
+        if self.trial.is_some() {
+            return;
+        }
         if let Some(r) = self.reference {
             if let Some(reason) = self.major_change(&r, c) {
                 let consolidated = self.active != self.allowed;
