@@ -233,7 +233,7 @@ impl Gleaner {
             ));
         }
         if matches!(self.cfg.mode, Mode::Full | Mode::Retention) {
-            let timeout = self.timeout.adapted(c.steal_fraction);
+            let timeout = self.timeout.for_workload(c.steal_fraction, c.l_idle_ns);
             let min_rate = self.cfg.min_idle_periods_per_sec * (1.0 + 10.0 * c.steal_fraction);
             let max_idle = self.cfg.retain_idle_factor * timeout.ns as f64;
             if c.idle_periods_per_sec < min_rate {
@@ -334,7 +334,7 @@ impl Gleaner {
             }
             Mode::Retention => {}
         }
-        let timeout = self.timeout.adapted(c.steal_fraction);
+        let timeout = self.timeout.for_workload(c.steal_fraction, c.l_idle_ns);
         let retention = match self.cfg.mode {
             Mode::Full | Mode::Retention => {
                 self.retention_step(sample, &c, timeout, settling, &mut events)
