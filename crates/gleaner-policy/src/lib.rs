@@ -8,6 +8,8 @@ pub mod characteristics;
 pub mod config;
 pub mod cpuset;
 pub mod engine;
+pub mod gain;
+mod judge;
 pub mod observe;
 pub mod retention;
 pub mod sample;

@@ -6,14 +6,22 @@
 //! paper's proxy for progress: a change that slows the workload is undone. That judge is what
 //! lets the same policy take the gains (fine-grained pipelines, ping-pong) without the losses
 //! measured on this test bed (coarse pipelines, `sysbench threads`, `stress-ng --futex`).
+//! The statistics of that judge live in `judge`; the retention half of the rules in
+//! `engine::hold`. A consolidation whose loss is already clear (against the noise of the
+//! periods before it) is undone before its judging window ends, a rolled-back consolidation
+//! is not retried before an exponential back-off, and a trial during which the program's
+//! grain moved (a phase change) is voided rather than judged.
 
 use serde::{Deserialize, Serialize};
 
 use crate::characteristics::characterize;
 use crate::config::{ConfigError, Mode, PolicyConfig};
 use crate::cpuset::Cpuset;
+use crate::judge::{clear_drop, mean_sd, relative_drop, Evidence, Verdict, QUIET_WINDOW};
 use crate::retention::RetentionTimeout;
 use crate::sample::{progress_signal, Characteristics, PeriodSample, VcpuSample};
+
+mod hold;
 
 /// What to do with one vCPU's idle time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -70,6 +78,16 @@ struct Deactivation {
     cpus: Vec<usize>,
     before: Characteristics,
     n_before: usize,
+    /// The judged value in the stable periods before the change (the decision's own period
+    /// included): the before-sample of its test.
+    baseline: Vec<f64>,
+    /// The judged value in every period since the change, settling periods included: the
+    /// evidence for undoing it early.
+    since: Vec<f64>,
+    /// g_comp in the first period after the change: the grain of the program under the new
+    /// setting (the change itself may move g_comp, e.g. by putting a producer and its
+    /// consumer on one vCPU), against which a phase change during the trial shows.
+    grain_after: Option<f64>,
 }
 
 /// A retention change awaiting its verdict.
@@ -77,6 +95,7 @@ struct Deactivation {
 struct RetentionTrial {
     cpus: Vec<usize>,
     util_before: f64,
+    baseline: Vec<f64>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -123,66 +142,16 @@ pub struct Gleaner {
     /// Most vCPUs one deactivation step may take away: half the allowed set at first,
     /// halved by every rollback of a multi-vCPU step.
     max_step: usize,
+    /// No consolidation is tried before this period: after a rollback the same trial would
+    /// most likely fail again and cost the workload its judged periods once more, so retries
+    /// back off exponentially until a trial succeeds or the workload changes.
+    consolidation_blocked_until: u64,
+    consolidation_backoff: u32,
 }
 
-/// Periods of evidence collected before a change is judged; one period is too noisy.
-const JUDGE_PERIODS: u32 = 3;
-
-/// Quiet periods remembered as the "before" sample of the next change's test.
-const QUIET_WINDOW: usize = 8;
-
-/// Evidence about a change, collected over [`JUDGE_PERIODS`] periods after it settled.
-#[derive(Debug, Clone, Default)]
-struct Verdict {
-    values: Vec<f64>,
-    max_vcpu_util: f64,
-}
-
-/// What the periods after a change showed.
-#[derive(Debug, Clone)]
-struct Evidence {
-    mean: f64,
-    values: Vec<f64>,
-    /// Standard deviation of one period's value.
-    sd: f64,
-    periods: usize,
-    busiest: f64,
-}
-
-impl Verdict {
-    /// Adds a period (its judged value: progress, else utilization); returns the evidence
-    /// once enough periods were seen.
-    fn observe(&mut self, c: &Characteristics) -> Option<Evidence> {
-        self.values.push(c.total_util);
-        self.max_vcpu_util = self.max_vcpu_util.max(c.max_vcpu_util);
-        if self.values.len() < JUDGE_PERIODS as usize {
-            return None;
-        }
-        let (mean, sd) = mean_sd(&self.values);
-        let out = Evidence {
-            mean,
-            values: self.values.clone(),
-            sd,
-            periods: self.values.len(),
-            busiest: self.max_vcpu_util,
-        };
-        *self = Verdict::default();
-        Some(out)
-    }
-}
-
-fn mean_sd(xs: &[f64]) -> (f64, f64) {
-    if xs.is_empty() {
-        return (0.0, 0.0);
-    }
-    let n = xs.len() as f64;
-    let mean = xs.iter().sum::<f64>() / n;
-    if xs.len() < 2 {
-        return (mean, 0.0);
-    }
-    let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
-    (mean, var.sqrt())
-}
+/// Periods before the first retry after a rolled-back consolidation; doubled by each further
+/// rollback up to `max_backoff_periods`.
+const CONSOLIDATION_BACKOFF_START: u32 = 8;
 
 impl Gleaner {
     pub fn new(cfg: PolicyConfig, allowed: Cpuset) -> Result<Self, ConfigError> {
@@ -215,6 +184,8 @@ impl Gleaner {
             quiet_values: std::collections::VecDeque::new(),
             workload_idle: false,
             max_step,
+            consolidation_blocked_until: 0,
+            consolidation_backoff: CONSOLIDATION_BACKOFF_START,
         })
     }
 
@@ -262,7 +233,7 @@ impl Gleaner {
             ));
         }
         if matches!(self.cfg.mode, Mode::Full | Mode::Retention) {
-            let timeout = self.timeout.adapted(c.steal_fraction);
+            let timeout = self.timeout.for_workload(c.steal_fraction, c.l_idle_ns);
             let min_rate = self.cfg.min_idle_periods_per_sec * (1.0 + 10.0 * c.steal_fraction);
             let max_idle = self.cfg.retain_idle_factor * timeout.ns as f64;
             if c.idle_periods_per_sec < min_rate {
@@ -322,8 +293,23 @@ impl Gleaner {
         let mut events = Vec::new();
         // The first periods of a run are the workload starting up (threads being created,
         // caches filling): nothing is changed on their evidence.
-        let settling = self.settle > 0 || self.period <= u64::from(self.cfg.warmup_periods);
+        let warming = self.period <= u64::from(self.cfg.warmup_periods);
+        let settling = self.settle > 0 || warming;
+        // This period ran under a configuration that had stood for a whole period and is not
+        // on trial: its value belongs to the before-sample of the next change. Warm-up periods
+        // after the first count (nothing changes then); the very first is the start-up itself.
+        let stable = self.settle == 0
+            && self.judging.is_none()
+            && self.trial.is_none()
+            && !(warming && self.period == 1);
         self.settle = self.settle.saturating_sub(1);
+        let record = stable && !self.workload_idle;
+        if record {
+            self.quiet_values.push_back(c.total_util);
+            if self.quiet_values.len() > QUIET_WINDOW {
+                self.quiet_values.pop_front();
+            }
+        }
         match self.cfg.mode {
             Mode::AlwaysYield => {
                 let retention = self
@@ -341,13 +327,14 @@ impl Gleaner {
                 return self.decision(measured, retention, events, FOREVER_NS);
             }
             Mode::Full | Mode::Consolidation => {
-                if !settling {
+                let undone = self.watch_trial(&c, &mut events);
+                if !settling && !undone {
                     self.consolidation_step(sample, &c, &mut events)
                 }
             }
             Mode::Retention => {}
         }
-        let timeout = self.timeout.adapted(c.steal_fraction);
+        let timeout = self.timeout.for_workload(c.steal_fraction, c.l_idle_ns);
         let retention = match self.cfg.mode {
             Mode::Full | Mode::Retention => {
                 self.retention_step(sample, &c, timeout, settling, &mut events)
@@ -358,13 +345,11 @@ impl Gleaner {
                 .map(|cpu| (cpu, RetentionAction::Off))
                 .collect(),
         };
-        let quiet =
-            events.is_empty() && !settling && self.judging.is_none() && self.trial.is_none();
-        if quiet && !self.is_idle() {
-            self.quiet_values.push_back(c.total_util);
-            if self.quiet_values.len() > QUIET_WINDOW {
-                self.quiet_values.pop_front();
-            }
+        if !events.is_empty() {
+            self.util_smoothed = None;
+            self.last_quiet_util = None;
+            self.quiet_values.clear();
+        } else if record {
             self.util_smoothed = Some(self.util_now(&c));
             if let Some(prev) = self.last_quiet_util {
                 let change = (c.total_util - prev).abs() / prev.max(self.cfg.idle_util);
@@ -375,10 +360,6 @@ impl Gleaner {
                 };
             }
             self.last_quiet_util = Some(c.total_util);
-        } else if !events.is_empty() {
-            self.util_smoothed = None;
-            self.last_quiet_util = None;
-            self.quiet_values.clear();
         }
         self.decision(measured, retention, events, timeout.ns)
     }
@@ -432,13 +413,13 @@ impl Gleaner {
     /// it (a rollback that chases noise also lowers rho or eta for good). The configured
     /// `slowdown_threshold` applies only until a few quiet periods have shown the noise; a
     /// drop under 1 % is never acted on.
-    fn significant_drop(&self, before: f64, after: &Evidence) -> Option<f64> {
+    fn significant_drop(&self, before: f64, baseline: &[f64], after: &Evidence) -> Option<f64> {
         let drop = relative_drop(before, after.mean);
-        if self.quiet_values.len() < 3 || before <= 0.0 {
+        if baseline.len() < 3 || before <= 0.0 {
             return (drop > self.cfg.slowdown_threshold.max(2.0 * self.noise)).then_some(drop);
         }
-        let quiet: Vec<f64> = self.quiet_values.iter().copied().collect();
-        let (_, sd_before) = mean_sd(&quiet);
+        let quiet = baseline;
+        let (_, sd_before) = mean_sd(quiet);
         let se = (sd_before.powi(2) / quiet.len() as f64
             + after.sd.powi(2) / after.periods.max(1) as f64)
             .sqrt();
@@ -456,17 +437,18 @@ impl Gleaner {
             return;
         }
         if let Some(d) = self.judging.clone() {
-            let Some(evidence) = self.verdict.observe(c) else {
+            let Some(evidence) = self.verdict.observe(c.total_util, c.max_vcpu_util) else {
                 return;
             };
             self.judging = None;
             let (after, busiest) = (evidence.mean, evidence.busiest);
-            if let Some(drop) = self.significant_drop(d.before.total_util, &evidence) {
+            if let Some(drop) = self.significant_drop(d.before.total_util, &d.baseline, &evidence) {
                 self.rollback(d, after, busiest, drop, events);
                 return;
             }
             // The periods that accepted the change are the "before" of the next one.
             self.quiet_values = evidence.values.iter().copied().collect();
+            self.consolidation_backoff = CONSOLIDATION_BACKOFF_START;
             self.util_smoothed = Some(after);
             let mut accepted = *c;
             accepted.total_util = after;
@@ -474,10 +456,18 @@ impl Gleaner {
             self.reference = Some(accepted);
             return;
         }
+        // A retention trial moves the workload's pace itself; its own judge decides it, and a
+        // major change is looked for again once it is over.
+        if self.trial.is_some() {
+            return;
+        }
         if let Some(r) = self.reference {
             if let Some(reason) = self.major_change(&r, c) {
                 let consolidated = self.active != self.allowed;
                 self.reference = None;
+                // A different workload: what failed before may pay now.
+                self.consolidation_backoff = CONSOLIDATION_BACKOFF_START;
+                self.consolidation_blocked_until = 0;
                 if consolidated {
                     self.active = self.allowed.clone();
                     self.deactivated.clear();
@@ -499,6 +489,58 @@ impl Gleaner {
         self.try_deactivate(sample, c, events);
     }
 
+    /// Every period of a consolidation on trial, settling periods included: undoes it at once
+    /// when the workload has clearly slowed (instead of paying for the rest of the judging
+    /// window), and voids it when the workload itself changed meanwhile (its grain moved by
+    /// the major-change factor), since then the periods after the change measure a different
+    /// program and would credit or blame the change for the phase. Returns whether the trial
+    /// ended.
+    fn watch_trial(&mut self, c: &Characteristics, events: &mut Vec<PolicyEvent>) -> bool {
+        if self.is_idle() {
+            return false;
+        }
+        let Some(d) = self.judging.as_mut() else {
+            return false;
+        };
+        d.since.push(c.total_util);
+        let before_g = *d.grain_after.get_or_insert(c.g_comp_ns);
+        let now_g = c.g_comp_ns;
+        if before_g > 0.0 && now_g > 0.0 {
+            let f = now_g / before_g;
+            if f > self.cfg.major_gcomp_factor || f < 1.0 / self.cfg.major_gcomp_factor {
+                self.judging = None;
+                self.verdict = Verdict::default();
+                self.active = self.allowed.clone();
+                self.deactivated.clear();
+                self.settle = self.cfg.settle_periods;
+                self.reference = None;
+                self.consolidation_backoff = CONSOLIDATION_BACKOFF_START;
+                self.consolidation_blocked_until = 0;
+                events.push(self.event(
+                    EventKind::MajorChange,
+                    format!(
+                        "g_comp changed {:.1}x ({} -> {}) while a consolidation was on trial: the workload changed, so the trial proves nothing; reactivating all vCPUs",
+                        f,
+                        us(before_g),
+                        us(now_g)
+                    ),
+                ));
+                return true;
+            }
+        }
+        let Some(drop) = clear_drop(&d.baseline, &d.since, self.cfg.slowdown_threshold) else {
+            return false;
+        };
+        let Some(d) = self.judging.take() else {
+            return false;
+        };
+        let (after, _) = mean_sd(&d.since);
+        let busiest = c.max_vcpu_util.max(self.verdict.max_vcpu_util());
+        self.verdict = Verdict::default();
+        self.rollback(d, after, busiest, drop, events);
+        true
+    }
+
     fn rollback(
         &mut self,
         d: Deactivation,
@@ -514,6 +556,9 @@ impl Gleaner {
         let b = &d.before;
         self.settle = self.cfg.settle_periods;
         self.reference = None;
+        self.consolidation_blocked_until = self.period + u64::from(self.consolidation_backoff);
+        self.consolidation_backoff =
+            (self.consolidation_backoff * 2).min(self.cfg.max_backoff_periods.max(1));
         if d.cpus.len() > 1 {
             // A large step failed: try smaller ones before concluding the load condition is
             // too loose.
@@ -615,10 +660,15 @@ impl Gleaner {
         events: &mut Vec<PolicyEvent>,
     ) {
         let n = self.active.len();
-        if n <= 1 {
+        if n <= 1 || self.period < self.consolidation_blocked_until {
             return;
         }
         if c.runnable_wait_fraction > self.cfg.max_runnable_wait {
+            return;
+        }
+        if crate::gain::consolidation_gain_bound(sample, self.cfg.retention_timeout.ns)
+            .is_some_and(|g| g < crate::gain::MIN_CONSOLIDATION_GAIN)
+        {
             return;
         }
         // Steal means the host is oversubscribed: a held or lightly used vCPU costs other VMs,
@@ -656,6 +706,9 @@ impl Gleaner {
             cpus: victims.clone(),
             before,
             n_before: n,
+            baseline: self.quiet_values.iter().copied().collect(),
+            since: Vec::new(),
+            grain_after: None,
         };
         self.deactivated.push(d.clone());
         self.judging = Some(d);
@@ -685,175 +738,6 @@ impl Gleaner {
             ),
         ));
     }
-
-    fn retention_step(
-        &mut self,
-        sample: &PeriodSample,
-        c: &Characteristics,
-        timeout: RetentionTimeout,
-        settling: bool,
-        events: &mut Vec<PolicyEvent>,
-    ) -> Vec<(usize, RetentionAction)> {
-        let secs = sample.period_ns.max(1) as f64 / 1e9;
-        let idle = self.is_idle();
-        let crowded = c.runnable_wait_fraction > self.cfg.max_runnable_wait;
-        // Under steal every held microsecond is taken from another VM: demand more benefit.
-        let min_rate = self.cfg.min_idle_periods_per_sec * (1.0 + 10.0 * c.steal_fraction);
-
-        // Judge a trial first: it decides whether retention stays at all.
-        let mut judged_off = Vec::new();
-        if let Some(t) = self.trial.clone() {
-            let verdict = if !settling && !idle {
-                self.verdict.observe(c)
-            } else {
-                None
-            };
-            if let Some(evidence) = verdict {
-                let after = evidence.mean;
-                if let Some(drop) = self.significant_drop(t.util_before, &evidence) {
-                    judged_off = t.cpus.clone();
-                    self.retention_backoff =
-                        (self.retention_backoff * 2).min(self.cfg.max_backoff_periods);
-                    self.retention_blocked_until = self.period + self.retention_backoff as u64;
-                    events.push(self.event(
-                        EventKind::RetentionOff { cpus: t.cpus.clone() },
-                        format!(
-                            "utilization fell {:.0} % ({:.2} -> {:.2}) with retention on; retry in {} periods",
-                            drop * 100.0,
-                            t.util_before,
-                            after,
-                            self.retention_backoff
-                        ),
-                    ));
-                } else {
-                    self.retention_backoff = 1;
-                }
-                self.trial = None;
-            }
-        }
-
-        let mut turned_on = Vec::new();
-        let mut turned_off = Vec::new();
-        let mut why_off = String::new();
-        let active = self.active.clone();
-        let changing_active = settling || self.settle > 0 || self.judging.is_some();
-        for (cpu, st) in self.vcpus.iter_mut() {
-            let cpu = *cpu;
-            if judged_off.contains(&cpu) {
-                st.retaining = false;
-                continue;
-            }
-            let v = sample.vcpus.iter().find(|v| v.cpu == cpu);
-            let stop = if !active.contains(cpu) {
-                Some("vCPU deactivated")
-            } else if idle {
-                Some("workload idle")
-            } else if crowded {
-                Some("workload threads queue on one vCPU while another has none; a held vCPU would not pull them over")
-            } else if let Some(v) = v.filter(|_| st.retaining) {
-                retention_not_paying(v, secs, min_rate / 2.0, self.cfg.min_retention_hit_ratio)
-            } else {
-                None
-            };
-            if st.retaining {
-                if let Some(reason) = stop {
-                    st.retaining = false;
-                    turned_off.push(cpu);
-                    why_off = reason.to_string();
-                }
-                continue;
-            }
-            let eligible = stop.is_none()
-                && !changing_active
-                && self.trial.is_none()
-                && self.period >= self.retention_blocked_until
-                && v.is_some_and(|v| {
-                    worth_retaining(
-                        v,
-                        secs,
-                        min_rate,
-                        self.cfg.min_retain_idle_ns as f64,
-                        self.cfg.retain_idle_factor * timeout.ns as f64,
-                    )
-                });
-            if eligible {
-                st.retaining = true;
-                turned_on.push(cpu);
-            }
-        }
-        if !turned_off.is_empty() {
-            events.push(self.event(EventKind::RetentionOff { cpus: turned_off }, why_off));
-        }
-        if !turned_on.is_empty() {
-            self.trial = Some(RetentionTrial {
-                cpus: turned_on.clone(),
-                util_before: self.util_before(c),
-            });
-            self.verdict = Verdict::default();
-            self.settle = self.settle.max(self.cfg.settle_periods);
-            events.push(self.event(
-                EventKind::RetentionOn { cpus: turned_on },
-                format!(
-                    "{:.0} idle periods/s per vCPU of {} on average (hold {})",
-                    c.idle_periods_per_sec,
-                    us(c.l_idle_ns),
-                    us(timeout.ns as f64)
-                ),
-            ));
-        }
-        self.vcpus
-            .iter()
-            .map(|(cpu, st)| {
-                (
-                    *cpu,
-                    if st.retaining {
-                        RetentionAction::Retain {
-                            timeout_ns: timeout.ns,
-                        }
-                    } else {
-                        RetentionAction::Off
-                    },
-                )
-            })
-            .collect()
-    }
-}
-
-/// Retention pays on a vCPU with many idle periods that are mostly shorter than the hold and
-/// longer than the window in which a halted vCPU wakes cheaply anyway.
-fn worth_retaining(
-    v: &VcpuSample,
-    secs: f64,
-    min_rate: f64,
-    min_mean_idle_ns: f64,
-    max_mean_idle_ns: f64,
-) -> bool {
-    let periods = v.idle_periods();
-    if periods == 0 {
-        return false;
-    }
-    let rate = periods as f64 / secs;
-    let mean_idle = v.idle_time_ns() as f64 / periods as f64;
-    rate >= min_rate && mean_idle >= min_mean_idle_ns && mean_idle <= max_mean_idle_ns
-}
-
-/// Why retention that is on stopped paying, if it did: too few idle periods to matter, or most
-/// holds timed out (the idle periods it saw outlived the hold).
-fn retention_not_paying(
-    v: &VcpuSample,
-    secs: f64,
-    min_rate: f64,
-    min_hit: f64,
-) -> Option<&'static str> {
-    let periods = v.idle_periods();
-    if (periods as f64 / secs) < min_rate {
-        return Some("too few idle periods to pay for a held vCPU");
-    }
-    // A handful of periods is not evidence either way.
-    if periods >= 20 && (v.yield_preemptions as f64) < min_hit * periods as f64 {
-        return Some("most holds timed out: idle periods outlast the hold");
-    }
-    None
 }
 
 fn least_busy(vcpus: &[VcpuSample], active: &Cpuset) -> Option<usize> {
@@ -868,13 +752,6 @@ fn least_busy(vcpus: &[VcpuSample], active: &Cpuset) -> Option<usize> {
         // Least work first; among equals the highest id, so CPU 0 (interrupts, the shell) stays.
         .min_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)))
         .map(|(_, cpu)| cpu)
-}
-
-fn relative_drop(before: f64, after: f64) -> f64 {
-    if before <= 0.0 {
-        return 0.0;
-    }
-    (before - after) / before
 }
 
 /// Rollback lowers a factor but never to zero, which would forbid consolidation for good.

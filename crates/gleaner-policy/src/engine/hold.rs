@@ -1,0 +1,188 @@
+//! The retention half of the policy: which active vCPUs are held when idle, trials of a hold
+//! judged like consolidations, and back-off after a hold that slowed the workload.
+//!
+//! Split from the engine's state machine (`mod.rs`) so that each file does one job; it is
+//! an `impl Gleaner` block with the engine's private state.
+
+use super::{us, EventKind, Gleaner, PolicyEvent, RetentionAction, RetentionTrial};
+use crate::judge::Verdict;
+use crate::retention::RetentionTimeout;
+use crate::sample::{Characteristics, PeriodSample, VcpuSample};
+
+impl Gleaner {
+    pub(super) fn retention_step(
+        &mut self,
+        sample: &PeriodSample,
+        c: &Characteristics,
+        timeout: RetentionTimeout,
+        settling: bool,
+        events: &mut Vec<PolicyEvent>,
+    ) -> Vec<(usize, RetentionAction)> {
+        let secs = sample.period_ns.max(1) as f64 / 1e9;
+        let idle = self.is_idle();
+        let crowded = c.runnable_wait_fraction > self.cfg.max_runnable_wait;
+        // Under steal every held microsecond is taken from another VM: demand more benefit.
+        let min_rate = self.cfg.min_idle_periods_per_sec * (1.0 + 10.0 * c.steal_fraction);
+
+        // Judge a trial first: it decides whether retention stays at all.
+        let mut judged_off = Vec::new();
+        if let Some(t) = self.trial.clone() {
+            let verdict = if !settling && !idle {
+                self.verdict.observe(c.total_util, c.max_vcpu_util)
+            } else {
+                None
+            };
+            if let Some(evidence) = verdict {
+                let after = evidence.mean;
+                if let Some(drop) = self.significant_drop(t.util_before, &t.baseline, &evidence) {
+                    judged_off = t.cpus.clone();
+                    self.retention_backoff =
+                        (self.retention_backoff * 2).min(self.cfg.max_backoff_periods);
+                    self.retention_blocked_until = self.period + self.retention_backoff as u64;
+                    events.push(self.event(
+                        EventKind::RetentionOff { cpus: t.cpus.clone() },
+                        format!(
+                            "utilization fell {:.0} % ({:.2} -> {:.2}) with retention on; retry in {} periods",
+                            drop * 100.0,
+                            t.util_before,
+                            after,
+                            self.retention_backoff
+                        ),
+                    ));
+                } else {
+                    self.retention_backoff = 1;
+                }
+                self.trial = None;
+                // Whatever the verdict, the workload's pace moved because of us: the settled
+                // state against which major changes are detected is measured afresh.
+                self.reference = None;
+            }
+        }
+
+        let mut turned_on = Vec::new();
+        let mut turned_off = Vec::new();
+        let mut why_off = String::new();
+        let active = self.active.clone();
+        let changing_active = settling || self.settle > 0 || self.judging.is_some();
+        for (cpu, st) in self.vcpus.iter_mut() {
+            let cpu = *cpu;
+            if judged_off.contains(&cpu) {
+                st.retaining = false;
+                continue;
+            }
+            let v = sample.vcpus.iter().find(|v| v.cpu == cpu);
+            let stop = if !active.contains(cpu) {
+                Some("vCPU deactivated")
+            } else if idle {
+                Some("workload idle")
+            } else if crowded {
+                Some("workload threads queue on one vCPU while another has none; a held vCPU would not pull them over")
+            } else if let Some(v) = v.filter(|_| st.retaining) {
+                retention_not_paying(v, secs, min_rate / 2.0, self.cfg.min_retention_hit_ratio)
+            } else {
+                None
+            };
+            if st.retaining {
+                if let Some(reason) = stop {
+                    st.retaining = false;
+                    turned_off.push(cpu);
+                    why_off = reason.to_string();
+                }
+                continue;
+            }
+            let eligible = stop.is_none()
+                && !changing_active
+                && self.trial.is_none()
+                && self.period >= self.retention_blocked_until
+                && v.is_some_and(|v| {
+                    worth_retaining(
+                        v,
+                        secs,
+                        min_rate,
+                        self.cfg.min_retain_idle_ns as f64,
+                        self.cfg.retain_idle_factor * timeout.ns as f64,
+                    )
+                });
+            if eligible {
+                st.retaining = true;
+                turned_on.push(cpu);
+            }
+        }
+        if !turned_off.is_empty() || !turned_on.is_empty() {
+            self.reference = None;
+        }
+        if !turned_off.is_empty() {
+            events.push(self.event(EventKind::RetentionOff { cpus: turned_off }, why_off));
+        }
+        if !turned_on.is_empty() {
+            self.trial = Some(RetentionTrial {
+                cpus: turned_on.clone(),
+                util_before: self.util_before(c),
+                baseline: self.quiet_values.iter().copied().collect(),
+            });
+            self.verdict = Verdict::default();
+            self.settle = self.settle.max(self.cfg.settle_periods);
+            events.push(self.event(
+                EventKind::RetentionOn { cpus: turned_on },
+                format!(
+                    "{:.0} idle periods/s per vCPU of {} on average (hold {})",
+                    c.idle_periods_per_sec,
+                    us(c.l_idle_ns),
+                    us(timeout.ns as f64)
+                ),
+            ));
+        }
+        self.vcpus
+            .iter()
+            .map(|(cpu, st)| {
+                (
+                    *cpu,
+                    if st.retaining {
+                        RetentionAction::Retain {
+                            timeout_ns: timeout.ns,
+                        }
+                    } else {
+                        RetentionAction::Off
+                    },
+                )
+            })
+            .collect()
+    }
+}
+
+/// Retention pays on a vCPU with many idle periods that are mostly shorter than the hold and
+/// longer than the window in which a halted vCPU wakes cheaply anyway.
+fn worth_retaining(
+    v: &VcpuSample,
+    secs: f64,
+    min_rate: f64,
+    min_mean_idle_ns: f64,
+    max_mean_idle_ns: f64,
+) -> bool {
+    let periods = v.idle_periods();
+    if periods == 0 {
+        return false;
+    }
+    let rate = periods as f64 / secs;
+    let mean_idle = v.idle_time_ns() as f64 / periods as f64;
+    rate >= min_rate && mean_idle >= min_mean_idle_ns && mean_idle <= max_mean_idle_ns
+}
+
+/// Why retention that is on stopped paying, if it did: too few idle periods to matter, or most
+/// holds timed out (the idle periods it saw outlived the hold).
+fn retention_not_paying(
+    v: &VcpuSample,
+    secs: f64,
+    min_rate: f64,
+    min_hit: f64,
+) -> Option<&'static str> {
+    let periods = v.idle_periods();
+    if (periods as f64 / secs) < min_rate {
+        return Some("too few idle periods to pay for a held vCPU");
+    }
+    // A handful of periods is not evidence either way.
+    if periods >= 20 && (v.yield_preemptions as f64) < min_hit * periods as f64 {
+        return Some("most holds timed out: idle periods outlast the hold");
+    }
+    None
+}

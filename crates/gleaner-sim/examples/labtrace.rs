@@ -1,0 +1,83 @@
+//! What the policy did, period by period, in one policy-lab scenario: `cargo run --release -p
+//! gleaner-sim --example labtrace -- SCENARIO [CONFIG...]` (SCENARIO: a lab scenario's name or
+//! a unique part of it; CONFIG: lab configuration labels, default `gleaner none`). Prints each
+//! period's active and held vCPUs, utilization, compute completed (the benchmark VM's
+//! progress) and the policy's events, for reading why a scenario's regret is what it is.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a debugging tool
+
+use gleaner_sim::engine::Sim;
+use gleaner_sim::lab::population::{population, LabSet};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let want = args.first().expect("usage: labtrace SCENARIO [CONFIG...]");
+    let mut labels: Vec<String> = args[1..].to_vec();
+    if labels.is_empty() {
+        labels = vec!["gleaner".into(), "none".into()];
+    }
+    let scenarios: Vec<_> = [LabSet::Tuning, LabSet::HeldOut]
+        .into_iter()
+        .flat_map(|set| population(set, 2000 * gleaner_sim::time::MS))
+        .filter(|s| s.name == *want || s.name.contains(want.as_str()))
+        .collect();
+    assert!(!scenarios.is_empty(), "no lab scenario matches {want}");
+    for s in &scenarios {
+        for label in &labels {
+            let Some(choice) = s.choices().into_iter().find(|c| &c.label() == label) else {
+                eprintln!("{}: no configuration {label}", s.name);
+                continue;
+            };
+            let mut choice = choice;
+            // Ask for the progress count in the samples; the policy is told it only for
+            // `gleaner+progress` (the sample's progress is what it judges by when present).
+            let traced = label == "gleaner+progress";
+            choice.app_progress = traced;
+            let scenario = s.build(choice, None).unwrap();
+            let (report, samples) = Sim::new(&scenario).run_keeping_samples();
+            let vm = &report.vms[0];
+            println!(
+                "== {} [{label}] bench compute/s {:.3} vCPUs",
+                s.name,
+                vm.completed_work_ns as f64 / report.simulated_ns.max(1) as f64
+            );
+            let bench: Vec<_> = samples.iter().filter(|(v, _)| *v == 0).collect();
+            for (i, (_, smp)) in bench.iter().enumerate() {
+                let util: u64 = smp.vcpus.iter().map(|v| v.work_ns).sum();
+                let idle_p: u64 = smp.vcpus.iter().map(|v| v.idle_periods()).sum();
+                let steal: u64 = smp.vcpus.iter().map(|v| v.steal_ns).sum();
+                let active = vm.active_vcpus.get(i).copied().unwrap_or(0);
+                let held = vm.retaining_vcpus.get(i).copied().unwrap_or(0);
+                let (h, p, r) = smp.wake_latency.as_ref().map_or((0, 0, 0), |w| {
+                    (w.halted.count, w.polling.count, w.running.count)
+                });
+                let lat = smp.wake_latency.as_ref().map_or(String::new(), |w| {
+                    let m = |h: &gleaner_policy::LatencyHistogram| {
+                        h.quantile_ns(0.5)
+                            .map_or("-".into(), |x| format!("{:.0}", x / 1e3))
+                    };
+                    format!(
+                        " p50us h/p/r {}/{}/{}",
+                        m(&w.halted),
+                        m(&w.polling),
+                        m(&w.running)
+                    )
+                });
+                println!(
+                    "{:3} active {:2} held {:2} util {:6.3} progress {:>8} idle/s {:>8} steal {:5.2} wakes h/p/r {h}/{p}/{r} sw {}{lat}",
+                    i + 1,
+                    active,
+                    held,
+                    util as f64 / smp.period_ns as f64,
+                    smp.progress.map_or("-".into(), |p| format!("{:.3}", p as f64 * 1e3 / smp.period_ns as f64)),
+                    idle_p * 1_000_000_000 / smp.period_ns.max(1),
+                    steal as f64 / smp.period_ns as f64,
+                    smp.work_switches,
+                );
+                for e in vm.policy_events.iter().filter(|e| e.period == i as u64 + 1) {
+                    println!("      {:?}: {}", e.kind, e.reason);
+                }
+            }
+        }
+    }
+}
