@@ -616,12 +616,19 @@ impl Sampler {
         }
         if windowed {
             // Counts from a window stand for the whole period; the CPU time is read whole.
+            // (Wake-up counts are scaled below, after the totals took the observed ones.)
             let scale = |x: u64| (x as u128 * period_ns as u128 / covered_ns as u128) as u64;
             switches = scale(switches);
             crowded_ns = scale(crowded_ns);
             work_between(&prev, &snap, &spare, period_ns, &mut vcpus);
         }
+        // The totals (status, metrics) keep what was observed; the period's sample, like its
+        // switch counts, stands for the whole period: the policy weighs wake-ups against run
+        // time read whole (`gleaner_policy::gain`).
         self.wake_total.merge(&wake);
+        if windowed {
+            wake = wake.scaled(period_ns, covered_ns);
+        }
         self.kernel_events = self.kernel_prev.iter().map(|c| c.events).sum();
         let len_ns = Window::next_len(events, covered_ns, period_ns);
         self.window = Window {

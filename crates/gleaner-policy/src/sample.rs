@@ -114,6 +114,21 @@ impl LatencyHistogram {
         (self.count > 0).then(|| self.sum_ns as f64 / self.count as f64)
     }
 
+    /// Every count and the sum multiplied by `num / den` (rounded): what wake-ups measured in
+    /// `den` ns of a period stand for over its `num` ns. Quantiles do not change.
+    pub fn scaled(&self, num: u64, den: u64) -> LatencyHistogram {
+        let den = den.max(1) as u128;
+        let scale =
+            |x: u64| ((x as u128 * num as u128 + den / 2) / den).min(u64::MAX as u128) as u64;
+        let mut h = self.clone();
+        for b in h.buckets.iter_mut() {
+            *b = scale(*b);
+        }
+        h.count = h.buckets.iter().sum();
+        h.sum_ns = scale(self.sum_ns);
+        h
+    }
+
     /// The `q` quantile (0..=1), interpolated geometrically inside its bucket; `None` when
     /// empty. Accurate to within the bucket's factor of two, which is what a log histogram
     /// offers.
@@ -161,11 +176,39 @@ impl WakeLatencies {
     pub fn total_count(&self) -> u64 {
         self.running.count + self.polling.count + self.halted.count
     }
+
+    /// See [`LatencyHistogram::scaled`].
+    pub fn scaled(&self, num: u64, den: u64) -> WakeLatencies {
+        WakeLatencies {
+            running: self.running.scaled(num, den),
+            polling: self.polling.scaled(num, den),
+            halted: self.halted.scaled(num, den),
+        }
+    }
 }
 
 #[cfg(test)]
 mod latency_tests {
     use super::*;
+
+    #[test]
+    fn a_windowed_sample_scales_to_the_period_without_moving_quantiles() {
+        let mut h = LatencyHistogram::default();
+        for ns in [2_000, 3_000, 20_000, 40_000] {
+            h.record(ns);
+        }
+        let w = WakeLatencies {
+            halted: h.clone(),
+            ..WakeLatencies::default()
+        };
+        // Measured over 20 ms of a 100 ms period: five times as many wake-ups.
+        let s = w.scaled(100, 20);
+        assert_eq!(s.halted.count, 20);
+        assert_eq!(s.halted.sum_ns, h.sum_ns * 5);
+        assert_eq!(s.halted.quantile_ns(0.5), h.quantile_ns(0.5));
+        assert_eq!(s.running.count, 0);
+        assert_eq!(w.scaled(7, 7), w);
+    }
 
     #[test]
     fn buckets_are_powers_of_two_and_quantiles_land_in_the_right_bucket() {
