@@ -480,6 +480,31 @@ fn cgroup_made_read_only_is_reported_restored_and_recoverable() {
     kill_pid(work);
     let err = fs::read_to_string(g.stderr.path()).unwrap_or_default();
     drop(ro);
+    // On a machine whose vCPUs never idle (other load soaks up every idle moment), ping-pong's
+    // wake-ups never find a halted vCPU and the policy rightly consolidates nothing: the
+    // read-only cgroup is then never written, and what this test checks did not happen.
+    // Clean up what the SIGTERM under the read-only mount could not, and say so.
+    if !ended && err.contains("changed nothing") {
+        let _ = gleaner()
+            .args(["recover", "--state-dir"])
+            .arg(state.path())
+            .output();
+        wait_until(Duration::from_secs(2), || {
+            cgroup_dirs(gp).iter().all(|d| !d.exists())
+        });
+        assert_nothing_left(gp, state.path());
+        let why: Vec<&str> = err
+            .lines()
+            .filter(|l| l.trim_start().starts_with("- consolidation:"))
+            .map(str::trim)
+            .collect();
+        let why = why.join("; ");
+        common::skipped(
+            "cgroup_read_only",
+            &format!("Gleaner consolidated nothing in 20 s (the machine was too busy for ping-pong's vCPUs to idle), so the read-only cgroup was never written: {why}"),
+        );
+        return;
+    }
     assert!(
         ended,
         "gleaner did not stop after its cgroup became read-only: {err}"
