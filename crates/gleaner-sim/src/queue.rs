@@ -34,10 +34,37 @@ impl<E> Default for EventQueue<E> {
 
 const ARITY: usize = 4;
 
+/// An event's place in the order: `time << 64 | seq`.
+pub type Key = u128;
+
+/// The time of a key.
+pub fn time_of(key: Key) -> Ns {
+    (key >> 64) as Ns
+}
+
+/// The largest key at time `at`: every event at `at` or before orders at or before it.
+pub fn last_key_at(at: Ns) -> Key {
+    (at as u128) << 64 | u64::MAX as u128
+}
+
 impl<E: Copy> EventQueue<E> {
     pub fn push(&mut self, at: Ns, event: E) {
+        let key = self.key_at(at);
+        self.push_key(key, event);
+    }
+
+    /// Take the next sequence number for an event at `at`, to push it (now or later) with
+    /// [`EventQueue::push_key`]: pushed later, it keeps its place among events at the same
+    /// time as if it had been pushed now.
+    pub fn key_at(&mut self, at: Ns) -> Key {
         let key = (at as u128) << 64 | self.next_seq as u128;
         self.next_seq += 1;
+        key
+    }
+
+    /// Push an event with a key from [`EventQueue::key_at`] (each key at most once in the
+    /// queue at a time).
+    pub fn push_key(&mut self, key: Key, event: E) {
         // Sift up with a hole: parents move down one step each, the new entry is written once.
         let mut i = self.keys.len();
         self.keys.push(key);
@@ -56,13 +83,17 @@ impl<E: Copy> EventQueue<E> {
     }
 
     pub fn pop(&mut self) -> Option<(Ns, E)> {
+        self.pop_key().map(|(key, e)| (time_of(key), e))
+    }
+
+    pub fn pop_key(&mut self) -> Option<(Key, E)> {
         let top = (*self.keys.first()?, self.events[0]);
         let (Some(last_key), Some(last_event)) = (self.keys.pop(), self.events.pop()) else {
             return None;
         };
         let len = self.keys.len();
         if len == 0 {
-            return Some(((top.0 >> 64) as Ns, top.1));
+            return Some(top);
         }
         // Floyd's variant: walk the hole at the root down to a leaf along the smallest
         // children without comparing them with the last entry (which, taken from the bottom,
@@ -116,7 +147,7 @@ impl<E: Copy> EventQueue<E> {
         }
         keys[i] = last_key;
         self.events[i] = last_event;
-        Some(((top.0 >> 64) as Ns, top.1))
+        Some(top)
     }
 
     pub fn len(&self) -> usize {
