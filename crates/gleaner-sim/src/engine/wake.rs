@@ -65,7 +65,11 @@ impl Sim {
         if self.allowed_on(t, prev) && self.vcpu_idle(prev) {
             return prev;
         }
-        let at = |i: u32| vm.base.offset((prev.local(vm.base) as u32 + i) % vm.n);
+        // (prev + i) % n without a division (both terms < n): this runs at every wakeup.
+        let at = |i: u32| {
+            let j = prev.local(vm.base) as u32 + i;
+            vm.base.offset(if j >= vm.n { j - vm.n } else { j })
+        };
         if let Some(u) = (1..vm.n)
             .map(at)
             .find(|&u| self.allowed_on(t, u) && self.vcpu_idle(u))
