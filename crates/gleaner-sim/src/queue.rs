@@ -2,8 +2,9 @@
 //!
 //! The sequence number makes the order of events at the same nanosecond first-in first-out,
 //! which is what makes a run deterministic (the habit of nexosim and most DES kernels).
-//! Cancelling an event is never done here: events carry a generation number and the handler
-//! ignores stale ones, which keeps push and pop O(log n) with no bookkeeping.
+//! Cancelling an event is never done here: the owner of a timer keeps the key of its live
+//! event and the handler ignores any other, which keeps push and pop O(log n) with no
+//! bookkeeping.
 
 use crate::time::Ns;
 
