@@ -17,14 +17,16 @@ use crate::time::Ns;
 /// most events, while the 1,024 pCPUs' balance timers and slice ticks (milliseconds ahead)
 /// are most entries: with one heap every pop walked past them.
 ///
-/// Events that always come a fixed delay after the event that schedules them (an IPI's
-/// flight, the host's kick of a halted vCPU: a quarter of perf-1024's events) are due in the
-/// order they are pushed, so they wait in first-in first-out lanes ([`EventQueue::push_fifo`]),
-/// pushed and popped in O(1), and pop takes the smallest of the heaps' and lanes' first keys.
+/// Events that come a fixed delay after the event that schedules them (an IPI's flight, the
+/// host's kick of a halted vCPU, a vCPU's switch-in overhead: a third of perf-1024's events)
+/// are due in the order they are pushed, so they wait in first-in first-out lanes, one per
+/// delay ([`EventQueue::push_delayed`]), pushed and popped in O(1); pop takes the smallest of
+/// the heaps' and lanes' first keys.
 pub struct EventQueue<E> {
     near: Heap<E>,
     far: Heap<E>,
-    lanes: Vec<VecDeque<(Key, E)>>,
+    /// (delay, its events).
+    lanes: Vec<(Ns, VecDeque<(Key, E)>)>,
     /// The time of the last event popped.
     now: Ns,
     next_seq: u64,
@@ -41,6 +43,9 @@ impl<E> Default for EventQueue<E> {
         }
     }
 }
+
+/// At most this many lanes: each costs every pop a comparison.
+const MAX_LANES: usize = 4;
 
 /// Events due this far after the last one popped, or later, go to the far heap.
 const HORIZON: Ns = 200_000;
@@ -83,20 +88,27 @@ impl<E: Copy> EventQueue<E> {
         }
     }
 
-    /// Push an event into first-in first-out lane `lane`, for events whose times never
-    /// decrease from one push to the next (a fixed delay after now). One that would decrease
-    /// goes to the heaps instead, so the order is right either way.
-    pub fn push_fifo(&mut self, lane: usize, at: Ns, event: E) {
-        let key = self.key_at(at);
-        if self.lanes.len() <= lane {
-            self.lanes.resize_with(lane + 1, VecDeque::new);
+    /// Push an event due `delay` after `now` (the caller's current time), into the lane of
+    /// that delay: with `now` never decreasing, each lane's times never decrease. One that
+    /// would (or one past the lanes' number) goes to the heaps, so the order is right either
+    /// way. Returns its key.
+    pub fn push_delayed(&mut self, now: Ns, delay: Ns, event: E) -> Key {
+        let key = self.key_at(now.saturating_add(delay));
+        let lane = match self.lanes.iter().position(|&(d, _)| d == delay) {
+            Some(l) => Some(l),
+            None if self.lanes.len() < MAX_LANES => {
+                self.lanes.push((delay, VecDeque::new()));
+                Some(self.lanes.len() - 1)
+            }
+            None => None,
+        };
+        match lane {
+            Some(l) if self.lanes[l].1.back().is_none_or(|&(last, _)| last < key) => {
+                self.lanes[l].1.push_back((key, event));
+            }
+            _ => self.push_key(key, event),
         }
-        let fits = self.lanes[lane].back().is_none_or(|&(last, _)| last < key);
-        if fits {
-            self.lanes[lane].push_back((key, event));
-        } else {
-            self.push_key(key, event);
-        }
+        key
     }
 
     pub fn pop(&mut self) -> Option<(Ns, E)> {
@@ -115,13 +127,13 @@ impl<E: Copy> EventQueue<E> {
             }
         };
         consider(self.far.first(), None);
-        for (l, lane) in self.lanes.iter().enumerate() {
+        for (l, (_, lane)) in self.lanes.iter().enumerate() {
             consider(lane.front().map(|&(k, _)| k), Some(l));
         }
         let popped = match best?.1 {
             None => self.near.pop(),
             Some(None) => self.far.pop(),
-            Some(Some(l)) => self.lanes[l].pop_front(),
+            Some(Some(l)) => self.lanes[l].1.pop_front(),
         };
         if let Some((key, _)) = popped {
             self.now = time_of(key);
@@ -130,7 +142,7 @@ impl<E: Copy> EventQueue<E> {
     }
 
     pub fn len(&self) -> usize {
-        self.near.len() + self.far.len() + self.lanes.iter().map(VecDeque::len).sum::<usize>()
+        self.near.len() + self.far.len() + self.lanes.iter().map(|(_, l)| l.len()).sum::<usize>()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -321,25 +333,32 @@ mod tests {
     fn fifo_lanes_merge_in_order_and_take_a_decreasing_time_in_the_heaps() {
         let mut q = EventQueue::default();
         q.push(7, "heap 7");
-        q.push_fifo(0, 5, "lane0 5");
-        q.push_fifo(1, 5, "lane1 5");
-        q.push_fifo(0, 9, "lane0 9");
-        q.push_fifo(0, 3, "lane0 3, earlier: to the heaps");
+        q.push_delayed(0, 5, "lane0 5");
+        q.push_delayed(4, 1, "lane1 5");
+        q.push_delayed(4, 5, "lane0 9");
+        q.push_delayed(0, 5, "lane0 5 again, earlier than 9: to the heaps");
         q.push(5, "heap 5");
-        q.push_fifo(1, 300_000, "lane1 300000");
-        assert_eq!(q.len(), 7);
+        q.push_delayed(299_999, 1, "lane1 300000");
+        for d in 10..20 {
+            // Past MAX_LANES: to the heaps.
+            q.push_delayed(1_000_000, d, "late");
+        }
+        assert_eq!(q.len(), 17);
         let order: Vec<_> = std::iter::from_fn(|| q.pop()).collect();
         assert_eq!(
             order,
             vec![
-                (3, "lane0 3, earlier: to the heaps"),
                 (5, "lane0 5"),
                 (5, "lane1 5"),
+                (5, "lane0 5 again, earlier than 9: to the heaps"),
                 (5, "heap 5"),
                 (7, "heap 7"),
                 (9, "lane0 9"),
                 (300_000, "lane1 300000"),
             ]
+            .into_iter()
+            .chain((1_000_010..1_000_020).map(|t| (t, "late")))
+            .collect::<Vec<_>>()
         );
         assert!(q.is_empty());
     }

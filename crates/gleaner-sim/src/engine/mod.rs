@@ -380,9 +380,10 @@ impl Sim {
                     let vc = &mut self.vcpus[vcpu];
                     vc.host_running = true;
                     vc.in_overhead = true;
-                    let key = self.q.key_at(self.now + overhead);
-                    vc.timer_key = key;
-                    self.q.push_key(key, Event::VcpuTimer { vcpu });
+                    // One of two fixed delays (with or without cache refill): FIFO lanes.
+                    vc.timer_key =
+                        self.q
+                            .push_delayed(self.now, overhead, Event::VcpuTimer { vcpu });
                     self.refresh_acct(vcpu);
                 }
                 Effect::Preempted { vcpu, .. } => {

@@ -150,9 +150,9 @@ impl Sim {
         let vc = &mut self.vcpus[v];
         vc.ipi_pending = true;
         vc.c.ipis += 1;
-        // A fixed delay after now: in push order, a FIFO lane of the queue.
+        // A fixed delay after now: a FIFO lane of the queue.
         self.q
-            .push_fifo(0, self.now + self.costs.ipi, Event::IpiArrive { vcpu: v });
+            .push_delayed(self.now, self.costs.ipi, Event::IpiArrive { vcpu: v });
     }
 
     pub(super) fn host_kick(&mut self, v: VcpuId) {
@@ -161,11 +161,8 @@ impl Sim {
             return;
         }
         vc.wake_pending = true;
-        self.q.push_fifo(
-            1,
-            self.now + self.costs.halt_wake,
-            Event::HostWake { vcpu: v },
-        );
+        self.q
+            .push_delayed(self.now, self.costs.halt_wake, Event::HostWake { vcpu: v });
     }
 
     pub(super) fn ipi_arrive(&mut self, v: VcpuId) {
