@@ -7,6 +7,9 @@
 //! 3. the same with twice the MySQL connections (threads), to show memory growing with threads.
 //!
 //! Wall times depend on what else runs: check /proc/loadavg and record it with the numbers.
+//! On a shared machine, time one configuration at a time by its CPU time instead, e.g.
+//! `/usr/bin/time -f '%U user %S sys' target/release/examples/perf perf-1024`: an argument
+//! (`fig7`, `perf-1024` or `2x`) runs only that configuration.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed assumption is a failed test
 
@@ -56,15 +59,21 @@ fn measure(label: &str, s: &Scenario) {
 }
 
 fn main() -> anyhow::Result<()> {
+    let only = std::env::args().nth(1).unwrap_or_default();
+    let measure = |key: &str, label: &str, s: &Scenario| {
+        if only.is_empty() || only == key {
+            measure(label, s);
+        }
+    };
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!("load average before: {}", load.trim());
 
     let mut fig7 = Scenario::load(&scenario("fig7-dedup-matmul.toml"))?;
     fig7.sim.weighted_speedup = false;
-    measure("fig7 dedup + matmul", &fig7);
+    measure("fig7", "fig7 dedup + matmul", &fig7);
 
     let big = Scenario::load(&scenario("perf-1024.toml"))?;
-    measure("perf-1024 (1 s)", &big);
+    measure("perf-1024", "perf-1024 (1 s)", &big);
 
     let mut doubled = big.clone();
     for vm in &mut doubled.vms {
@@ -72,7 +81,7 @@ fn main() -> anyhow::Result<()> {
             *connections *= 2;
         }
     }
-    measure("perf-1024, 2x connections", &doubled);
+    measure("2x", "perf-1024, 2x connections", &doubled);
 
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!("load average after: {}", load.trim());

@@ -615,7 +615,12 @@ impl Host {
         let candidates = || {
             list.iter()
                 .map(|&c| c as usize)
-                .chain((0..len).map(move |i| d.start + (prev - d.start + i) % len))
+                .chain((0..len).map(move |i| {
+                    // (prev - d.start + i) % len without a division (both terms < len):
+                    // this search runs at every wakeup of a halted vCPU.
+                    let j = prev - d.start + i;
+                    d.start + if j >= len { j - len } else { j }
+                }))
         };
         if let Some(q) = candidates().find(|&q| ok(q) && self.is_idle(q)) {
             return q;

@@ -7,7 +7,7 @@
 
 use super::guest::Activity;
 use super::ids::VcpuId;
-use super::{Event, Sim};
+use super::{Event, Sim, NO_KEY};
 use crate::host::VState;
 use crate::time::Ns;
 
@@ -61,7 +61,7 @@ impl Sim {
         let vc = &mut self.vcpus[v];
         if Self::timed(vc.act) {
             vc.remaining = vc.deadline.saturating_sub(now);
-            vc.timer_gen += 1;
+            vc.timer_key = NO_KEY;
         }
     }
 
@@ -74,10 +74,9 @@ impl Sim {
         let vc = &mut self.vcpus[v];
         if Self::timed(vc.act) {
             vc.deadline = now.saturating_add(vc.remaining);
-            vc.timer_gen += 1;
-            let gen = vc.timer_gen;
-            let at = vc.deadline;
-            self.q.push(at, Event::VcpuTimer { vcpu: v, gen });
+            let key = self.q.key_at(vc.deadline);
+            vc.timer_key = key;
+            self.q.push_key(key, Event::VcpuTimer { vcpu: v });
         }
     }
 

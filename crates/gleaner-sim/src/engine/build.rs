@@ -11,7 +11,7 @@ use super::accounting::{Acct, Counters};
 use super::guest::{Activity, Vcpu};
 use super::ids::{BarrierId, Id, MutexId, QueueId, SpinId};
 use super::sync::{Barrier, Mutex, Queue, ROp, SpinLock, TState, Thread};
-use super::{Costs, GuestParams, Sim, Vm};
+use super::{Costs, GuestParams, Sim, TickSlot, Vm, NO_KEY};
 use crate::host::{Host, HostParams, VmSpec};
 use crate::queue::EventQueue;
 use crate::report::Histogram;
@@ -94,6 +94,11 @@ impl Sim {
                 host_balance_interval: s.host.balance_interval.0,
             },
             events: 0,
+            ticks: vec![TickSlot::default(); s.host.pcpus],
+            superseded: Vec::new(),
+            superseded_passed: 0,
+            superseded_cap: 4096,
+            cur_key: 0,
             gang_slice: s.gang_slice(),
             finite_vms_left: 0,
             any_finite: false,
@@ -117,7 +122,7 @@ impl Sim {
                 act: Activity::Idle,
                 remaining: 0,
                 deadline: 0,
-                timer_gen: 0,
+                timer_key: NO_KEY,
                 host_running: false,
                 in_overhead: false,
                 runq: VecDeque::new(),
@@ -130,7 +135,7 @@ impl Sim {
                 ipi_pending: false,
                 wake_pending: false,
                 exit_debt: 0,
-                tick_gen: 0,
+                tick_key: NO_KEY,
                 tick_armed: false,
                 c: Counters::default(),
             });

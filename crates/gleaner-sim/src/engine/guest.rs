@@ -7,7 +7,8 @@ use super::accounting::{Acct, Counters};
 use super::ids::{ThreadId, VcpuId, VmId};
 use super::sync::{ROp, TState};
 use super::wake::{WakeeState, Waker};
-use super::{Event, Sim};
+use super::{Event, Sim, NO_KEY};
+use crate::queue::Key;
 use crate::scenario::GuestPolicy;
 use crate::time::Ns;
 
@@ -29,7 +30,9 @@ pub(super) struct Vcpu {
     pub(super) remaining: Ns,
     /// When the timed activity ends, while it is progressing.
     pub(super) deadline: Ns,
-    pub(super) timer_gen: u64,
+    /// The key of the vCPU's one live timer event ([`super::NO_KEY`]: none); any other
+    /// popped timer of this vCPU was superseded and is ignored.
+    pub(super) timer_key: Key,
     pub(super) host_running: bool,
     pub(super) in_overhead: bool,
     pub(super) runq: VecDeque<ThreadId>,
@@ -47,7 +50,8 @@ pub(super) struct Vcpu {
     /// VM exits taken by the guest code now running (IPI sends), added to its current
     /// activity: the guest sees them as time its instruction took.
     pub(super) exit_debt: Ns,
-    pub(super) tick_gen: u64,
+    /// The key of the live guest tick, as `timer_key`.
+    pub(super) tick_key: Key,
     pub(super) tick_armed: bool,
     pub(super) c: Counters,
 }
@@ -131,7 +135,7 @@ impl Sim {
         vc.c.halts += 1;
         vc.host_running = false;
         vc.in_overhead = false;
-        vc.timer_gen += 1;
+        vc.timer_key = NO_KEY;
         self.host.block(v.0, self.now);
         self.refresh_acct(v);
         self.apply_host_effects();
@@ -239,10 +243,9 @@ impl Sim {
             return;
         }
         vc.tick_armed = true;
-        vc.tick_gen += 1;
-        let gen = vc.tick_gen;
-        self.q
-            .push(self.now + self.g.slice, Event::GuestTick { vcpu: v, gen });
+        let key = self.q.key_at(self.now + self.g.slice);
+        vc.tick_key = key;
+        self.q.push_key(key, Event::GuestTick { vcpu: v });
     }
 
     pub(super) fn guest_tick(&mut self, v: VcpuId) {

@@ -267,12 +267,9 @@ impl Sim {
         let vc = &mut self.vcpus[v];
         vc.remaining = self.costs.ple_window;
         vc.in_overhead = true;
-        vc.timer_gen += 1;
-        let gen = vc.timer_gen;
-        self.q.push(
-            self.now + self.costs.ple_exit,
-            Event::VcpuTimer { vcpu: v, gen },
-        );
+        let key = self.q.key_at(self.now + self.costs.ple_exit);
+        vc.timer_key = key;
+        self.q.push_key(key, Event::VcpuTimer { vcpu: v });
         self.refresh_acct(v);
         if let Some(h) = holder_vcpu {
             if h != v && matches!(self.host.vcpus[h.index()].state, VState::Queued(_)) {

@@ -65,7 +65,11 @@ impl Sim {
         if self.allowed_on(t, prev) && self.vcpu_idle(prev) {
             return prev;
         }
-        let at = |i: u32| vm.base.offset((prev.local(vm.base) as u32 + i) % vm.n);
+        // (prev + i) % n without a division (both terms < n): this runs at every wakeup.
+        let at = |i: u32| {
+            let j = prev.local(vm.base) as u32 + i;
+            vm.base.offset(if j >= vm.n { j - vm.n } else { j })
+        };
         if let Some(u) = (1..vm.n)
             .map(at)
             .find(|&u| self.allowed_on(t, u) && self.vcpu_idle(u))
@@ -146,8 +150,9 @@ impl Sim {
         let vc = &mut self.vcpus[v];
         vc.ipi_pending = true;
         vc.c.ipis += 1;
+        // A fixed delay after now: a FIFO lane of the queue.
         self.q
-            .push(self.now + self.costs.ipi, Event::IpiArrive { vcpu: v });
+            .push_delayed(self.now, self.costs.ipi, Event::IpiArrive { vcpu: v });
     }
 
     pub(super) fn host_kick(&mut self, v: VcpuId) {
@@ -157,7 +162,7 @@ impl Sim {
         }
         vc.wake_pending = true;
         self.q
-            .push(self.now + self.costs.halt_wake, Event::HostWake { vcpu: v });
+            .push_delayed(self.now, self.costs.halt_wake, Event::HostWake { vcpu: v });
     }
 
     pub(super) fn ipi_arrive(&mut self, v: VcpuId) {
