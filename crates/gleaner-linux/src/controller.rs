@@ -427,9 +427,23 @@ impl<'a> Controller<'a> {
             let slice_ns = slice.as_nanos() as u64;
             for _ in 0..slices {
                 let nap = Duration::from_nanos(pacer.next(now_ns(), slice_ns));
-                if watch.sleep(nap, stop) {
+                // The BPF sampler's partial window ends with the period: wake once before
+                // the end to open it (`Sampler::begin_window`).
+                let lead = self
+                    .sampler
+                    .window_lead_ns()
+                    .map(Duration::from_nanos)
+                    .filter(|l| *l < nap);
+                if watch.sleep(lead.map_or(nap, |l| nap - l), stop) {
                     self.final_read(now_ns());
                     return Ok(StopReason::Requested);
+                }
+                if let Some(l) = lead {
+                    self.sampler.begin_window();
+                    if watch.sleep(l, stop) {
+                        self.final_read(now_ns());
+                        return Ok(StopReason::Requested);
+                    }
                 }
                 let wake = pacer.woke(now_ns(), slice_ns, self.opts.period.as_nanos() as u64);
                 self.note_wake(wake);

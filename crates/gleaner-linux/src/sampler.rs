@@ -128,6 +128,11 @@ pub struct Sampler {
     kernel_events: u64,
     /// The BPF sampler's current measurement window.
     window: Window,
+    /// A partial window waiting to be opened by [`Sampler::begin_window`], `len` before the
+    /// period ends; until then the scheduler programs are detached.
+    pending_window_ns: Option<u64>,
+    /// The current window was opened by `begin_window` and lasts until the next read.
+    window_at_end: bool,
     budget: ProcfsBudget,
     /// Sampling CPU ns spent on the controller thread this period (procfs).
     cost_ns: u64,
@@ -177,6 +182,8 @@ impl Sampler {
             wake_total: WakeLatencies::default(),
             kernel_events: 0,
             window: Window::default(),
+            pending_window_ns: None,
+            window_at_end: false,
             budget: ProcfsBudget::new(PROCFS_BUDGET_FRACTION),
             cost_ns: 0,
             switch_periods: 0,
@@ -315,6 +322,35 @@ impl Sampler {
         } else {
             self.budget.wakeups_per_period(full.max(1))
         }
+    }
+
+    /// How long before the period ends the caller should call [`Sampler::begin_window`]:
+    /// where scheduler events are too many to measure all period, the BPF sampler measures
+    /// them in a window at the end of each period, with its `sched_switch` and `sched_waking`
+    /// programs detached until then (see `KernelSampler::set_scheduler_programs`).
+    pub fn window_lead_ns(&self) -> Option<u64> {
+        self.pending_window_ns
+    }
+
+    /// Opens the window that [`Sampler::window_lead_ns`] asked for: attaches the scheduler
+    /// programs and measures until the next read.
+    pub fn begin_window(&mut self) {
+        let Some(len) = self.pending_window_ns.take() else {
+            return;
+        };
+        let now = gleaner_sys::clock::monotonic_ns();
+        if let Some(k) = self.kernel.as_mut() {
+            if let Err(e) = k.set_scheduler_programs(true) {
+                tracing::warn!("{e}; this period's wake-ups are not measured");
+                return;
+            }
+            k.open_window(now, None);
+        }
+        self.window = Window {
+            start_ns: now,
+            len_ns: Some(len),
+        };
+        self.window_at_end = true;
     }
 
     /// Whether the caller must list every workload thread in [`WorkloadView::tids`] (procfs),
@@ -583,7 +619,13 @@ impl Sampler {
         };
         let period_ns = now_ns.saturating_sub(self.prev_time_ns).max(1);
         self.prev_time_ns = now_ns;
-        let covered_ns = self.window.covered_ns(now_mono).clamp(1, period_ns);
+        // A window opened by `begin_window` measured until now, however late this read is.
+        let covered_ns = if self.window_at_end {
+            now_mono.saturating_sub(self.window.start_ns)
+        } else {
+            self.window.covered_ns(now_mono)
+        }
+        .clamp(1, period_ns);
         let windowed = self.window.len_ns.is_some();
         let mut vcpus = Vec::with_capacity(self.cpus.len());
         let mut spare = Vec::with_capacity(self.cpus.len());
@@ -635,8 +677,25 @@ impl Sampler {
             start_ns: now_mono,
             len_ns,
         };
+        self.window_at_end = false;
+        self.pending_window_ns = None;
         if let Some(k) = self.kernel.as_mut() {
-            k.open_window(now_mono, len_ns.map(|l| now_mono + l));
+            match len_ns {
+                // Too many events to measure all period: measure the last `len` of the next
+                // one (`begin_window`), with the scheduler programs detached until then. A
+                // window nobody opens measures nothing, and the next period measures whole.
+                Some(len) => match k.set_scheduler_programs(false) {
+                    Ok(()) => {
+                        k.open_window(now_mono, Some(now_mono));
+                        self.pending_window_ns = Some(len);
+                    }
+                    Err(_) => k.open_window(now_mono, Some(now_mono + len)),
+                },
+                None => match k.set_scheduler_programs(true) {
+                    Ok(()) => k.open_window(now_mono, None),
+                    Err(e) => tracing::warn!("{e}; wake-ups are not measured this period"),
+                },
+            }
         }
         Ok(Some(PeriodSample {
             period_ns,
