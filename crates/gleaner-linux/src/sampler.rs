@@ -101,7 +101,7 @@ pub struct WorkloadView {
 
 mod cost;
 mod deltas;
-pub use cost::{ProcfsBudget, Window, PROCFS_BUDGET_FRACTION, WINDOW_EVENTS};
+pub use cost::{ProcfsBudget, Window, FIRST_WINDOW_NS, PROCFS_BUDGET_FRACTION, WINDOW_EVENTS};
 use deltas::work_between;
 pub use deltas::{kernel_delta, wake_delta};
 
@@ -608,12 +608,20 @@ impl Sampler {
         let Some(prev) = self.prev.replace(snap.clone()) else {
             self.prev_time_ns = now_ns;
             self.kernel_events = self.kernel_prev.iter().map(|c| c.events).sum();
+            // The event rate is not known yet: a short window at the end of the first
+            // period measures it (`begin_window`), and the next window is sized from it.
             self.window = Window {
                 start_ns: now_mono,
-                len_ns: None,
+                len_ns: Some(FIRST_WINDOW_NS),
             };
             if let Some(k) = self.kernel.as_mut() {
-                k.open_window(now_mono, None);
+                match k.set_scheduler_programs(false) {
+                    Ok(()) => {
+                        k.open_window(now_mono, Some(now_mono));
+                        self.pending_window_ns = Some(FIRST_WINDOW_NS);
+                    }
+                    Err(_) => k.open_window(now_mono, None),
+                }
             }
             return Ok(None);
         };
