@@ -28,7 +28,7 @@ pub struct ProbeArgs {
     /// Gaps between wakes (how long the woken thread stays blocked), e.g. "20us,1ms".
     #[arg(long, default_value = "20us,50us,100us,200us,500us,1ms,2ms,5ms", value_parser = parse_gaps)]
     pub gaps: GapList,
-    /// Only the ~0.2 s calibration the daemon runs at start-up (settings B and C).
+    /// Only the ~0.5 s calibration run the daemon repeats at start-up (settings B or B-poll, and C).
     #[arg(long)]
     pub quick: bool,
     /// What `gleaner run` derives at start-up: repeated quick calibrations, outliers rejected, and whether it would be cached

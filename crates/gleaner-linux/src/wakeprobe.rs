@@ -435,7 +435,7 @@ pub fn calibration_busy_setting(sysfs_root: &Path, prefer_poll: bool) -> Setting
     }
 }
 
-/// A short B (or B-poll, `busy`) and C measurement (≈ 0.2 s) for the daemon's start-up: the
+/// A short B (or B-poll, `busy`) and C measurement (≈ 0.45 s) for the daemon's start-up: the
 /// break-even retention timeout from the median busy and halted wake costs. With B-poll the
 /// wakee's PM QoS is changed and restored per block; `on_pmqos_original` (the caller's crash
 /// journal) hears of it first.
@@ -476,7 +476,10 @@ pub fn quick_calibration(
         samples: 40,
         ..cfg.clone()
     };
-    let halted_cfg = ProbeConfig { samples: 25, ..cfg };
+    // The hold's noise is the halted median's: the busy one barely moves (2.5-2.9 µs polling
+    // on the haltpoll guest), so the halted side gets the samples. With 25 a block, ten starts
+    // on a quiet machine derived holds 15.0-20.3 µs (max/min 1.35).
+    let halted_cfg = ProbeConfig { samples: 50, ..cfg };
     let (mut busy_ns, mut halted_ns) = (Vec::new(), Vec::new());
     for _ in 0..CALIBRATION_BLOCKS {
         let env = SettingEnv::enter(busy, wakee, &busy_cfg)?;
