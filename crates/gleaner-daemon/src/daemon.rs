@@ -617,7 +617,7 @@ fn wake_costs(cfg: &DaemonConfig, state_dir: &Path, journal: &SharedJournal) -> 
     // An agreed measurement holds for the boot. A default kept because every run found the
     // vCPUs busy is kept for a while only: each start on a busy machine would otherwise pay
     // for runs that cannot succeed, and a quieter start later measures for real.
-    let expires_unix_s = if c.trusted {
+    let (cached, expires_unix_s) = if c.trusted {
         tracing::info!(
             timeout_us = c.timeout_ns / 1000,
             host_poll_us = c.host_poll_ns / 1000,
@@ -625,28 +625,25 @@ fn wake_costs(cfg: &DaemonConfig, state_dir: &Path, journal: &SharedJournal) -> 
             c.source
         );
         c.source.push_str(" (for this boot)");
-        Some(None)
-    } else if c.vcpus_busy {
-        c.source.push_str(&format!(
-            "; measuring again at a start after {} min",
-            BUSY_CALIBRATION_KEPT_S / 60
-        ));
-        tracing::warn!(
-            timeout_us = c.timeout_ns / 1000,
-            "retention hold: {}",
-            c.source
-        );
-        Some(Some(now_s + BUSY_CALIBRATION_KEPT_S))
+        (true, None)
     } else {
-        c.source.push_str("; measuring again at the next start");
+        let kept = c.vcpus_busy;
+        c.source.push_str(&if kept {
+            format!(
+                "; measuring again at a start after {} min",
+                BUSY_CALIBRATION_KEPT_S / 60
+            )
+        } else {
+            "; measuring again at the next start".to_string()
+        });
         tracing::warn!(
             timeout_us = c.timeout_ns / 1000,
             "retention hold: {}",
             c.source
         );
-        None
+        (kept, kept.then_some(now_s + BUSY_CALIBRATION_KEPT_S))
     };
-    if let Some(expires_unix_s) = expires_unix_s {
+    if cached {
         let entry = CacheEntry {
             boot_id: boot,
             timeout_ns: c.timeout_ns,

@@ -201,23 +201,12 @@ impl Sampler {
         }
     }
 
-    /// The sampler `preference` asks for. With `Auto`, a BPF sampler that cannot load is
-    /// reported in one info line and procfs runs instead; with `Bpf` that is an error.
-    pub fn open(
-        procfs: ProcFs,
-        sys_root: impl Into<PathBuf>,
-        cpus: Cpuset,
-        preference: SamplerPreference,
-    ) -> std::result::Result<Self, Unavailable> {
-        let sys_root = sys_root.into();
-        let prepared = Self::prepare(&sys_root, preference)?;
-        Ok(Self::from_prepared(procfs, sys_root, cpus, prepared))
-    }
-
-    /// Loads and attaches the sampler's kernel side, as [`Sampler::open`] would, before the
-    /// workload is known. `gleaner run` does this before it starts the workload: the BPF
-    /// verifier's tens of milliseconds of CPU then do not compete with the workload's first
-    /// moments, and the sampler sees the workload from its first instruction. The kernel side
+    /// Loads and attaches the sampler's kernel side that `preference` asks for, before the
+    /// workload is known. With `Auto`, a BPF sampler that cannot load is reported in one info
+    /// line and procfs runs instead; with `Bpf` that is an error. `gleaner run` does this
+    /// before it starts the workload: the BPF verifier's tens of milliseconds of CPU then do
+    /// not compete with the workload's first moments, and the sampler sees the workload from
+    /// its first instruction. The kernel side
     /// does not depend on the workload's vCPUs: the POLL state's index is the same on every
     /// CPU, so it is read from the first online one.
     pub fn prepare(

@@ -59,7 +59,10 @@ u32 workload_gen = 1;
  * window_start_ns to window_end_ns (switch-ins of threads woken inside the window are timed
  * for GRACE_NS more), and at other times return at their first instruction. Userspace sizes
  * the window each period from the event rate it saw, up to the whole period (`measuring`
- * stays set) for a workload whose events are few. cpu_idle is always counted: it fires only
+ * stays set) for a workload whose events are few; a shorter window lies at the end of the
+ * period, and outside it userspace detaches the two programs altogether
+ * (`KernelSampler::set_scheduler_programs`): even returning at once, an attached program
+ * costs every switch of the machine its dispatch. cpu_idle is always counted: it fires only
  * at idle entry and exit, and idle time must be exact.
  */
 u32 measuring = 1;
