@@ -571,7 +571,7 @@ impl<'a> Controller<'a> {
         }
         if let Ok(Some(_)) =
             self.sampler
-                .sample(now_ns, &WorkloadView::default(), &self.retention_counters())
+                .sample_last(now_ns, &WorkloadView::default(), &self.retention_counters())
         {
             self.status.wake_latency = self.sampler.wake_latency_total().cloned();
             self.status.bpf_events = self.sampler.kernel_events();

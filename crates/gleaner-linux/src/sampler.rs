@@ -133,6 +133,8 @@ pub struct Sampler {
     pending_window_ns: Option<u64>,
     /// The current window was opened by `begin_window` and lasts until the next read.
     window_at_end: bool,
+    /// The next read is the last ([`Sampler::sample_last`]): no window follows it.
+    closing: bool,
     budget: ProcfsBudget,
     /// Sampling CPU ns spent on the controller thread this period (procfs).
     cost_ns: u64,
@@ -184,6 +186,7 @@ impl Sampler {
             window: Window::default(),
             pending_window_ns: None,
             window_at_end: false,
+            closing: false,
             budget: ProcfsBudget::new(PROCFS_BUDGET_FRACTION),
             cost_ns: 0,
             switch_periods: 0,
@@ -544,6 +547,19 @@ impl Sampler {
         }))
     }
 
+    /// The last sample, when the workload is gone or Gleaner stops: like [`Sampler::sample`],
+    /// but the scheduler programs are left detached instead of opening another window
+    /// (attaching them costs kernel-text patching on every CPU, for nothing at exit).
+    pub fn sample_last(
+        &mut self,
+        now_ns: u64,
+        work: &WorkloadView,
+        retention: &[(usize, RetentionCounters)],
+    ) -> Result<Option<PeriodSample>> {
+        self.closing = true;
+        self.sample(now_ns, work, retention)
+    }
+
     /// One period from the BPF sampler's counters (plus steal from `/proc/stat`, the retention
     /// threads' own counters, and the process list for the program's workload map).
     fn sample_kernel(
@@ -670,13 +686,18 @@ impl Sampler {
         }
         self.kernel_events = self.kernel_prev.iter().map(|c| c.events).sum();
         let len_ns = Window::next_len(events, covered_ns, period_ns);
+        if self.closing {
+            if let Some(k) = self.kernel.as_mut() {
+                let _ = k.set_scheduler_programs(false);
+            }
+        }
         self.window = Window {
             start_ns: now_mono,
             len_ns,
         };
         self.window_at_end = false;
         self.pending_window_ns = None;
-        if let Some(k) = self.kernel.as_mut() {
+        if let Some(k) = self.kernel.as_mut().filter(|_| !self.closing) {
             match len_ns {
                 // Too many events to measure all period: measure the last `len` of the next
                 // one (`begin_window`), with the scheduler programs detached until then. A

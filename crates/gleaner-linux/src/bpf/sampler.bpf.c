@@ -185,16 +185,30 @@ static __always_inline struct task_info *info_of(struct task_struct *p)
 	return ti;
 }
 
+/*
+ * floor(log2(v)), clamped to the last bucket. Without branches: each `(c - v) >> 63` is 1
+ * exactly when v > c (v < 2^63 here), so the verifier walks one path through it instead of
+ * one per combination of six branches, times every path of on_switch around it.
+ */
 static __always_inline u32 log2_bucket(u64 v)
 {
-	u32 r = 0;
-	if (v >= (1ULL << 32)) { v >>= 32; r += 32; }
-	if (v >= (1ULL << 16)) { v >>= 16; r += 16; }
-	if (v >= (1ULL << 8)) { v >>= 8; r += 8; }
-	if (v >= (1ULL << 4)) { v >>= 4; r += 4; }
-	if (v >= (1ULL << 2)) { v >>= 2; r += 2; }
-	if (v >= (1ULL << 1)) { r += 1; }
-	return r >= NR_BUCKETS ? NR_BUCKETS - 1 : r;
+	u64 r, shift;
+	r = ((0xFFFFFFFFULL - v) >> 63) << 5;
+	v >>= r;
+	shift = ((0xFFFFULL - v) >> 63) << 4;
+	v >>= shift;
+	r |= shift;
+	shift = ((0xFFULL - v) >> 63) << 3;
+	v >>= shift;
+	r |= shift;
+	shift = ((0xFULL - v) >> 63) << 2;
+	v >>= shift;
+	r |= shift;
+	shift = ((0x3ULL - v) >> 63) << 1;
+	v >>= shift;
+	r |= shift;
+	r |= (0x1ULL - v) >> 63;
+	return r >= NR_BUCKETS ? NR_BUCKETS - 1 : (u32)r;
 }
 
 /*
