@@ -550,7 +550,7 @@ fn choose_retention(
         return Ok(Err("asked for".into()));
     }
     let hook: gleaner_linux::pmqos::OriginalHook =
-        Box::new(journal::pm_qos_recorder(journal.clone()));
+        Box::new(journal::undo_recorder(journal.clone()));
     match PollRetention::new(&SysFs::new("/sys"), cpus, hook) {
         Ok(p) => Ok(Ok(p)),
         Err(e) if choice == RetentionBackendChoice::Poll => {
@@ -713,12 +713,12 @@ impl GuardedJournal {
 
 /// A [`PmQosHook`] that records each original value in `journal` before it is changed.
 fn pm_qos_hook(journal: &SharedJournal) -> PmQosHook {
-    let record = std::sync::Mutex::new(journal::pm_qos_recorder(journal.clone()));
-    std::sync::Arc::new(move |cpu, file: &Path, original| {
+    let record = std::sync::Mutex::new(journal::undo_recorder(journal.clone()));
+    std::sync::Arc::new(move |action| {
         let mut record = record
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        record(cpu, file, original)
+        record(action)
     })
 }
 

@@ -126,6 +126,15 @@ pub enum Retainer<'a> {
 }
 
 impl Retainer<'_> {
+    /// Ends what turning polling off started this period (see `PollRetention::settle`).
+    fn settle(&mut self) {
+        if let Retainer::Poll(poll) = self {
+            if let Err(e) = poll.settle() {
+                tracing::warn!("cpuidle POLL state: {e}");
+            }
+        }
+    }
+
     fn counters(&self) -> Vec<(usize, RetentionCounters)> {
         match self {
             Retainer::Yield(pool) => pool.counters(),
@@ -651,6 +660,7 @@ impl<'a> Controller<'a> {
         for (cpu, action) in &d.retention {
             self.retainer.apply(*cpu, *action);
         }
+        self.retainer.settle();
         Ok(())
     }
 

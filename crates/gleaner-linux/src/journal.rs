@@ -51,6 +51,13 @@ pub enum UndoAction {
         file: PathBuf,
         original: PmQosLatency,
     },
+    /// Gleaner disables a cpuidle state for a moment (`cpuN/cpuidle/stateK/disable`; see
+    /// `pmqos::PollRetention`); undo writes the original flag back.
+    CpuidleStateDisable {
+        cpu: usize,
+        file: PathBuf,
+        original: bool,
+    },
     /// Gleaner changes a haltpoll module parameter.
     HaltpollParam {
         name: String,
@@ -186,17 +193,14 @@ impl Journal {
     }
 }
 
-/// A hook for [`crate::pmqos::PollRetention`] (its `OriginalHook`): journals a CPU's
-/// original `pm_qos_resume_latency_us` before the first write to it.
-pub fn pm_qos_recorder(
+/// A hook for [`crate::pmqos::PollRetention`] (its `OriginalHook`): journals what undoes a
+/// change (a CPU's original `pm_qos_resume_latency_us`, or a cpuidle state's `disable` flag)
+/// before the first write to that file.
+pub fn undo_recorder(
     journal: SharedJournal,
-) -> impl FnMut(usize, &Path, PmQosLatency) -> Result<()> + Send + 'static {
-    move |cpu, file: &Path, original| {
-        lock(&journal).record(UndoAction::PmQos {
-            cpu,
-            file: file.to_path_buf(),
-            original,
-        })?;
+) -> impl FnMut(UndoAction) -> Result<()> + Send + 'static {
+    move |action| {
+        lock(&journal).record(action)?;
         Ok(())
     }
 }
@@ -370,18 +374,23 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn pm_qos_recorder_journals_cpu_and_value() {
+    fn undo_recorder_journals_cpu_and_value() {
         let dir = tempfile::tempdir().unwrap();
         let j = Journal::create(dir.path(), &ProcFs::new("/proc"))
             .unwrap()
             .into_shared();
-        let mut hook = pm_qos_recorder(j.clone());
+        let mut hook = undo_recorder(j.clone());
         let file = Path::new("/sys/devices/system/cpu/cpu3/power/pm_qos_resume_latency_us");
-        hook(3, file, PmQosLatency::NoConstraint).unwrap();
+        let qos = |cpu, original| UndoAction::PmQos {
+            cpu,
+            file: file.into(),
+            original,
+        };
+        hook(qos(3, PmQosLatency::NoConstraint)).unwrap();
         // A journal that can no longer be written refuses, so the change is not made.
         let path = j.lock().unwrap().path().to_path_buf();
         fs::remove_dir_all(dir.path()).unwrap();
-        assert!(hook(4, file, PmQosLatency::Us(20)).is_err());
+        assert!(hook(qos(4, PmQosLatency::Us(20))).is_err());
         let j = j.lock().unwrap();
         assert_eq!(j.entries().len(), 1);
         assert_eq!(

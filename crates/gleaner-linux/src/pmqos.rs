@@ -8,23 +8,39 @@
 //! state (e.g. `haltpoll`); without one (`current_driver` is `none`) the kernel halts through
 //! `default_idle` and ignores the QoS value, so [`PollRetention::new`] reports it unavailable.
 //!
-//! The file is system state: the original value of every file is handed to a caller hook
-//! (the crash journal, see `journal::pm_qos_recorder`) before the first write, and written
-//! back by [`PollRetention::restore`] and on drop. The files are read and written through
-//! [`SysFs`], the one place that knows their format.
+//! Writing the original value back does not by itself stop the polling under the `haltpoll`
+//! governor: once a CPU has polled, the governor polls again after every poll that a
+//! wake-up ended, so a vCPU woken every few microseconds keeps polling for seconds (measured
+//! on the haltpoll guest under `sysbench threads`: 1.7-2.3 s after the restore, and after
+//! Gleaner had exited). Turning polling off therefore also disables the POLL state for a few
+//! milliseconds ([`KICK`]): the CPU halts, the governor's poll limit shrinks to nothing, and
+//! POLL is enabled again (halts then continued on that guest).
+//!
+//! Both files are system state: the original value of each is handed to a caller hook (the
+//! crash journal, see `journal::undo_recorder`) before the first write, and written back by
+//! [`PollRetention::restore`] and on drop. The files are read and written through [`SysFs`],
+//! the one place that knows their format.
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use std::time::Duration;
 
 use gleaner_policy::Cpuset;
 
 use crate::error::{snippet, Error, Result};
+use crate::journal::UndoAction;
 use crate::sysfs::{PmQosLatency, SysFs};
 
-/// Receives (CPU, its QoS file, original value) before that file is first written. An error
-/// aborts the write: without a journal entry a crash could leave the CPU polling forever.
-pub type OriginalHook = Box<dyn FnMut(usize, &Path, PmQosLatency) -> Result<()> + Send>;
+/// Receives what undoes a change (a CPU's original QoS value, or its POLL state's original
+/// `disable` flag) before that file is first written. An error aborts the write: without a
+/// journal entry a crash could leave the CPU polling forever, or never polling.
+pub type OriginalHook = Box<dyn FnMut(UndoAction) -> Result<()> + Send>;
+
+/// How long the POLL state stays disabled when polling is turned off (see the module docs):
+/// long enough for a busy vCPU to halt a few times, short enough not to matter to a user
+/// whose guest polls on its own.
+pub const KICK: Duration = Duration::from_millis(5);
 
 /// One managed CPU: its QoS file, the value found there at start, and whether we have
 /// changed it (and reported the original) yet.
@@ -34,6 +50,11 @@ struct QosFile {
     reported: bool,
     polling: bool,
     dirty: bool,
+    /// The POLL state's `disable` flag as found (`None`: unreadable, never touched), whether
+    /// it was journaled, and whether it is disabled by us right now.
+    poll_disabled_originally: Option<bool>,
+    kick_reported: bool,
+    kicked: bool,
 }
 
 /// Poll-instead-of-halt retention for a set of CPUs.
@@ -91,6 +112,9 @@ impl PollRetention {
                     reported: false,
                     polling: false,
                     dirty: false,
+                    poll_disabled_originally: sys.cpuidle_state_disabled(cpu, 0).ok(),
+                    kick_reported: false,
+                    kicked: false,
                 },
             );
         }
@@ -117,11 +141,14 @@ impl PollRetention {
             return Ok(());
         }
         if !file.reported {
-            (self.on_original)(cpu, &file.path, file.original).map_err(|source| {
-                Error::Unrecorded {
-                    path: file.path.clone(),
-                    source: Box::new(source),
-                }
+            (self.on_original)(UndoAction::PmQos {
+                cpu,
+                file: file.path.clone(),
+                original: file.original,
+            })
+            .map_err(|source| Error::Unrecorded {
+                path: file.path.clone(),
+                source: Box::new(source),
             })?;
             file.reported = true;
         }
@@ -134,21 +161,84 @@ impl PollRetention {
         file.dirty = true;
         self.sys.set_pm_qos_resume_latency(cpu, value)?;
         file.polling = on;
+        if !on {
+            self.kick(cpu)?;
+        }
         Ok(())
     }
 
-    /// Writes every changed file back to its original value. All files are attempted even if
-    /// one fails; every failure is reported.
+    /// Disables `cpu`'s POLL state until [`PollRetention::settle`], so that it halts (see
+    /// the module docs). Skipped where the flag could not be read or POLL was disabled
+    /// already.
+    fn kick(&mut self, cpu: usize) -> Result<()> {
+        let Some(file) = self.files.get_mut(&cpu) else {
+            return Ok(());
+        };
+        if file.poll_disabled_originally != Some(false) || file.kicked {
+            return Ok(());
+        }
+        let path = self.sys.cpuidle_state_disable_path(cpu, 0);
+        if !file.kick_reported {
+            (self.on_original)(UndoAction::CpuidleStateDisable {
+                cpu,
+                file: path.clone(),
+                original: false,
+            })
+            .map_err(|source| Error::Unrecorded {
+                path,
+                source: Box::new(source),
+            })?;
+            file.kick_reported = true;
+        }
+        // Marked before the write: a failed write may still have changed the file.
+        file.kicked = true;
+        self.sys.set_cpuidle_state_disabled(cpu, 0, true)
+    }
+
+    /// Ends the kicks that [`PollRetention::set`] started: waits [`KICK`] once if any CPU's
+    /// POLL state is disabled, then enables it again. Call after a round of `set`s.
+    pub fn settle(&mut self) -> Result<()> {
+        if !self.files.values().any(|f| f.kicked) {
+            return Ok(());
+        }
+        std::thread::sleep(KICK);
+        let mut errors = Vec::new();
+        for (&cpu, file) in self.files.iter_mut().filter(|(_, f)| f.kicked) {
+            match self.sys.set_cpuidle_state_disabled(cpu, 0, false) {
+                Ok(()) => file.kicked = false,
+                Err(e) => errors.push(e),
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Restore { errors })
+        }
+    }
+
+    /// Writes every changed file back to its original value, and makes the CPUs that polled
+    /// halt again (the kick, see the module docs). All files are attempted even if one
+    /// fails; every failure is reported.
     pub fn restore(&mut self) -> Result<()> {
         let mut errors = Vec::new();
+        let mut halt = Vec::new();
         for (&cpu, file) in self.files.iter_mut().filter(|(_, f)| f.dirty) {
             match self.sys.set_pm_qos_resume_latency(cpu, file.original) {
                 Ok(()) => {
                     file.dirty = false;
                     file.polling = false;
+                    halt.push(cpu);
                 }
                 Err(e) => errors.push(e),
             }
+        }
+        for cpu in halt {
+            if let Err(e) = self.kick(cpu) {
+                errors.push(e);
+            }
+        }
+        if let Err(e) = self.settle() {
+            errors.push(e);
         }
         if errors.is_empty() {
             Ok(())
@@ -174,6 +264,7 @@ fn unavailable(reason: String) -> Error {
 mod tests {
     use super::*;
     use std::fs;
+    use std::path::Path;
     use std::sync::{Arc, Mutex};
 
     type Journal = Arc<Mutex<Vec<(PathBuf, String)>>>;
@@ -209,10 +300,15 @@ mod tests {
     fn recording_hook() -> (OriginalHook, Journal) {
         let journal: Journal = Arc::default();
         let j = Arc::clone(&journal);
-        let hook: OriginalHook = Box::new(move |_cpu, path: &Path, original| {
-            j.lock()
-                .unwrap()
-                .push((path.to_path_buf(), original.to_string()));
+        let hook: OriginalHook = Box::new(move |action| {
+            let entry = match action {
+                UndoAction::PmQos { file, original, .. } => (file, original.to_string()),
+                UndoAction::CpuidleStateDisable { file, original, .. } => {
+                    (file, original.to_string())
+                }
+                other => panic!("unexpected undo action {other:?}"),
+            };
+            j.lock().unwrap().push(entry);
             Ok(())
         });
         (hook, journal)
@@ -260,6 +356,53 @@ mod tests {
             (read(root.path(), 0), read(root.path(), 1)),
             ("0".into(), "25".into())
         );
+    }
+
+    fn poll_disable(root: &Path, cpu: usize) -> PathBuf {
+        root.join(format!(
+            "devices/system/cpu/cpu{cpu}/cpuidle/state0/disable"
+        ))
+    }
+
+    /// Turning polling off disables POLL until `settle`, journaled first, so that the
+    /// haltpoll governor's sticky polling ends; `settle` and `restore` enable it again.
+    #[test]
+    fn turning_polling_off_kicks_the_cpu_out_of_poll_and_settles() {
+        let root = fake_sysfs(2, "haltpoll");
+        for cpu in 0..2 {
+            fs::write(poll_disable(root.path(), cpu), "0\n").unwrap();
+        }
+        let disabled = |cpu| fs::read_to_string(poll_disable(root.path(), cpu)).unwrap();
+        let (hook, journal) = recording_hook();
+        let mut p = new(root.path(), &cpus("0-1"), hook).unwrap();
+        p.set(0, true).unwrap();
+        assert_eq!(disabled(0).trim(), "0", "turning polling on does not kick");
+        p.set(0, false).unwrap();
+        assert_eq!(disabled(0), "1");
+        assert_eq!(
+            journal.lock().unwrap().last().unwrap(),
+            &(poll_disable(root.path(), 0), "false".to_string()),
+            "the flag is journaled before it is written"
+        );
+        p.settle().unwrap();
+        assert_eq!(disabled(0), "0");
+        // Restore kicks every CPU that polled, and leaves POLL enabled.
+        p.set(0, true).unwrap();
+        p.set(1, true).unwrap();
+        p.restore().unwrap();
+        assert_eq!((disabled(0), disabled(1)), ("0".into(), "0".into()));
+        assert_eq!(
+            journal.lock().unwrap().len(),
+            4,
+            "each original is journaled once"
+        );
+        // A POLL state the user had disabled is left alone.
+        fs::write(poll_disable(root.path(), 1), "1\n").unwrap();
+        let (hook, _) = recording_hook();
+        let mut p = new(root.path(), &cpus("1"), hook).unwrap();
+        p.set(1, true).unwrap();
+        p.restore().unwrap();
+        assert_eq!(disabled(1), "1\n");
     }
 
     #[test]
@@ -347,7 +490,7 @@ mod tests {
     #[test]
     fn journal_failure_prevents_the_write() {
         let root = fake_sysfs(1, "haltpoll");
-        let hook: OriginalHook = Box::new(|_, _: &Path, _| {
+        let hook: OriginalHook = Box::new(|_| {
             Err(Error::NotFound {
                 path: "/run/gleaner/1.json".into(),
             })

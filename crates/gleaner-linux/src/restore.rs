@@ -108,6 +108,9 @@ pub fn undo_action(action: &UndoAction, proc: &ProcFs, ops: &dyn AffinityOps) ->
             ops.set(*tid, original).map(|_| ())
         }
         UndoAction::PmQos { file, original, .. } => write_file(file, &original.to_string()),
+        UndoAction::CpuidleStateDisable { file, original, .. } => {
+            write_file(file, if *original { "1" } else { "0" })
+        }
         UndoAction::HaltpollParam { file, original, .. } => write_file(file, original),
     }
 }
@@ -163,6 +166,14 @@ mod tests {
             original: PmQosLatency::NoConstraint,
         })
         .unwrap();
+        let poll_disable = r.join("disable");
+        fs::write(&poll_disable, "1").unwrap();
+        j.record(UndoAction::CpuidleStateDisable {
+            cpu: 0,
+            file: poll_disable.clone(),
+            original: false,
+        })
+        .unwrap();
         let all: Cpuset = "0-1".parse().unwrap();
         j.record(UndoAction::ThreadAffinity {
             pid: 10,
@@ -190,6 +201,7 @@ mod tests {
         undo_with(&mut j, &proc, &ops).unwrap();
         assert_eq!(fs::read_to_string(&file).unwrap(), "200000");
         assert_eq!(fs::read_to_string(&qos).unwrap(), "0");
+        assert_eq!(fs::read_to_string(&poll_disable).unwrap(), "0");
         assert_eq!(ops.mask(11), Some(all));
         assert_eq!(
             ops.mask(10).unwrap().to_string(),

@@ -202,6 +202,30 @@ impl SysFs {
         Ok(params)
     }
 
+    /// `cpuN/cpuidle/stateK/disable`: whether the governor may pick that state.
+    pub fn cpuidle_state_disable_path(&self, cpu: usize, index: usize) -> PathBuf {
+        self.cpu_dir()
+            .join(format!("cpu{cpu}/cpuidle/state{index}/disable"))
+    }
+
+    pub fn cpuidle_state_disabled(&self, cpu: usize, index: usize) -> Result<bool> {
+        let path = self.cpuidle_state_disable_path(cpu, index);
+        let v: u8 = read_num(&path, "cpuidle state disable flag")?;
+        Ok(v != 0)
+    }
+
+    pub fn set_cpuidle_state_disabled(
+        &self,
+        cpu: usize,
+        index: usize,
+        disabled: bool,
+    ) -> Result<()> {
+        write_file(
+            &self.cpuidle_state_disable_path(cpu, index),
+            if disabled { "1" } else { "0" },
+        )
+    }
+
     pub fn pm_qos_path(&self, cpu: usize) -> PathBuf {
         self.cpu_dir()
             .join(format!("cpu{cpu}/power/pm_qos_resume_latency_us"))

@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 use crate::pmqos::PollRetention;
 use crate::procfs::{CpuTimes, ProcFs};
 use crate::retention::RetentionError;
-use crate::sysfs::{PmQosLatency, SysFs};
+use crate::sysfs::SysFs;
 use gleaner_sys::affinity::thread_affinity;
 
 /// Default gaps between wakes: 20 µs to 5 ms.
@@ -46,9 +46,9 @@ pub const MIN_GAP_NS: u64 = 1_000;
 /// Longest gap accepted: longer ones would make a run take hours without teaching more.
 pub const MAX_GAP_NS: u64 = 1_000_000_000;
 
-/// Receives a CPU, its PM QoS file and the original value before the B-poll setting changes
-/// it (see [`crate::journal::pm_qos_recorder`]).
-pub type PmQosHook = Arc<dyn Fn(usize, &Path, PmQosLatency) -> crate::Result<()> + Send + Sync>;
+/// Receives what undoes a change before the B-poll setting makes it (a CPU's original PM QoS
+/// value, or its POLL state's `disable` flag; see [`crate::journal::undo_recorder`]).
+pub type PmQosHook = Arc<dyn Fn(crate::journal::UndoAction) -> crate::Result<()> + Send + Sync>;
 
 #[derive(Clone)]
 pub struct ProbeConfig {
@@ -425,7 +425,7 @@ pub fn calibration_busy_setting(sysfs_root: &Path, prefer_poll: bool) -> Setting
     let wakee = thread_affinity(0).ok().and_then(|c| c.iter().nth(1));
     let sys = SysFs::new(sysfs_root);
     let can_poll = |cpu: usize| {
-        PollRetention::new(&sys, &[cpu].into_iter().collect(), Box::new(|_, _, _| Ok(()))).is_ok()
+        PollRetention::new(&sys, &[cpu].into_iter().collect(), Box::new(|_| Ok(()))).is_ok()
             // Without the right to write PM QoS (not root) the poll back end cannot hold.
             && nix::unistd::access(&sys.pm_qos_path(cpu), nix::unistd::AccessFlags::W_OK).is_ok()
     };
@@ -579,8 +579,8 @@ fn open_poll(cfg: &ProbeConfig, cpu: usize) -> crate::Result<PollRetention> {
     PollRetention::new(
         &SysFs::new(&cfg.sysfs_root),
         &[cpu].into_iter().collect(),
-        Box::new(move |cpu, path: &Path, original| match &hook {
-            Some(hook) => hook(cpu, path, original),
+        Box::new(move |action| match &hook {
+            Some(hook) => hook(action),
             None => Ok(()),
         }),
     )

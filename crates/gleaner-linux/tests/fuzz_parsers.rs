@@ -273,7 +273,7 @@ fn poll_retention(root: &Path) -> Result<(), String> {
             put(&file, text.as_bytes());
         }
     }
-    let hook: OriginalHook = Box::new(|_, _: &Path, _| Ok(()));
+    let hook: OriginalHook = Box::new(|_| Ok(()));
     PollRetention::new(&SysFs::new(root.join("sys")), &Cpuset::first_n(1), hook)
         .map(drop)
         .map_err(msg)

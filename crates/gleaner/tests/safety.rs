@@ -70,6 +70,8 @@ fn has_poll_state() -> bool {
         .unwrap_or(false)
 }
 
+/// Each CPU's `pm_qos_resume_latency_us`, and its POLL state's `disable` flag where it has
+/// one (poll retention disables POLL for a moment when it turns polling off).
 fn pm_qos_values() -> Vec<String> {
     let mut v: Vec<(usize, String)> = fs::read_dir("/sys/devices/system/cpu")
         .unwrap()
@@ -80,7 +82,14 @@ fn pm_qos_values() -> Vec<String> {
                 "/sys/devices/system/cpu/{name}/power/pm_qos_resume_latency_us"
             ))
             .ok()?;
-            Some((cpu, value.trim().to_string()))
+            let poll_disabled = fs::read_to_string(format!(
+                "/sys/devices/system/cpu/{name}/cpuidle/state0/disable"
+            ))
+            .unwrap_or_default();
+            Some((
+                cpu,
+                format!("{} (POLL disable {})", value.trim(), poll_disabled.trim()),
+            ))
         })
         .collect();
     v.sort();

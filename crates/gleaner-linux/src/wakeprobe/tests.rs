@@ -212,10 +212,10 @@ fn poll_setting_journals_and_restores_the_qos_file() {
         samples: 5,
         warmup: 0,
         sysfs_root: sys.path().to_path_buf(),
-        on_pmqos_original: Some(Arc::new(move |_cpu, path: &Path, original| {
-            j.lock()
-                .unwrap()
-                .push((path.to_path_buf(), original.to_string()));
+        on_pmqos_original: Some(Arc::new(move |action| {
+            if let crate::journal::UndoAction::PmQos { file, original, .. } = action {
+                j.lock().unwrap().push((file, original.to_string()));
+            }
             Ok(())
         })),
         ..Default::default()
