@@ -101,7 +101,10 @@ pub struct WorkloadView {
 
 mod cost;
 mod deltas;
-pub use cost::{ProcfsBudget, Window, FIRST_WINDOW_NS, PROCFS_BUDGET_FRACTION, WINDOW_EVENTS};
+pub use cost::{
+    ProcfsBudget, Window, FIRST_WINDOW_NS, PROCFS_BUDGET_FRACTION, WINDOW_EVENTS,
+    WINDOW_EVERY_PERIODS,
+};
 use deltas::work_between;
 pub use deltas::{kernel_delta, wake_delta};
 
@@ -135,6 +138,13 @@ pub struct Sampler {
     window_at_end: bool,
     /// The next read is the last ([`Sampler::sample_last`]): no window follows it.
     closing: bool,
+    /// This period has no window ([`WINDOW_EVERY_PERIODS`]): the last one's counts stand
+    /// for it.
+    window_skipped: bool,
+    /// Periods since the last window was opened.
+    periods_since_window: u32,
+    /// What the last window measured, unscaled.
+    last_window: Option<WindowCounts>,
     budget: ProcfsBudget,
     /// Sampling CPU ns spent on the controller thread this period (procfs).
     cost_ns: u64,
@@ -158,6 +168,29 @@ pub struct Sampler {
     retired_ns: u64,
     /// Runnable sub-samples this period: (crowded, total).
     crowded: (u32, u32),
+}
+
+/// What one measurement window counted, and how long it measured.
+#[derive(Debug, Clone, Default)]
+struct WindowCounts {
+    covered_ns: u64,
+    events: u64,
+    switches: u64,
+    crowded_ns: u64,
+    wake: WakeLatencies,
+}
+
+impl WindowCounts {
+    /// Its counts as if measured over `period_ns`.
+    fn scaled_to(&self, period_ns: u64) -> (u64, u64, WakeLatencies) {
+        let covered = self.covered_ns.max(1) as u128;
+        let scale = |x: u64| (x as u128 * period_ns as u128 / covered) as u64;
+        (
+            scale(self.switches),
+            scale(self.crowded_ns),
+            self.wake.scaled(period_ns, self.covered_ns.max(1)),
+        )
+    }
 }
 
 impl Sampler {
@@ -187,6 +220,9 @@ impl Sampler {
             pending_window_ns: None,
             window_at_end: false,
             closing: false,
+            window_skipped: false,
+            periods_since_window: 0,
+            last_window: None,
             budget: ProcfsBudget::new(PROCFS_BUDGET_FRACTION),
             cost_ns: 0,
             switch_periods: 0,
@@ -276,7 +312,7 @@ impl Sampler {
                 ];
                 if let Some(len) = self.window.len_ns {
                     v.push(format!(
-                        "wake-ups and switches outside its measurement windows ({:.1} ms a period at this event rate, to stay under {WINDOW_EVENTS} events a period; switch counts and queueing are scaled up, wake latencies are a sample)",
+                        "wake-ups and switches outside its measurement windows ({:.1} ms in one period of every {WINDOW_EVERY_PERIODS} at this event rate, to stay under {WINDOW_EVENTS} events a window; switch counts and queueing are scaled up and stand for the periods between, wake latencies are a sample)",
                         len as f64 / 1e6
                     ));
                 }
@@ -669,23 +705,41 @@ impl Sampler {
                 idle_entries: d.idle_entries,
             });
         }
-        if windowed {
-            // Counts from a window stand for the whole period; the CPU time is read whole.
-            // (Wake-up counts are scaled below, after the totals took the observed ones.)
-            let scale = |x: u64| (x as u128 * period_ns as u128 / covered_ns as u128) as u64;
-            switches = scale(switches);
-            crowded_ns = scale(crowded_ns);
-            work_between(&prev, &snap, &spare, period_ns, &mut vcpus);
-        }
         // The totals (status, metrics) keep what was observed; the period's sample, like its
         // switch counts, stands for the whole period: the policy weighs wake-ups against run
         // time read whole (`gleaner_policy::gain`).
         self.wake_total.merge(&wake);
-        if windowed {
-            wake = wake.scaled(period_ns, covered_ns);
-        }
+        // A window asked for but never opened (`begin_window` not called) measured nothing.
+        let unopened = self.pending_window_ns.is_some();
+        let skipped = std::mem::take(&mut self.window_skipped) || unopened;
+        let len_ns = match self.last_window.as_ref().filter(|_| skipped) {
+            // No window this period: the last one's rates stand for it, and size the next.
+            Some(last) => {
+                (switches, crowded_ns, wake) = last.scaled_to(period_ns);
+                work_between(&prev, &snap, &spare, period_ns, &mut vcpus);
+                Window::next_len(last.events, last.covered_ns, period_ns)
+            }
+            None => {
+                if windowed && !unopened {
+                    // Counts from a window stand for the whole period; the CPU time is
+                    // read whole.
+                    self.last_window = Some(WindowCounts {
+                        covered_ns,
+                        events,
+                        switches,
+                        crowded_ns,
+                        wake: wake.clone(),
+                    });
+                    (switches, crowded_ns, wake) = self
+                        .last_window
+                        .as_ref()
+                        .map_or_else(Default::default, |w| w.scaled_to(period_ns));
+                    work_between(&prev, &snap, &spare, period_ns, &mut vcpus);
+                }
+                Window::next_len(events, covered_ns, period_ns)
+            }
+        };
         self.kernel_events = self.kernel_prev.iter().map(|c| c.events).sum();
-        let len_ns = Window::next_len(events, covered_ns, period_ns);
         if self.closing {
             if let Some(k) = self.kernel.as_mut() {
                 let _ = k.set_scheduler_programs(false);
@@ -705,7 +759,15 @@ impl Sampler {
                 Some(len) => match k.set_scheduler_programs(false) {
                     Ok(()) => {
                         k.open_window(now_mono, Some(now_mono));
-                        self.pending_window_ns = Some(len);
+                        self.periods_since_window += 1;
+                        if self.last_window.is_some()
+                            && self.periods_since_window < WINDOW_EVERY_PERIODS
+                        {
+                            self.window_skipped = true;
+                        } else {
+                            self.periods_since_window = 0;
+                            self.pending_window_ns = Some(len);
+                        }
                     }
                     Err(_) => k.open_window(now_mono, Some(now_mono + len)),
                 },

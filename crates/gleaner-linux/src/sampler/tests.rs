@@ -175,3 +175,25 @@ fn spreads_work_by_spare_busy_time() {
     spread(5000, &[0, 0], 1000, &mut v);
     assert_eq!((v[0].work_ns, v[1].work_ns), (1000, 1000));
 }
+
+/// A window's counts stand for a period of another length in proportion; the wake-up
+/// histogram keeps its shape.
+#[test]
+fn window_counts_scale_to_the_period_they_stand_for() {
+    let mut wake = WakeLatencies::default();
+    for _ in 0..10 {
+        wake.halted.record(20_000);
+    }
+    wake.running.record(2_000);
+    let w = WindowCounts {
+        covered_ns: 5_000_000,
+        events: 2_000,
+        switches: 1_000,
+        crowded_ns: 50_000,
+        wake,
+    };
+    let (switches, crowded, wake) = w.scaled_to(100_000_000);
+    assert_eq!((switches, crowded), (20_000, 1_000_000));
+    assert_eq!((wake.halted.count, wake.running.count), (200, 20));
+    assert_eq!(wake.halted.sum_ns, 200 * 20_000);
+}
