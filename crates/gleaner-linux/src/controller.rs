@@ -254,6 +254,8 @@ pub struct Controller<'a> {
     sampler: Sampler,
     opts: ControllerOptions,
     applied_active: Cpuset,
+    /// The retention actions applied last (a change asks the sampler for a fresh window).
+    applied_retention: Vec<(usize, RetentionAction)>,
     status: InstanceStatus,
     started: Instant,
     recorder: Recorder,
@@ -367,6 +369,7 @@ impl<'a> Controller<'a> {
             sampler,
             opts,
             applied_active: allowed,
+            applied_retention: Vec::new(),
             status,
             started: Instant::now(),
             recorder,
@@ -652,6 +655,7 @@ impl<'a> Controller<'a> {
         // period while the workload is consolidated.
         let refresh = self.placement.kind() == PlacementKind::Affinity
             && d.active != *self.placement.allowed();
+        let changed = d.active != self.applied_active || d.retention != self.applied_retention;
         if d.active != self.applied_active || refresh {
             self.placement.set_active(&d.active)?;
             self.applied_active = d.active.clone();
@@ -661,6 +665,10 @@ impl<'a> Controller<'a> {
             self.retainer.apply(*cpu, *action);
         }
         self.retainer.settle();
+        if changed {
+            self.applied_retention = d.retention.clone();
+            self.sampler.measure_next_period();
+        }
         Ok(())
     }
 

@@ -143,6 +143,8 @@ pub struct Sampler {
     window_skipped: bool,
     /// Periods since the last window was opened.
     periods_since_window: u32,
+    /// The window the skipped period would have had ([`Sampler::measure_next_period`]).
+    skipped_len_ns: Option<u64>,
     /// What the last window measured, unscaled.
     last_window: Option<WindowCounts>,
     budget: ProcfsBudget,
@@ -222,6 +224,7 @@ impl Sampler {
             closing: false,
             window_skipped: false,
             periods_since_window: 0,
+            skipped_len_ns: None,
             last_window: None,
             budget: ProcfsBudget::new(PROCFS_BUDGET_FRACTION),
             cost_ns: 0,
@@ -358,6 +361,17 @@ impl Sampler {
     /// programs detached until then (see `KernelSampler::set_scheduler_programs`).
     pub fn window_lead_ns(&self) -> Option<u64> {
         self.pending_window_ns
+    }
+
+    /// Measures the coming period after all, when it was to reuse the last window's rates:
+    /// the caller changed what the workload runs on (vCPUs, retention), and the rates
+    /// measured before the change no longer describe it.
+    pub fn measure_next_period(&mut self) {
+        if let Some(len) = self.skipped_len_ns.take().filter(|_| self.window_skipped) {
+            self.window_skipped = false;
+            self.periods_since_window = 0;
+            self.pending_window_ns = Some(len);
+        }
     }
 
     /// Opens the window that [`Sampler::window_lead_ns`] asked for: attaches the scheduler
@@ -764,6 +778,7 @@ impl Sampler {
                             && self.periods_since_window < WINDOW_EVERY_PERIODS
                         {
                             self.window_skipped = true;
+                            self.skipped_len_ns = Some(len);
                         } else {
                             self.periods_since_window = 0;
                             self.pending_window_ns = Some(len);
