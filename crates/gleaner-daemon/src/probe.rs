@@ -34,6 +34,9 @@ pub struct ProbeArgs {
     /// What `gleaner run` derives at start-up: repeated quick calibrations, outliers rejected, and whether it would be cached
     #[arg(long, conflicts_with = "quick")]
     pub calibrate: bool,
+    /// Also time each wake in the kernel (sched_waking to the wakee's switch-in) with the BPF sampler, the clock of `gleaner run`'s live histogram (needs root and kernel BTF)
+    #[arg(long, conflicts_with_all = ["quick", "calibrate"])]
+    pub in_kernel: bool,
 }
 
 /// Gaps in nanoseconds, parsed from a comma-separated list of durations.
@@ -103,6 +106,7 @@ fn full_probe(args: &ProbeArgs, hook: Option<wakeprobe::PmQosHook>) -> anyhow::R
         gaps_ns: args.gaps.0.clone(),
         samples: args.samples,
         on_pmqos_original: hook,
+        in_kernel: args.in_kernel,
         ..ProbeConfig::default()
     };
     let bar = if args.json || !std::io::stderr().is_terminal() {
@@ -200,8 +204,17 @@ fn render_quick(cal: &QuickCalibration) -> String {
 
 fn render_report(r: &ProbeReport) -> String {
     let mut out = String::new();
-    let header = ["setting", "gap", "p50", "p90", "p99", "min", "n"];
-    let mut rows: Vec<[String; 7]> = Vec::new();
+    let header = [
+        "setting",
+        "gap",
+        "p50",
+        "p90",
+        "p99",
+        "min",
+        "n",
+        "in-kernel p50",
+    ];
+    let mut rows: Vec<[String; 8]> = Vec::new();
     for p in &r.points {
         rows.push([
             p.setting.label().to_string(),
@@ -211,6 +224,9 @@ fn render_report(r: &ProbeReport) -> String {
             fmt_ns(p.latency.p99_ns),
             fmt_ns(p.latency.min_ns),
             p.latency.count.to_string(),
+            p.in_kernel
+                .as_ref()
+                .map_or_else(|| "-".to_string(), |k| fmt_ns(k.p50_ns)),
         ]);
     }
     let mut widths = header.map(|h| h.chars().count());
@@ -422,7 +438,7 @@ mod tests {
             table.contains("A same vCPU") && table.contains("50.0µs") && table.contains("200.0µs"),
             "{table}"
         );
-        // Every data row has all seven columns. Rows are found by the settings' own labels,
+        // Every data row has all eight columns (the in-kernel one shows "-" without it). Rows are found by the settings' own labels,
         // so the B-poll rows of a guest with a cpuidle poll state count too.
         let rows = table.lines().filter(|l| {
             wakeprobe::Setting::ALL
@@ -441,7 +457,7 @@ mod tests {
         assert_eq!(rows.clone().count(), report.points.len());
         assert!(rows
             .into_iter()
-            .all(|l| l.split("  ").filter(|c| !c.trim().is_empty()).count() == 7));
+            .all(|l| l.split("  ").filter(|c| !c.trim().is_empty()).count() == 8));
         assert!(
             table.contains("machine:") && table.contains("cpuidle:"),
             "{table}"
@@ -452,6 +468,7 @@ mod tests {
             gaps: GapList(vec![20_000]),
             quick: false,
             calibrate: false,
+            in_kernel: false,
         })
         .unwrap();
     }

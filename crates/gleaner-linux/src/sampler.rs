@@ -904,7 +904,7 @@ impl Sampler {
 
 /// Index of the cpuidle state named `POLL` on `cpu` (the haltpoll and intel_idle drivers
 /// have one as state 0; with driver `none` there is none).
-fn poll_state_index(sysfs: &SysFs, cpu: usize) -> Option<usize> {
+pub(crate) fn poll_state_index(sysfs: &SysFs, cpu: usize) -> Option<usize> {
     // States are numbered from 0 without gaps; the first missing one ends the list.
     (0..16)
         .map_while(|i| sysfs.cpuidle_state_name(cpu, i).ok().map(|name| (i, name)))

@@ -67,6 +67,9 @@ pub struct ProbeConfig {
     /// Journal hook for the PM QoS originals (see [`crate::pmqos`]); `None` relies on the
     /// in-process restore only.
     pub on_pmqos_original: Option<PmQosHook>,
+    /// Also time each point's wakes in the kernel with the BPF sampler (see
+    /// [`KernelTiming`]); needs root and kernel BTF.
+    pub in_kernel: bool,
 }
 
 impl Default for ProbeConfig {
@@ -79,6 +82,7 @@ impl Default for ProbeConfig {
             procfs_root: PathBuf::from("/proc"),
             poll_setting: true,
             on_pmqos_original: None,
+            in_kernel: false,
         }
     }
 }
@@ -93,6 +97,7 @@ impl fmt::Debug for ProbeConfig {
             .field("procfs_root", &self.procfs_root)
             .field("poll_setting", &self.poll_setting)
             .field("on_pmqos_original", &self.on_pmqos_original.is_some())
+            .field("in_kernel", &self.in_kernel)
             .finish()
     }
 }
@@ -118,6 +123,8 @@ pub enum ProbeError {
         role: &'static str,
         source: io::Error,
     },
+    #[error("--in-kernel: the BPF sampler cannot time the probe's wakes: {reason} (run without --in-kernel)")]
+    InKernel { reason: String },
     #[error(transparent)]
     Retention(#[from] RetentionError),
     #[error(transparent)]
@@ -202,6 +209,9 @@ pub struct ProbePoint {
     pub blocked_mean_ns: u64,
     /// Rounds dropped because the wake came before the wakee had blocked.
     pub not_blocked: usize,
+    /// The same wakes timed in the kernel (`ProbeConfig::in_kernel`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_kernel: Option<KernelTiming>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -360,6 +370,11 @@ pub fn measure(
     progress(0, total);
     let proc = ProcFs::new(&cfg.procfs_root);
     let steal_before = cpu_times(&proc, None).ok();
+    let clock = if cfg.in_kernel {
+        Some(KernelClock::open(cfg).map_err(|reason| ProbeError::InKernel { reason })?)
+    } else {
+        None
+    };
     let mut points = Vec::new();
     let mut wakee_load = Vec::new();
     for &setting in &plan {
@@ -371,9 +386,13 @@ pub fn measure(
         let env = SettingEnv::enter(setting, wakee, cfg)?;
         let load_before = cpu_times(&proc, Some(wakee)).ok();
         for &gap_ns in &cfg.gaps_ns {
+            let before = clock.as_ref().map(KernelClock::read);
             let mut point = run_point(setting, waker_cpu, wakee, gap_ns, cfg, |d| {
                 progress(done + d, total)
             })?;
+            if let (Some(clock), Some(before)) = (&clock, before) {
+                point.in_kernel = KernelClock::timing(&before, &clock.read(), setting, wakee);
+            }
             done += rounds;
             // The report keeps the distribution, not every sample.
             point.samples_ns = Vec::new();
@@ -586,7 +605,10 @@ fn open_poll(cfg: &ProbeConfig, cpu: usize) -> crate::Result<PollRetention> {
     )
 }
 
+mod kernel;
 mod point;
+use kernel::KernelClock;
+pub use kernel::KernelTiming;
 use point::{crossing_ns, run_point, SettingEnv};
 
 /// The aggregate times (`cpu: None`) or one CPU's times from /proc/stat.

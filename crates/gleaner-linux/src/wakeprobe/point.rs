@@ -186,6 +186,7 @@ pub(super) fn run_point(
         samples_ns: wakee.latencies[skip..].to_vec(),
         blocked_mean_ns,
         not_blocked: wakee.not_blocked,
+        in_kernel: None,
     })
 }
 

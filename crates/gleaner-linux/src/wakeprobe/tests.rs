@@ -98,6 +98,7 @@ fn point(setting: Setting, gap_ns: u64, p50_ns: u64) -> ProbePoint {
         samples_ns: vec![p50_ns],
         blocked_mean_ns: gap_ns,
         not_blocked: 0,
+        in_kernel: None,
     }
 }
 
@@ -296,4 +297,37 @@ fn short_real_run() {
     let json = serde_json::to_string(&report).unwrap();
     let back: ProbeReport = serde_json::from_str(&json).unwrap();
     assert_eq!(back.points, report.points);
+}
+
+/// With `in_kernel`, every point also reports the BPF sampler's timing of the same wakes,
+/// where the sampler loads (root, kernel BTF); elsewhere the probe refuses with a reason.
+#[test]
+fn in_kernel_timing_counts_the_wakees_wakes_where_bpf_loads() {
+    let cfg = ProbeConfig {
+        gaps_ns: vec![50_000],
+        samples: 30,
+        warmup: 2,
+        poll_setting: false,
+        in_kernel: true,
+        ..Default::default()
+    };
+    let report = match measure(&cfg, |_, _| {}) {
+        Ok(r) => r,
+        Err(e @ ProbeError::InKernel { .. }) => {
+            eprintln!("in_kernel_timing: skipped: {e}");
+            assert!(e.to_string().contains("run without --in-kernel"));
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    eprintln!("in_kernel_timing: the BPF sampler loaded");
+    for p in &report.points {
+        let k = p.in_kernel.as_ref().unwrap_or_else(|| panic!("{p:?}"));
+        // Each measured wake is timed once, in the state the setting holds the vCPU in; a
+        // stray kernel thread on the wakee's vCPU may move a few.
+        assert!(k.count as usize >= p.latency.count / 2, "{k:?} for {p:?}");
+        assert!(k.p50_ns > 0 && k.mean_ns > 0, "{k:?}");
+        // The kernel's clock leaves out a system call entry and return: it is the shorter.
+        assert!(k.mean_ns < p.latency.mean_ns * 2, "{k:?} for {p:?}");
+    }
 }
