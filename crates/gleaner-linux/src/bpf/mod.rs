@@ -129,9 +129,10 @@ fn libbpf_to_tracing(level: libbpf_rs::PrintLevel, msg: String) {
 }
 
 /// The oldest kernel the sampler loads on. Measured: on the test bed's Debian 12 guests
-/// (Linux 6.1, QEMU TCG) a 20 s `gleaner run` with the sampler hung the whole guest, console
-/// and all, in each of three tries (testbed/results/fig7-20261124T16*; 1-2 s runs finished),
-/// on the kernel where every other test passes (6.18). Suspected, not proven: the
+/// (Linux 6.1, QEMU TCG) `gleaner run` with the sampler hung the whole guest, console and
+/// all, in two 20 s runs of fig7 (testbed/results/fig7-20261124T16*) and in one of two 10 s
+/// runs (1-2 s runs finished); with the procfs sampler the same fig7 ran through. Every
+/// other test runs on 6.18. Suspected, not proven: the
 /// `sched_switch` program creates task-local storage, and `bpf_task_storage_get` from a
 /// tracing program got its protection against recursion into the storage lock in 6.2. Until
 /// the sampler has run on older kernels, they use the procfs sampler.
