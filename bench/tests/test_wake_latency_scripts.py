@@ -34,6 +34,11 @@ def test_timeline_sum_adds_each_states_buckets_and_skips_periods_without_histogr
     assert sums["running"][10] == 2
     assert sums["halted"][15] == 1 and sums["halted"][16] == 1
     assert sum(sums["polling"]) == 0
+    # Means are exact: summed latencies over counts, periods without histograms skipped.
+    means = wlc.mean_by_state(path)
+    assert means["running"] == 1 << 10
+    assert means["halted"] == ((1 << 15) + (1 << 16)) / 2
+    assert means["polling"] is None
 
 
 def test_own_cpu_time_is_read_per_thread_in_nanoseconds():

@@ -138,12 +138,10 @@ pub struct Sampler {
     window_at_end: bool,
     /// The next read is the last ([`Sampler::sample_last`]): no window follows it.
     closing: bool,
-    /// This period has no window ([`WINDOW_EVERY_PERIODS`]): the last one's counts stand
-    /// for it.
-    window_skipped: bool,
     /// Periods since the last window was opened.
     periods_since_window: u32,
-    /// The window the skipped period would have had ([`Sampler::measure_next_period`]).
+    /// Set when this period has no window ([`WINDOW_EVERY_PERIODS`]) and the last one's
+    /// counts stand for it: the window it would have had ([`Sampler::measure_next_period`]).
     skipped_len_ns: Option<u64>,
     /// What the last window measured, unscaled.
     last_window: Option<WindowCounts>,
@@ -222,7 +220,6 @@ impl Sampler {
             pending_window_ns: None,
             window_at_end: false,
             closing: false,
-            window_skipped: false,
             periods_since_window: 0,
             skipped_len_ns: None,
             last_window: None,
@@ -248,9 +245,7 @@ impl Sampler {
     /// line and procfs runs instead; with `Bpf` that is an error. `gleaner run` does this
     /// before it starts the workload: the BPF verifier's tens of milliseconds of CPU then do
     /// not compete with the workload's first moments, and the sampler sees the workload from
-    /// its first instruction. The kernel side
-    /// does not depend on the workload's vCPUs: the POLL state's index is the same on every
-    /// CPU, so it is read from the first online one.
+    /// its first instruction.
     pub fn prepare(
         sys_root: &Path,
         preference: SamplerPreference,
@@ -258,19 +253,9 @@ impl Sampler {
         if preference == SamplerPreference::Procfs {
             return Ok(PreparedSampler { kernel: None });
         }
-        let sysfs = SysFs::new(sys_root);
-        let online = sysfs.online_cpus().ok();
-        let first = online.as_ref().and_then(|c| c.iter().next()).unwrap_or(0);
-        let poll_state = poll_state_index(&sysfs, first);
-        let nr_cpus = sysfs
-            .possible_cpus()
-            .ok()
-            .or(online)
-            .and_then(|p| p.iter().max())
-            .map_or(1, |m| m + 1);
-        match KernelSampler::load(sys_root, poll_state, nr_cpus) {
+        match load_kernel_sampler(sys_root) {
             Ok(kernel) => {
-                tracing::debug!(poll_state = ?poll_state, "BPF sampler loaded");
+                tracing::debug!("BPF sampler loaded");
                 Ok(PreparedSampler {
                     kernel: Some(kernel),
                 })
@@ -367,8 +352,7 @@ impl Sampler {
     /// the caller changed what the workload runs on (vCPUs, retention), and the rates
     /// measured before the change no longer describe it.
     pub fn measure_next_period(&mut self) {
-        if let Some(len) = self.skipped_len_ns.take().filter(|_| self.window_skipped) {
-            self.window_skipped = false;
+        if let Some(len) = self.skipped_len_ns.take() {
             self.periods_since_window = 0;
             self.pending_window_ns = Some(len);
         }
@@ -725,7 +709,7 @@ impl Sampler {
         self.wake_total.merge(&wake);
         // A window asked for but never opened (`begin_window` not called) measured nothing.
         let unopened = self.pending_window_ns.is_some();
-        let skipped = std::mem::take(&mut self.window_skipped) || unopened;
+        let skipped = self.skipped_len_ns.take().is_some() || unopened;
         let len_ns = match self.last_window.as_ref().filter(|_| skipped) {
             // No window this period: the last one's rates stand for it, and size the next.
             Some(last) => {
@@ -777,7 +761,6 @@ impl Sampler {
                         if self.last_window.is_some()
                             && self.periods_since_window < WINDOW_EVERY_PERIODS
                         {
-                            self.window_skipped = true;
                             self.skipped_len_ns = Some(len);
                         } else {
                             self.periods_since_window = 0;
@@ -904,7 +887,25 @@ impl Sampler {
 
 /// Index of the cpuidle state named `POLL` on `cpu` (the haltpoll and intel_idle drivers
 /// have one as state 0; with driver `none` there is none).
-pub(crate) fn poll_state_index(sysfs: &SysFs, cpu: usize) -> Option<usize> {
+/// Loads the BPF side for this machine as `sys_root` describes it. It does not depend on a
+/// workload's vCPUs: the POLL state's index is the same on every CPU, so it is read from the
+/// first online one, and the program sizes its scans by the possible CPU ids.
+pub(crate) fn load_kernel_sampler(
+    sys_root: &Path,
+) -> std::result::Result<KernelSampler, Unavailable> {
+    let sysfs = SysFs::new(sys_root);
+    let online = sysfs.online_cpus().ok();
+    let first = online.as_ref().and_then(|c| c.iter().next()).unwrap_or(0);
+    let nr_cpus = sysfs
+        .possible_cpus()
+        .ok()
+        .or(online)
+        .and_then(|p| p.iter().max())
+        .map_or(1, |m| m + 1);
+    KernelSampler::load(sys_root, poll_state_index(&sysfs, first), nr_cpus)
+}
+
+fn poll_state_index(sysfs: &SysFs, cpu: usize) -> Option<usize> {
     // States are numbered from 0 without gaps; the first missing one ends the list.
     (0..16)
         .map_while(|i| sysfs.cpuidle_state_name(cpu, i).ok().map(|name| (i, name)))

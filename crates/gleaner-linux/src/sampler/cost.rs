@@ -109,7 +109,8 @@ pub const FIRST_WINDOW_NS: u64 = 5_000_000;
 /// `sched_switch` and `sched_waking` programs and closing it detaches them, and each of the
 /// four patches kernel text on every CPU with synchronous IPIs: on the haltpoll guest that
 /// took the controller 6.4 ms of CPU a second at a window every 100 ms period, and `sysbench
-/// threads` ran x1.047 of bare under `run --observe` (x1.016 with 1 s periods). Rates of
+/// threads` ran x1.047 of bare under `run --observe` (x1.016 with 1 s periods; medians of 6
+/// interleaved rounds). Rates of
 /// events per second move slowly next to a second; a phase change shows in utilization at once.
 pub const WINDOW_EVERY_PERIODS: u32 = 10;
 

@@ -13,14 +13,11 @@
 //! counted; on the same vCPU (setting A), the timer wakes find that vCPU idle and the wakee's
 //! find the waker running, so A takes the `running` wakes.
 
-use std::path::Path;
-
 use serde::{Deserialize, Serialize};
 
 use super::{ProbeConfig, Setting};
 use crate::bpf::{CpuCounters, KernelSampler};
-use crate::sampler::{poll_state_index, wake_delta};
-use crate::sysfs::SysFs;
+use crate::sampler::{load_kernel_sampler, wake_delta};
 
 /// One probe point's wakes as the BPF sampler timed them (those that found the wakee's vCPU
 /// in the setting's state; the yield thread of B is not Gleaner's, so it counts as running).
@@ -49,23 +46,7 @@ impl KernelClock {
     /// Loads the sampler with this process as its workload and its scheduler programs
     /// attached throughout; the error says why it cannot (no root, no BTF).
     pub fn open(cfg: &ProbeConfig) -> Result<Self, String> {
-        let sysfs = SysFs::new(&cfg.sysfs_root);
-        let first = sysfs
-            .online_cpus()
-            .ok()
-            .and_then(|c| c.iter().next())
-            .unwrap_or(0);
-        let nr_cpus = sysfs
-            .possible_cpus()
-            .ok()
-            .and_then(|p| p.iter().max())
-            .map_or(1, |m| m + 1);
-        let mut sampler = KernelSampler::load(
-            Path::new(&cfg.sysfs_root),
-            poll_state_index(&sysfs, first),
-            nr_cpus,
-        )
-        .map_err(|e| e.to_string())?;
+        let mut sampler = load_kernel_sampler(&cfg.sysfs_root).map_err(|e| e.to_string())?;
         sampler.set_workload(&[std::process::id()]);
         sampler
             .set_scheduler_programs(true)
