@@ -13,6 +13,12 @@ round trip, like the probe's 20 µs gap):
   polling  <- pingpong on all vCPUs, held by PM QoS (poll)    vs probe busy_poll (where a POLL state exists)
   halted   <- pingpong on all vCPUs, cpuidle POLL disabled    vs probe halted
 
+The host's wake cost for a halted vCPU drifts over minutes on a shared host (the probe's
+halted mean moved between 14 and 24 µs within one hour here), so one live run compared with
+one probe run taken minutes later can disagree by more than the measurement does. The check
+therefore interleaves: each repetition runs the live situations and then the probe, and the
+verdict is on the median over repetitions (`--reps`, default 5), with each ratio's range.
+
 The probe runs with `--in-kernel`: its own wakes are then also timed by the BPF sampler, on the
 clock of the live histogram (sched_waking to the wakee's switch-in), and the check compares
 like with like: live p50 against the probe's in-kernel p50. The probe's user-level clock
@@ -125,21 +131,9 @@ def run_live(gleaner: str, extra: list[str], workload: list[str], state_dir: str
         timeline.unlink(missing_ok=True)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--gleaner", default="target/release/gleaner")
-    ap.add_argument("--rounds", type=int, default=200_000, help="pingpong round trips per situation")
-    ap.add_argument("--samples", type=int, default=300, help="probe wakes per setting")
-    ap.add_argument("--out", type=Path, default=None, help="results JSON [default: results/wake-latency-check-DATE.json]")
-    args = ap.parse_args()
-    if os.geteuid() != 0:
-        print("wake_latency_check: needs root (the BPF sampler and cpuidle state switches); run it with sudo", file=sys.stderr)
-        return 2
-    gleaner = str(Path(args.gleaner).resolve())
-    facts = machine_facts()
-    state_dir = tempfile.mkdtemp(prefix="gleaner-wlc-state-")
-
-    pingpong = [gleaner, "workload", "pingpong", "--rounds", str(args.rounds)]
+def live_round(gleaner: str, rounds: int, state_dir: str) -> dict[str, tuple[dict[str, list[int]], float | None, dict[str, float | None]]]:
+    """One pass over the live situations (see the module doc)."""
+    pingpong = [gleaner, "workload", "pingpong", "--rounds", str(rounds)]
     live: dict[str, tuple[dict[str, list[int]], float | None, dict[str, float | None]]] = {}
     live["same_vcpu"] = run_live(gleaner, ["--observe"], ["taskset", "-c", "0", *pingpong], state_dir)
     live["busy_yield"] = run_live(gleaner, ["--mode", "always-yield", "--retention-backend", "yield"], pingpong, state_dir)
@@ -156,38 +150,44 @@ def main() -> int:
     finally:
         for f, v in saved.items():
             f.write_text(v.strip())
+    return live
 
-    # A halted vCPU's wake costs depend on how long it has been halted (the host polls a
-    # freshly halted vCPU for a while), so the probe's halted setting is measured at the gap
-    # that matches the ping-pong's own idle periods; the other settings do not depend on it.
-    base_gap = 20_000
-    halted_idle = live["halted"][1] if "halted" in live else None
-    halted_gap = max(1_000, int(round(halted_idle / 1_000)) * 1_000) if halted_idle else base_gap
-    gaps = sorted({base_gap, halted_gap})
-    probe = subprocess.run([gleaner, "probe", "--json", "--in-kernel", "--gaps", ",".join(f"{g // 1000}us" for g in gaps), "--samples", str(args.samples)],
+
+STATE_OF = {"same_vcpu": "running", "busy_yield": "polling", "busy_poll": "polling", "halted": "halted"}
+BASE_GAP_NS = 20_000
+
+
+def probe_round(gleaner: str, samples: int, halted_idle_ns: float | None) -> dict:
+    """One `gleaner probe --in-kernel` run. A halted vCPU's wake cost may depend on how long it
+    has been halted (the host may poll a freshly halted vCPU for a while), so the halted setting
+    is also measured at the gap that matches the ping-pong's own idle periods; the other
+    settings do not depend on it."""
+    halted_gap = max(1_000, int(round(halted_idle_ns / 1_000)) * 1_000) if halted_idle_ns else BASE_GAP_NS
+    gaps = sorted({BASE_GAP_NS, halted_gap})
+    probe = subprocess.run([gleaner, "probe", "--json", "--in-kernel", "--gaps", ",".join(f"{g // 1000}us" for g in gaps), "--samples", str(samples)],
                            capture_output=True, text=True)
     if probe.returncode != 0:
-        print(probe.stderr, file=sys.stderr)
-        return 1
+        raise SystemExit(f"gleaner probe failed ({probe.returncode}):\n{probe.stderr[-2000:]}")
     report = json.loads(probe.stdout)
+    report["halted_gap_ns"] = halted_gap
+    return report
+
+
+def compare(live: dict, report: dict) -> list[dict]:
+    """Per live situation: its histogram against the probe's matching setting, one repetition."""
     probe_p50 = {(p["setting"], p["gap_ns"]): p["latency"]["p50_ns"] for p in report["points"]}
     probe_kernel = {(p["setting"], p["gap_ns"]): p.get("in_kernel") for p in report["points"]}
     crossing = report.get("crossing_ns") or 0
-    gap_of = {"same_vcpu": base_gap, "busy_yield": base_gap, "busy_poll": base_gap, "halted": halted_gap}
-
-    state_of = {"same_vcpu": "running", "busy_yield": "polling", "busy_poll": "polling", "halted": "halted"}
     rows = []
     for setting, (hists, idle_ns, means) in live.items():
-        state = state_of[setting]
+        state = STATE_OF[setting]
+        gap = report["halted_gap_ns"] if setting == "halted" else BASE_GAP_NS
         h = hists[state]
         live_p50 = quantile(h, 0.5)
-        p = probe_p50.get((setting, gap_of[setting]))
-        k = probe_kernel.get((setting, gap_of[setting])) or {}
+        p = probe_p50.get((setting, gap))
+        k = probe_kernel.get((setting, gap)) or {}
         pk = k.get("p50_ns")
-        ratio = (live_p50 / pk) if (live_p50 and pk) else None
         live_mean, probe_mean = means.get(state), k.get("mean_ns")
-        mean_ratio = (live_mean / probe_mean) if (live_mean and probe_mean) else None
-        user_ratio = ((live_p50 + crossing) / p) if (live_p50 and p) else None
         rows.append(
             {
                 "setting": setting,
@@ -199,33 +199,85 @@ def main() -> int:
                 "probe_p50_ns": p,
                 "probe_in_kernel_p50_ns": pk,
                 "probe_in_kernel": k,
-                "probe_gap_ns": gap_of[setting],
+                "probe_gap_ns": gap,
                 "live_median_idle_period_ns": idle_ns,
                 "crossing_ns": crossing,
-                "ratio": ratio,
+                "ratio": (live_p50 / pk) if (live_p50 and pk) else None,
                 "live_mean_ns": live_mean,
                 "probe_in_kernel_mean_ns": probe_mean,
-                "mean_ratio": mean_ratio,
-                "mean_within_20pct": mean_ratio is not None and abs(mean_ratio - 1) <= TOLERANCE,
-                "user_ratio": user_ratio,
-                "within_20pct": ratio is not None and abs(ratio - 1) <= TOLERANCE,
+                "mean_ratio": (live_mean / probe_mean) if (live_mean and probe_mean) else None,
+                "user_ratio": ((live_p50 + crossing) / p) if (live_p50 and p) else None,
             }
         )
+    return rows
+
+
+def summarize(reps: list[list[dict]]) -> list[dict]:
+    """Per setting, the median over repetitions of each number and of each ratio, with the
+    ratios' range: the host's wake costs drift over minutes, so one live run against one probe
+    run taken minutes apart can disagree by more than the measurement does."""
+    out = []
+    for setting in [r["setting"] for r in reps[0]]:
+        rows = [r for rep in reps for r in rep if r["setting"] == setting]
+        med = lambda key: (statistics.median([r[key] for r in rows if r[key] is not None]) if any(r[key] is not None for r in rows) else None)
+        rng = lambda key: [min(r[key] for r in rows if r[key] is not None), max(r[key] for r in rows if r[key] is not None)] if any(r[key] is not None for r in rows) else None
+        s = {"setting": setting, "state": rows[0]["state"], "repetitions": len(rows)}
+        for key in ("live_count", "live_p50_ns", "live_p99_ns", "probe_p50_ns", "probe_in_kernel_p50_ns", "probe_gap_ns", "live_median_idle_period_ns",
+                    "crossing_ns", "live_mean_ns", "probe_in_kernel_mean_ns"):
+            s[key] = med(key)
+        for key in ("ratio", "mean_ratio", "user_ratio"):
+            s[key] = med(key)
+            s[key + "_range"] = rng(key)
+        s["within_20pct"] = s["ratio"] is not None and abs(s["ratio"] - 1) <= TOLERANCE
+        s["mean_within_20pct"] = s["mean_ratio"] is not None and abs(s["mean_ratio"] - 1) <= TOLERANCE
+        out.append(s)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gleaner", default="target/release/gleaner")
+    ap.add_argument("--rounds", type=int, default=200_000, help="pingpong round trips per situation")
+    ap.add_argument("--samples", type=int, default=1000, help="probe wakes per setting")
+    ap.add_argument("--reps", type=int, default=5, help="interleaved repetitions (live situations, then the probe)")
+    ap.add_argument("--out", type=Path, default=None, help="results JSON [default: results/wake-latency-check-DATE.json]")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("wake_latency_check: needs root (the BPF sampler and cpuidle state switches); run it with sudo", file=sys.stderr)
+        return 2
+    if args.reps < 1:
+        print("wake_latency_check: --reps must be at least 1", file=sys.stderr)
+        return 2
+    gleaner = str(Path(args.gleaner).resolve())
+    facts = machine_facts()
+    state_dir = tempfile.mkdtemp(prefix="gleaner-wlc-state-")
+    reps, loads = [], []
+    for i in range(args.reps):
+        live = live_round(gleaner, args.rounds, state_dir)
+        halted_idle = live["halted"][1] if "halted" in live else None
+        report = probe_round(gleaner, args.samples, halted_idle)
+        reps.append(compare(live, report))
+        loads.append(report.get("wakee_load", []))
+        print(f"repetition {i + 1}/{args.reps}: " + ", ".join(
+            f"{r['setting']} mean {r['live_mean_ns'] / 1e3 if r['live_mean_ns'] else 0:.1f}/{(r['probe_in_kernel_mean_ns'] or 0) / 1e3:.1f} µs" for r in reps[-1]), flush=True)
+    rows = summarize(reps)
     print(f"commit {facts['commit'][:10]}  driver {facts['cpuidle_driver']}  kernel {facts['kernel']}  load {facts['loadavg']}")
-    print(f"probe: crossing {crossing / 1e3:.2f} µs (added to the live p50); wakee vCPU busy: "
-          + ", ".join(f"{w['setting']} {100 * w['busy_fraction']:.0f} %" for w in report.get("wakee_load", [])))
+    print(f"{args.reps} repetitions, each: the live situations, then the probe; medians over repetitions, ratio ranges in brackets")
+    print(f"probe: crossing {(rows[0]['crossing_ns'] or 0) / 1e3:.2f} µs (added to the live p50 for the user-level ratio)")
     print("p50s come from log2 histograms (exact octave, interpolated inside it); means are exact.")
-    print(f"{'setting':<11} {'state':<8} {'live n':>8} {'gap':>6} | {'live p50':>9} {'probe p50':>9} {'ratio':>5} {'≤20%':>4} | {'live mean':>9} {'probe mean':>10} {'ratio':>5} {'≤20%':>4} | {'user p50':>8} {'ratio':>5}")
+    print(f"{'setting':<11} {'state':<8} {'live n':>8} {'gap':>6} | {'live p50':>9} {'probe p50':>9} {'ratio':>5} {'≤20%':>4} | {'live mean':>9} {'probe mean':>10} {'ratio':>5} {'range':>11} {'≤20%':>4} | {'user p50':>8} {'ratio':>5}")
     for r in rows:
         us = lambda v: f"{v / 1e3:.1f} µs" if v else "-"
         f2 = lambda v: f"{v:.2f}" if v else "-"
         yn = lambda b: "yes" if b else "NO"
+        rg = lambda v: f"[{v[0]:.2f},{v[1]:.2f}]" if v else "-"
         gap = f"{r['probe_gap_ns'] / 1e3:.0f} µs"
-        print(f"{r['setting']:<11} {r['state']:<8} {r['live_count']:>8} {gap:>6} | {us(r['live_p50_ns']):>9} {us(r['probe_in_kernel_p50_ns']):>9} {f2(r['ratio']):>5} {yn(r['within_20pct']):>4} | "
-              f"{us(r['live_mean_ns']):>9} {us(r['probe_in_kernel_mean_ns']):>10} {f2(r['mean_ratio']):>5} {yn(r['mean_within_20pct']):>4} | {us(r['probe_p50_ns']):>8} {f2(r['user_ratio']):>5}")
+        print(f"{r['setting']:<11} {r['state']:<8} {r['live_count']:>8.0f} {gap:>6} | {us(r['live_p50_ns']):>9} {us(r['probe_in_kernel_p50_ns']):>9} {f2(r['ratio']):>5} {yn(r['within_20pct']):>4} | "
+              f"{us(r['live_mean_ns']):>9} {us(r['probe_in_kernel_mean_ns']):>10} {f2(r['mean_ratio']):>5} {rg(r['mean_ratio_range']):>11} {yn(r['mean_within_20pct']):>4} | {us(r['probe_p50_ns']):>8} {f2(r['user_ratio']):>5}")
     out = args.out or Path("results") / f"wake-latency-check-{time.strftime('%Y-%m-%d')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": facts, "rounds": args.rounds, "probe_samples": args.samples, "rows": rows, "crossing_ns": crossing, "probe_wakee_load": report.get("wakee_load", []), "skipped_probe": report.get("skipped", [])}, indent=2) + "\n")
+    out.write_text(json.dumps({"machine": facts, "rounds": args.rounds, "probe_samples": args.samples, "repetitions": args.reps, "rows": rows,
+                               "per_repetition": reps, "probe_wakee_load": loads}, indent=2) + "\n")
     print(f"written {out}")
     return 0 if all(r["within_20pct"] for r in rows) else 1
 

@@ -69,3 +69,19 @@ def test_median_idle_period_skips_periods_without_idle(tmp_path):
     assert wlc.median_idle_period_ns(path) == 40_000.0
     path.write_text(json.dumps({"characteristics": {}}) + "\n")
     assert wlc.median_idle_period_ns(path) is None
+
+
+def test_summary_takes_medians_over_repetitions_and_keeps_each_ratios_range():
+    def row(live_mean, probe_mean, ratio):
+        return {"setting": "halted", "state": "halted", "live_count": 10, "live_p50_ns": 1.0, "live_p99_ns": 2.0,
+                "probe_p50_ns": 1.0, "probe_in_kernel_p50_ns": 1.0, "probe_gap_ns": 20_000, "live_median_idle_period_ns": None,
+                "crossing_ns": 100, "live_mean_ns": live_mean, "probe_in_kernel_mean_ns": probe_mean, "ratio": ratio,
+                "mean_ratio": live_mean / probe_mean, "user_ratio": None}
+    reps = [[row(19.0, 16.0, 1.5)], [row(18.0, 19.0, 1.1)], [row(22.0, 24.0, 0.9)]]
+    (s,) = wlc.summarize(reps)
+    assert s["repetitions"] == 3
+    assert s["live_mean_ns"] == 19.0 and s["probe_in_kernel_mean_ns"] == 19.0
+    assert s["ratio"] == 1.1 and s["within_20pct"]
+    assert s["ratio_range"] == [0.9, 1.5]
+    assert s["user_ratio"] is None and s["user_ratio_range"] is None
+    assert abs(s["mean_ratio"] - 18.0 / 19.0) < 1e-9 and s["mean_within_20pct"]
