@@ -431,10 +431,15 @@ impl<'a> Controller<'a> {
             // The BPF sampler measures queueing continuously: one wake-up per period
             // suffices; the procfs sampler wakes less often under a tight budget.
             let wakeups = self.sampler.sub_sample_wakeups(full_rate);
+            // Short periods at start-up (`Gleaner::next_period_ns`), the configured one after.
+            let period = Duration::from_nanos(
+                self.policy
+                    .next_period_ns(self.opts.period.as_nanos() as u64),
+            );
             let (slices, slice) = if busy {
-                (wakeups, self.opts.period / wakeups)
+                (wakeups, period / wakeups)
             } else {
-                (1, self.opts.period * IDLE_STRETCH)
+                (1, period * IDLE_STRETCH)
             };
             let slice_ns = slice.as_nanos() as u64;
             for _ in 0..slices {
@@ -457,7 +462,7 @@ impl<'a> Controller<'a> {
                         return Ok(StopReason::Requested);
                     }
                 }
-                let wake = pacer.woke(now_ns(), slice_ns, self.opts.period.as_nanos() as u64);
+                let wake = pacer.woke(now_ns(), slice_ns, period.as_nanos() as u64);
                 self.note_wake(wake);
                 if stop() {
                     self.final_read(now_ns());

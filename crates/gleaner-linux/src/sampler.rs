@@ -102,7 +102,7 @@ pub struct WorkloadView {
 mod cost;
 mod deltas;
 pub use cost::{
-    ProcfsBudget, Window, FIRST_WINDOW_NS, PROCFS_BUDGET_FRACTION, WINDOW_EVENTS,
+    Pace, ProcfsBudget, Window, FIRST_WINDOW_NS, PROCFS_BUDGET_FRACTION, WINDOW_EVENTS,
     WINDOW_EVERY_PERIODS,
 };
 use deltas::work_between;
@@ -145,6 +145,9 @@ pub struct Sampler {
     skipped_len_ns: Option<u64>,
     /// What the last window measured, unscaled.
     last_window: Option<WindowCounts>,
+    /// The pace of the last period whose rates were measured, not reused: a later period
+    /// reuses them only while its own pace resembles this ([`Pace::resembles`]).
+    measured_pace: Option<Pace>,
     budget: ProcfsBudget,
     /// Sampling CPU ns spent on the controller thread this period (procfs).
     cost_ns: u64,
@@ -223,6 +226,7 @@ impl Sampler {
             periods_since_window: 0,
             skipped_len_ns: None,
             last_window: None,
+            measured_pace: None,
             budget: ProcfsBudget::new(PROCFS_BUDGET_FRACTION),
             cost_ns: 0,
             switch_periods: 0,
@@ -738,6 +742,13 @@ impl Sampler {
             }
         };
         self.kernel_events = self.kernel_prev.iter().map(|c| c.events).sum();
+        let pace = Pace::of(&vcpus, period_ns);
+        if !skipped {
+            self.measured_pace = Some(pace);
+        }
+        // A period that no longer looks like the measured one (the workload left its start-up
+        // or changed phase) gets a window next period, whatever the count says.
+        let rates_still_hold = self.measured_pace.is_some_and(|m| pace.resembles(&m));
         if self.closing {
             if let Some(k) = self.kernel.as_mut() {
                 let _ = k.set_scheduler_programs(false);
@@ -760,6 +771,7 @@ impl Sampler {
                         self.periods_since_window += 1;
                         if self.last_window.is_some()
                             && self.periods_since_window < WINDOW_EVERY_PERIODS
+                            && rates_still_hold
                         {
                             self.skipped_len_ns = Some(len);
                         } else {

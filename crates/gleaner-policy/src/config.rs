@@ -86,6 +86,10 @@ pub struct PolicyConfig {
     pub settle_periods: u32,
     /// Periods at the start of a run in which nothing is changed: the workload is starting.
     pub warmup_periods: u32,
+    /// The first this many periods of a run last a quarter of the configured period (see
+    /// [`crate::Gleaner::next_period_ns`]): a short job pays for every period spent before the
+    /// first decision and its verdict. 0 keeps every period at full length.
+    pub startup_periods: u32,
     /// Retention is worth a SCHED_IDLE thread's costs (a reschedule IPI per wake, no new-idle
     /// balancing) only above this many idle periods per second per vCPU.
     pub min_idle_periods_per_sec: f64,
@@ -126,6 +130,7 @@ impl Default for PolicyConfig {
             major_gcomp_factor: 2.0,
             settle_periods: 2,
             warmup_periods: 2,
+            startup_periods: 8,
             min_idle_periods_per_sec: 2_000.0,
             retain_idle_factor: 4.0,
             min_retain_idle_ns: 0,

@@ -423,6 +423,44 @@ fn nothing_changes_during_warm_up() {
 }
 
 #[test]
+fn start_up_periods_are_a_quarter_long_then_the_configured_length() {
+    const MS: u64 = 1_000_000;
+    let cfg = PolicyConfig {
+        mode: Mode::Consolidation,
+        ..Default::default()
+    };
+    let startup = cfg.startup_periods as usize;
+    assert!(startup > cfg.warmup_periods as usize + cfg.settle_periods as usize);
+    let mut g = Gleaner::new(cfg, Cpuset::first_n(3)).unwrap();
+    let mut lengths = Vec::new();
+    for _ in 0..startup + 3 {
+        lengths.push(g.next_period_ns(100 * MS));
+        g.step(&sample(&Cpuset::first_n(3), 3, 2 * T, T, T, 10));
+    }
+    assert!(
+        lengths[..startup].iter().all(|&l| l == 25 * MS),
+        "{lengths:?}"
+    );
+    assert!(
+        lengths[startup..].iter().all(|&l| l == 100 * MS),
+        "{lengths:?}"
+    );
+    // Never below 10 ms, never above the configured period, and off when asked.
+    let fresh = Gleaner::new(PolicyConfig::default(), Cpuset::first_n(2)).unwrap();
+    assert_eq!(fresh.next_period_ns(20 * MS), 10 * MS);
+    assert_eq!(fresh.next_period_ns(5 * MS), 5 * MS);
+    let off = Gleaner::new(
+        PolicyConfig {
+            startup_periods: 0,
+            ..Default::default()
+        },
+        Cpuset::first_n(2),
+    )
+    .unwrap();
+    assert_eq!(off.next_period_ns(100 * MS), 100 * MS);
+}
+
+#[test]
 fn always_yield_holds_everything() {
     let cfg = PolicyConfig {
         mode: Mode::AlwaysYield,

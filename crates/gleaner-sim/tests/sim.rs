@@ -92,7 +92,18 @@ fn policy_samples_split_wake_latency_by_wakee_state_and_count_progress() {
         "#,
     );
     let (r, samples) = gleaner_sim::engine::Sim::new(&s).run_keeping_samples();
-    assert_eq!(samples.len(), 8, "one sample per 100 ms period");
+    // The policy's start-up periods (`Gleaner::next_period_ns`): eight of 25 ms, then 100 ms.
+    assert_eq!(
+        samples.len(),
+        8 + 6,
+        "8 start-up periods, then one per 100 ms"
+    );
+    let lengths: Vec<u64> = samples.iter().map(|(_, s)| s.period_ns).collect();
+    assert!(lengths[..8].iter().all(|&l| l == 25_000_000), "{lengths:?}");
+    assert!(
+        lengths[8..].iter().all(|&l| l == 100_000_000),
+        "{lengths:?}"
+    );
     let mut all = gleaner_policy::WakeLatencies::default();
     for (vm_index, sample) in &samples {
         assert_eq!(*vm_index, 0);
@@ -322,7 +333,8 @@ fn gleaner_consolidates_a_fine_grained_pipeline() {
     );
     let r = simulate(&s);
     let v = vm(&r, "dedup");
-    assert_eq!(v.active_vcpus.len(), 15);
+    // One entry per period: eight start-up periods of 25 ms, then one per 100 ms.
+    assert_eq!(v.active_vcpus.len(), 8 + 13);
     assert!(
         *v.active_vcpus.last().unwrap() < 8,
         "active: {:?}",

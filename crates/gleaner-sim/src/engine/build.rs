@@ -292,6 +292,7 @@ impl Sim {
             last_wait: 0,
             work_done_ns: 0,
             last_work_done_ns: 0,
+            last_period_at: 0,
             app_progress: cfg.app_progress,
             period_wake: WakeLatencies::default(),
             active_history: Vec::new(),

@@ -115,6 +115,9 @@ struct Vm {
     /// policy period: the application progress the sample reports is the difference.
     work_done_ns: Ns,
     last_work_done_ns: Ns,
+    /// When the last policy period ended: periods differ in length at start-up
+    /// (`Gleaner::next_period_ns`).
+    last_period_at: Ns,
     /// Whether the policy is told `progress` (`vm.app_progress`).
     app_progress: bool,
     /// Wake latencies of the current policy period, by the wakee vCPU's state.
@@ -294,7 +297,7 @@ impl Sim {
             }
             if self.vms[vm].gleaner.is_some() || self.kept_samples.is_some() {
                 self.q
-                    .push(self.g.policy_period, Event::PolicyPeriod { vm });
+                    .push(self.next_policy_period(vm), Event::PolicyPeriod { vm });
                 self.q
                     .push(self.wait_sample_interval(), Event::WaitSample { vm });
             }
@@ -355,8 +358,10 @@ impl Sim {
             }
             Event::PolicyPeriod { vm } => {
                 self.policy_period(vm);
-                self.q
-                    .push(self.now + self.g.policy_period, Event::PolicyPeriod { vm });
+                self.q.push(
+                    self.now + self.next_policy_period(vm),
+                    Event::PolicyPeriod { vm },
+                );
             }
             Event::WaitSample { vm } => {
                 self.wait_sample(vm);

@@ -41,6 +41,16 @@ impl Sim {
             self.vms[vm_id].imbalance_wait_ns += step;
         }
     }
+    /// How long VM `vm_id`'s next policy period lasts: what its policy asks for, as the
+    /// daemon's controller does (`Gleaner::next_period_ns`); the configured period without one.
+    pub(super) fn next_policy_period(&self, vm_id: VmId) -> Ns {
+        let base = self.g.policy_period;
+        self.vms[vm_id]
+            .gleaner
+            .as_ref()
+            .map_or(base, |g| g.next_period_ns(base))
+    }
+
     /// One Gleaner period: sample the VM's counters, step the policy, apply the decision.
     pub(super) fn policy_period(&mut self, vm_id: VmId) {
         let (base, n) = (self.vms[vm_id].base, self.vms[vm_id].n);
@@ -63,7 +73,7 @@ impl Sim {
             });
         }
         let sample = PeriodSample {
-            period_ns: self.g.policy_period,
+            period_ns: (self.now - vm.last_period_at).max(1),
             vcpus,
             work_switches: vm.thread_switches - vm.last_switches,
             work_threads: vm.live_threads,
@@ -78,6 +88,7 @@ impl Sim {
         let vm = &mut self.vms[vm_id];
         vm.period_wake = WakeLatencies::default();
         vm.last_work_done_ns = vm.work_done_ns;
+        vm.last_period_at = self.now;
         vm.last = (0..n)
             .map(|i| self.vcpus[base.offset(i)].c.clone())
             .collect();
