@@ -2,7 +2,8 @@
 //! gleaner-sim --example labtrace -- SCENARIO [CONFIG...]` (SCENARIO: a lab scenario's name or
 //! a unique part of it; CONFIG: lab configuration labels, default `gleaner none`). Prints each
 //! period's active and held vCPUs, utilization, compute completed (the benchmark VM's
-//! progress) and the policy's events, for reading why a scenario's regret is what it is.
+//! progress) and the policy's events, for reading why a scenario's regret is what it is. A
+//! SCENARIO ending in `.toml` is a scenario file, run with the guest policies it names.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a debugging tool
 
@@ -12,6 +13,13 @@ use gleaner_sim::lab::population::{population, LabSet};
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let want = args.first().expect("usage: labtrace SCENARIO [CONFIG...]");
+    // A scenario file runs as written (its own guest policies), e.g. scenarios/fig7-*.toml.
+    if want.ends_with(".toml") {
+        let scenario = gleaner_sim::scenario::Scenario::load(std::path::Path::new(want)).unwrap();
+        let (report, samples) = Sim::new(&scenario).run_keeping_samples();
+        print_trace(want, &report, &samples);
+        return;
+    }
     let mut labels: Vec<String> = args[1..].to_vec();
     if labels.is_empty() {
         labels = vec!["gleaner".into(), "none".into()];
@@ -35,49 +43,57 @@ fn main() {
             choice.app_progress = traced;
             let scenario = s.build(choice, None).unwrap();
             let (report, samples) = Sim::new(&scenario).run_keeping_samples();
-            let vm = &report.vms[0];
-            println!(
-                "== {} [{label}] bench compute/s {:.3} vCPUs",
-                s.name,
-                vm.completed_work_ns as f64 / report.simulated_ns.max(1) as f64
-            );
-            let bench: Vec<_> = samples.iter().filter(|(v, _)| *v == 0).collect();
-            for (i, (_, smp)) in bench.iter().enumerate() {
-                let util: u64 = smp.vcpus.iter().map(|v| v.work_ns).sum();
-                let idle_p: u64 = smp.vcpus.iter().map(|v| v.idle_periods()).sum();
-                let steal: u64 = smp.vcpus.iter().map(|v| v.steal_ns).sum();
-                let active = vm.active_vcpus.get(i).copied().unwrap_or(0);
-                let held = vm.retaining_vcpus.get(i).copied().unwrap_or(0);
-                let (h, p, r) = smp.wake_latency.as_ref().map_or((0, 0, 0), |w| {
-                    (w.halted.count, w.polling.count, w.running.count)
-                });
-                let lat = smp.wake_latency.as_ref().map_or(String::new(), |w| {
-                    let m = |h: &gleaner_policy::LatencyHistogram| {
-                        h.quantile_ns(0.5)
-                            .map_or("-".into(), |x| format!("{:.0}", x / 1e3))
-                    };
-                    format!(
-                        " p50us h/p/r {}/{}/{}",
-                        m(&w.halted),
-                        m(&w.polling),
-                        m(&w.running)
-                    )
-                });
-                println!(
-                    "{:3} active {:2} held {:2} util {:6.3} progress {:>8} idle/s {:>8} steal {:5.2} wakes h/p/r {h}/{p}/{r} sw {}{lat}",
-                    i + 1,
-                    active,
-                    held,
-                    util as f64 / smp.period_ns as f64,
-                    smp.progress.map_or("-".into(), |p| format!("{:.3}", p as f64 * 1e3 / smp.period_ns as f64)),
-                    idle_p * 1_000_000_000 / smp.period_ns.max(1),
-                    steal as f64 / smp.period_ns as f64,
-                    smp.work_switches,
-                );
-                for e in vm.policy_events.iter().filter(|e| e.period == i as u64 + 1) {
-                    println!("      {:?}: {}", e.kind, e.reason);
-                }
-            }
+            print_trace(&format!("{} [{label}]", s.name), &report, &samples);
+        }
+    }
+}
+
+/// Each period of the first VM (the benchmark VM): what the policy saw and did.
+fn print_trace(
+    title: &str,
+    report: &gleaner_sim::report::SimReport,
+    samples: &[(usize, gleaner_policy::PeriodSample)],
+) {
+    let vm = &report.vms[0];
+    println!(
+        "== {title} bench compute/s {:.3} vCPUs",
+        vm.completed_work_ns as f64 / report.simulated_ns.max(1) as f64
+    );
+    let bench: Vec<_> = samples.iter().filter(|(v, _)| *v == 0).collect();
+    for (i, (_, smp)) in bench.iter().enumerate() {
+        let util: u64 = smp.vcpus.iter().map(|v| v.work_ns).sum();
+        let idle_p: u64 = smp.vcpus.iter().map(|v| v.idle_periods()).sum();
+        let steal: u64 = smp.vcpus.iter().map(|v| v.steal_ns).sum();
+        let active = vm.active_vcpus.get(i).copied().unwrap_or(0);
+        let held = vm.retaining_vcpus.get(i).copied().unwrap_or(0);
+        let (h, p, r) = smp.wake_latency.as_ref().map_or((0, 0, 0), |w| {
+            (w.halted.count, w.polling.count, w.running.count)
+        });
+        let lat = smp.wake_latency.as_ref().map_or(String::new(), |w| {
+            let m = |h: &gleaner_policy::LatencyHistogram| {
+                h.quantile_ns(0.5)
+                    .map_or("-".into(), |x| format!("{:.0}", x / 1e3))
+            };
+            format!(
+                " p50us h/p/r {}/{}/{}",
+                m(&w.halted),
+                m(&w.polling),
+                m(&w.running)
+            )
+        });
+        println!(
+            "{:3} active {:2} held {:2} util {:6.3} progress {:>8} idle/s {:>8} steal {:5.2} wakes h/p/r {h}/{p}/{r} sw {}{lat}",
+            i + 1,
+            active,
+            held,
+            util as f64 / smp.period_ns as f64,
+            smp.progress.map_or("-".into(), |p| format!("{:.3}", p as f64 * 1e3 / smp.period_ns as f64)),
+            idle_p * 1_000_000_000 / smp.period_ns.max(1),
+            steal as f64 / smp.period_ns as f64,
+            smp.work_switches,
+        );
+        for e in vm.policy_events.iter().filter(|e| e.period == i as u64 + 1) {
+            println!("      {:?}: {}", e.kind, e.reason);
         }
     }
 }
