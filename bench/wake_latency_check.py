@@ -46,12 +46,19 @@ from pathlib import Path
 
 from harness.preflight import machine_facts
 
-NBUCKETS = 32
+NBUCKETS = 128
 TOLERANCE = 0.20
 
 
+def bucket_floor(i: int) -> int:
+    """Lower bound in ns of bucket i of gleaner_policy::LatencyHistogram: 0..3 ns, then four
+    equal parts of each power of two."""
+    return i if i < 4 else (4 + i % 4) << (i // 4 - 1)
+
+
 def quantile(buckets: list[int], q: float) -> float | None:
-    """The q quantile of a log2 histogram, interpolated like gleaner_policy::LatencyHistogram."""
+    """The q quantile of a latency histogram, interpolated linearly inside its bucket like
+    gleaner_policy::LatencyHistogram::quantile_ns."""
     total = sum(buckets)
     if total == 0:
         return None
@@ -61,8 +68,8 @@ def quantile(buckets: list[int], q: float) -> float | None:
         if n == 0:
             continue
         if seen + n >= rank:
-            lo = float(max(1 << i if i else 0, 1))
-            return lo * 2 ** ((rank - seen) / n)
+            lo, hi = bucket_floor(i), bucket_floor(i + 1)
+            return lo + (hi - lo) * (rank - seen) / n
         seen += n
     return None
 
@@ -264,7 +271,7 @@ def main() -> int:
     print(f"commit {facts['commit'][:10]}  driver {facts['cpuidle_driver']}  kernel {facts['kernel']}  load {facts['loadavg']}")
     print(f"{args.reps} repetitions, each: the live situations, then the probe; medians over repetitions, ratio ranges in brackets")
     print(f"probe: crossing {(rows[0]['crossing_ns'] or 0) / 1e3:.2f} µs (added to the live p50 for the user-level ratio)")
-    print("p50s come from log2 histograms (exact octave, interpolated inside it); means are exact.")
+    print("p50s come from the histograms (buckets a quarter of a power of two wide, interpolated inside); means are exact.")
     print(f"{'setting':<11} {'state':<8} {'live n':>8} {'gap':>6} | {'live p50':>9} {'probe p50':>9} {'ratio':>5} {'≤20%':>4} | {'live mean':>9} {'probe mean':>10} {'ratio':>5} {'range':>11} {'≤20%':>4} | {'user p50':>8} {'ratio':>5}")
     for r in rows:
         us = lambda v: f"{v / 1e3:.1f} µs" if v else "-"

@@ -9,22 +9,23 @@ import overhead
 import wake_latency_check as wlc
 
 
-def test_quantile_matches_the_rust_log2_interpolation():
-    b = [0] * 32
-    b[12] = 90  # [4096, 8192) ns
-    b[16] = 10  # [65536, 131072) ns
+def test_quantile_matches_the_rust_quarter_octave_interpolation():
+    # Bucket floors as LatencyHistogram::bucket_floor_ns: 0..3, then four parts per octave.
+    assert [wlc.bucket_floor(i) for i in (0, 3, 4, 7, 8, 36, 37, 40)] == [0, 3, 4, 7, 8, 1024, 1280, 2048]
+    b = [0] * wlc.NBUCKETS
+    b[44] = 90  # [4096, 5120) ns
+    b[60] = 10  # [65536, 81920) ns
     p50 = wlc.quantile(b, 0.5)
-    assert 4096 <= p50 < 8192
-    # Same formula as LatencyHistogram::quantile_ns: floor * 2^(fraction of the bucket).
-    assert abs(p50 - 4096 * 2 ** (50 / 90)) < 1e-6
-    assert 65536 <= wlc.quantile(b, 0.99) < 131072
-    assert wlc.quantile([0] * 32, 0.5) is None
+    # Same formula as LatencyHistogram::quantile_ns: linear inside the bucket.
+    assert abs(p50 - (4096 + 1024 * 50 / 90)) < 1e-6
+    assert 65536 <= wlc.quantile(b, 0.99) < 81920
+    assert wlc.quantile([0] * wlc.NBUCKETS, 0.5) is None
 
 
 def test_timeline_sum_adds_each_states_buckets_and_skips_periods_without_histograms(tmp_path):
     def period(running, halted):
-        h = lambda i: {"buckets": [1 if k == i else 0 for k in range(32)], "count": 1, "sum_ns": 1 << i}
-        empty = {"buckets": [0] * 32, "count": 0, "sum_ns": 0}
+        h = lambda i: {"buckets": [1 if k == i else 0 for k in range(wlc.NBUCKETS)], "count": 1, "sum_ns": 1 << i}
+        empty = {"buckets": [0] * wlc.NBUCKETS, "count": 0, "sum_ns": 0}
         return {"t_s": 0.1, "wake_latency": {"running": h(running), "polling": empty, "halted": h(halted)}}
 
     lines = [period(10, 15), {"t_s": 0.2, "wake_latency": None}, period(10, 16)]

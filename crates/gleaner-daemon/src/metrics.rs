@@ -194,16 +194,16 @@ fn per_vcpu(
     }
 }
 
-/// Bucket bounds exported for a [`LatencyHistogram`]: 2^10 ns (1 µs) to 2^24 ns (16.8 ms),
-/// then +Inf. Its 32 log2 buckets would be 32 series per state; cumulative counts stay exact
-/// when bounds are left out, and wake latencies outside this range are all "fast" or all
-/// "a vCPU had to be scheduled".
+/// Bucket bounds exported for a [`LatencyHistogram`]: powers of two from 2^10 ns (1 µs) to
+/// 2^24 ns (16.8 ms), then +Inf. Its 128 quarter-octave buckets would be 128 series per state;
+/// cumulative counts stay exact when bounds are left out, and wake latencies outside this
+/// range are all "fast" or all "a vCPU had to be scheduled".
 pub const HISTOGRAM_LE_POW2: std::ops::RangeInclusive<usize> = 10..=24;
 
 /// One Prometheus histogram family (`NAME_bucket{le}`, `NAME_sum`, `NAME_count`, seconds) from
-/// cumulative log2 histograms, one series per label set. Bucket `i` of a [`LatencyHistogram`]
-/// counts latencies in [2^i, 2^(i+1)) ns, so the cumulative count up to bucket `k-1` is the
-/// number of latencies below 2^k ns: that is the `le` = 2^k ns sample.
+/// cumulative histograms, one series per label set. A power of two begins a bucket of a
+/// [`LatencyHistogram`], so the counts of the buckets before `bucket_of(2^k)` are the
+/// latencies below 2^k ns: that is the `le` = 2^k ns sample.
 pub fn histogram_family(
     out: &mut String,
     name: &str,
@@ -223,7 +223,8 @@ pub fn histogram_family(
                 .collect::<Vec<(String, String)>>()
         };
         for k in HISTOGRAM_LE_POW2 {
-            let below: u64 = h.buckets.iter().take(k).sum();
+            let first = gleaner_policy::LatencyHistogram::bucket_of(1u64 << k);
+            let below: u64 = h.buckets.iter().take(first).sum();
             let le = format_value((1u64 << k) as f64 / 1e9);
             let l = with(&le);
             let refs: Vec<(&str, &str)> = l.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();

@@ -64,35 +64,92 @@ pub struct PeriodSample {
     pub progress: Option<u64>,
 }
 
-/// Number of buckets in a [`LatencyHistogram`]: bucket `i` counts latencies in
-/// `[2^i, 2^(i+1))` ns, the last one everything from 2^31 ns (≈ 2.1 s) up.
-pub const LATENCY_BUCKETS: usize = 32;
+/// Linear sub-buckets per power of two in a [`LatencyHistogram`].
+pub const LATENCY_SUB_BUCKETS: usize = 4;
 
-/// A log2 histogram of latencies in nanoseconds: fixed size and mergeable, so that a kernel
-/// map, the simulator and the policy all count the same way.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// Number of buckets in a [`LatencyHistogram`]: buckets 0..4 hold 0, 1, 2 and 3 ns; from
+/// 4 ns on, each power of two [2^k, 2^(k+1)) is split into four equal parts, up to 2^33 ns
+/// (8.6 s); the last bucket also holds everything longer.
+pub const LATENCY_BUCKETS: usize = 128;
+
+/// A histogram of latencies in nanoseconds with four linear buckets per power of two: fixed
+/// size and mergeable, so that a kernel map (the BPF sampler computes the same
+/// [`LatencyHistogram::bucket_of`]), the simulator and the policy all count the same way. A
+/// bucket is at most 25 % wide, so a quantile read from it is within that of the truth; whole
+/// octaves (this histogram's first form) left a factor of two, and a p50 near a power of two
+/// flipped between octaves from one run to the next.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LatencyHistogram {
+    #[serde(with = "bucket_list")]
     pub buckets: [u64; LATENCY_BUCKETS],
     pub count: u64,
     pub sum_ns: u64,
 }
 
-impl LatencyHistogram {
-    /// The bucket a latency falls in.
-    pub fn bucket_of(ns: u64) -> usize {
-        if ns == 0 {
-            0
-        } else {
-            (63 - ns.leading_zeros() as usize).min(LATENCY_BUCKETS - 1)
+impl Default for LatencyHistogram {
+    fn default() -> Self {
+        Self {
+            buckets: [0; LATENCY_BUCKETS],
+            count: 0,
+            sum_ns: 0,
         }
     }
+}
 
-    /// Lower bound of bucket `i` in ns.
+/// The buckets as a JSON list (serde derives arrays only up to 32 long). A list of 32 is a
+/// timeline or status file written with one bucket per power of two: each count moves to the
+/// bucket where its power of two begins.
+mod bucket_list {
+    use super::{LatencyHistogram, LATENCY_BUCKETS};
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(b: &[u64; LATENCY_BUCKETS], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(b.iter())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<[u64; LATENCY_BUCKETS], D::Error> {
+        let v = Vec::<u64>::deserialize(d)?;
+        let mut out = [0u64; LATENCY_BUCKETS];
+        match v.len() {
+            LATENCY_BUCKETS => out.copy_from_slice(&v),
+            LOG2_BUCKETS => {
+                for (i, n) in v.into_iter().enumerate() {
+                    let floor = if i == 0 { 0 } else { 1u64 << i };
+                    out[LatencyHistogram::bucket_of(floor)] += n;
+                }
+            }
+            n => {
+                return Err(serde::de::Error::custom(format!(
+                    "a latency histogram has {LATENCY_BUCKETS} buckets (or {LOG2_BUCKETS}, one per power of two), not {n}"
+                )))
+            }
+        }
+        Ok(out)
+    }
+
+    /// Buckets of the first, one-per-power-of-two form.
+    const LOG2_BUCKETS: usize = 32;
+}
+
+impl LatencyHistogram {
+    /// The bucket a latency falls in: the same arithmetic as `lat_bucket` in the BPF sampler.
+    pub fn bucket_of(ns: u64) -> usize {
+        if ns < 4 {
+            return ns as usize;
+        }
+        let k = 63 - ns.leading_zeros() as usize;
+        (4 * (k - 1) + ((ns >> (k - 2)) & 3) as usize).min(LATENCY_BUCKETS - 1)
+    }
+
+    /// Lower bound of bucket `i` in ns (`i` may be `LATENCY_BUCKETS`: the last bucket's
+    /// nominal upper bound).
     pub fn bucket_floor_ns(i: usize) -> u64 {
-        if i == 0 {
-            0
+        if i < 4 {
+            i as u64
         } else {
-            1u64 << i
+            ((4 + (i % 4)) as u64) << (i / 4 - 1)
         }
     }
 
@@ -129,9 +186,8 @@ impl LatencyHistogram {
         h
     }
 
-    /// The `q` quantile (0..=1), interpolated geometrically inside its bucket; `None` when
-    /// empty. Accurate to within the bucket's factor of two, which is what a log histogram
-    /// offers.
+    /// The `q` quantile (0..=1), interpolated linearly inside its bucket; `None` when empty.
+    /// Within the bucket's width (at most 25 %) of the truth.
     pub fn quantile_ns(&self, q: f64) -> Option<f64> {
         let total: u64 = self.buckets.iter().sum();
         if total == 0 {
@@ -144,9 +200,10 @@ impl LatencyHistogram {
                 continue;
             }
             if (seen + n) as f64 >= rank {
-                let lo = Self::bucket_floor_ns(i).max(1) as f64;
+                let lo = Self::bucket_floor_ns(i) as f64;
+                let hi = Self::bucket_floor_ns(i + 1) as f64;
                 let frac = (rank - seen as f64) / n as f64;
-                return Some(lo * 2f64.powf(frac));
+                return Some(lo + frac * (hi - lo));
             }
             seen += n;
         }
@@ -211,12 +268,27 @@ mod latency_tests {
     }
 
     #[test]
-    fn buckets_are_powers_of_two_and_quantiles_land_in_the_right_bucket() {
-        assert_eq!(LatencyHistogram::bucket_of(0), 0);
-        assert_eq!(LatencyHistogram::bucket_of(1), 0);
-        assert_eq!(LatencyHistogram::bucket_of(1023), 9);
-        assert_eq!(LatencyHistogram::bucket_of(1024), 10);
-        assert_eq!(LatencyHistogram::bucket_of(u64::MAX), LATENCY_BUCKETS - 1);
+    fn buckets_are_quarter_octaves_and_quantiles_land_in_the_right_bucket() {
+        let b = LatencyHistogram::bucket_of;
+        let floor = LatencyHistogram::bucket_floor_ns;
+        assert_eq!(
+            (b(0), b(3), b(4), b(7), b(8), b(9), b(10)),
+            (0, 3, 4, 7, 8, 8, 9)
+        );
+        // An octave in four: 1024..1279, 1280..1535, 1536..1791, 1792..2047.
+        assert_eq!(
+            (b(1023), b(1024), b(1279), b(1280), b(2047)),
+            (35, 36, 36, 37, 39)
+        );
+        assert_eq!(b(u64::MAX), LATENCY_BUCKETS - 1);
+        for i in 0..LATENCY_BUCKETS {
+            assert_eq!(b(floor(i)), i, "bucket {i}");
+            assert_eq!(b(floor(i + 1) - 1), i, "bucket {i}");
+            // No bucket is wider than a quarter of its floor (from 4 ns on).
+            if i >= 4 {
+                assert!(4 * (floor(i + 1) - floor(i)) <= floor(i), "bucket {i}");
+            }
+        }
         let mut h = LatencyHistogram::default();
         for _ in 0..90 {
             h.record(5_000);
@@ -225,12 +297,37 @@ mod latency_tests {
             h.record(80_000);
         }
         let p50 = h.quantile_ns(0.5).unwrap();
-        assert!((4096.0..8192.0).contains(&p50), "{p50}");
+        assert!(
+            (4096.0..5120.0).contains(&p50) || (5120.0..6144.0).contains(&p50),
+            "{p50}"
+        );
+        assert!((p50 / 5_000.0 - 1.0).abs() <= 0.25, "{p50}");
         let p99 = h.quantile_ns(0.99).unwrap();
-        assert!((65536.0..131072.0).contains(&p99), "{p99}");
+        assert!((p99 / 80_000.0 - 1.0).abs() <= 0.25, "{p99}");
         assert_eq!(h.count, 100);
         assert_eq!(h.mean_ns().unwrap(), 12_500.0);
         assert!(LatencyHistogram::default().quantile_ns(0.5).is_none());
+    }
+
+    /// Timelines and status files keep the buckets as a list of 128; one written with a
+    /// bucket per power of two (32) still reads, each count at its power of two.
+    #[test]
+    fn buckets_round_trip_as_a_list_and_old_log2_lists_still_read() {
+        let mut h = LatencyHistogram::default();
+        h.record(1_500);
+        h.record(20_000);
+        let json = serde_json::to_string(&h).unwrap();
+        assert_eq!(serde_json::from_str::<LatencyHistogram>(&json).unwrap(), h);
+        let mut old = vec![0u64; 32];
+        old[10] = 3; // [1024, 2048) ns
+        let text = format!(r#"{{"buckets":{old:?},"count":3,"sum_ns":4500}}"#);
+        let read: LatencyHistogram = serde_json::from_str(&text).unwrap();
+        assert_eq!(read.buckets[LatencyHistogram::bucket_of(1024)], 3);
+        assert_eq!(read.buckets.iter().sum::<u64>(), 3);
+        let err =
+            serde_json::from_str::<LatencyHistogram>(r#"{"buckets":[1,2],"count":3,"sum_ns":0}"#)
+                .unwrap_err();
+        assert!(err.to_string().contains("128 buckets"), "{err}");
     }
 }
 

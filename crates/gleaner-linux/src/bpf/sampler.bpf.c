@@ -17,7 +17,7 @@
  * decided once per task and generation (`workload_gen`), not looked up by tgid on every event;
  * task fields are read by direct CO-RE loads, not bpf_probe_read calls.
  *
- * Layout contract with src/bpf/mod.rs: struct cpu_stats is 108 u64s in this order.
+ * Layout contract with src/bpf/mod.rs: struct cpu_stats is 396 u64s in this order.
  */
 #include "vmlinux_min.h"
 #include <bpf/bpf_helpers.h>
@@ -26,7 +26,7 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
-#define NR_BUCKETS 32
+#define NR_BUCKETS 128
 #define CLASS_RUNNING 0
 #define CLASS_POLLING 1
 #define CLASS_HALTED 2
@@ -81,7 +81,10 @@ struct cpu_stats {
 	/* Scheduler events measured on this CPU (sched_waking, sched_switch, new threads):
 	 * their rate sizes the measurement window. */
 	u64 events;
-	u64 hist[NR_CLASSES][NR_BUCKETS];
+	/* hist[class][b >> 5][b & 31] is bucket b: the same memory as [NR_CLASSES][NR_BUCKETS],
+	 * in rows of 32 because the Rust skeleton derives Default for this type, which Rust
+	 * arrays have only up to 32 long. */
+	u64 hist[NR_CLASSES][NR_BUCKETS / 32][32];
 	u64 count[NR_CLASSES];
 	u64 sum_ns[NR_CLASSES];
 };
@@ -186,11 +189,11 @@ static __always_inline struct task_info *info_of(struct task_struct *p)
 }
 
 /*
- * floor(log2(v)), clamped to the last bucket. Without branches: each `(c - v) >> 63` is 1
- * exactly when v > c (v < 2^63 here), so the verifier walks one path through it instead of
- * one per combination of six branches, times every path of on_switch around it.
+ * floor(log2(v)) (0 for v = 0). Without branches: each `(c - v) >> 63` is 1 exactly when
+ * v > c (v < 2^63 here), so the verifier walks one path through it instead of one per
+ * combination of six branches, times every path of on_switch around it.
  */
-static __always_inline u32 log2_bucket(u64 v)
+static __always_inline u64 log2_floor(u64 v)
 {
 	u64 r, shift;
 	r = ((0xFFFFFFFFULL - v) >> 63) << 5;
@@ -208,7 +211,23 @@ static __always_inline u32 log2_bucket(u64 v)
 	v >>= shift;
 	r |= shift;
 	r |= (0x1ULL - v) >> 63;
-	return r >= NR_BUCKETS ? NR_BUCKETS - 1 : (u32)r;
+	return r;
+}
+
+/*
+ * The latency bucket of v ns, as gleaner_policy::LatencyHistogram::bucket_of computes it:
+ * buckets 0..4 hold 0..3 ns; from 4 ns on, the power of two [2^k, 2^(k+1)) splits into four
+ * equal parts, bucket 4(k-1) + the two bits below the leading one. A bucket is then at most
+ * 25 % wide. Branch-free like log2_floor: `big` (v >= 4) selects between the two forms by
+ * multiplication; clamped to the last bucket.
+ */
+static __always_inline u32 lat_bucket(u64 v)
+{
+	u64 k = log2_floor(v);
+	u64 big = (1ULL - k) >> 63;
+	u64 sh = (k - 2) * big;
+	u64 b = big * (4 * (k - 1) + ((v >> sh) & 3)) + (1 - big) * v;
+	return b >= NR_BUCKETS ? NR_BUCKETS - 1 : (u32)b;
 }
 
 /*
@@ -338,9 +357,9 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 			if (w && now >= w) {
 				u64 lat = now - w;
 				u32 c = classify(st, w, prev_kind);
-				u32 b = log2_bucket(lat);
+				u32 b = lat_bucket(lat);
 				if (c < NR_CLASSES && b < NR_BUCKETS) {
-					s->hist[c][b]++;
+					s->hist[c][b >> 5][b & 31]++;
 					s->count[c]++;
 					s->sum_ns[c] += lat;
 				}

@@ -23,8 +23,8 @@ use crate::sampler::{load_kernel_sampler, wake_delta};
 /// in the setting's state; the yield thread of B is not Gleaner's, so it counts as running).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct KernelTiming {
-    /// Median `sched_waking` to switch-in, ns, from the sampler's log2 histogram: it tells
-    /// the octave exactly and the place inside it only by interpolation.
+    /// Median `sched_waking` to switch-in, ns, from the sampler's histogram: within its
+    /// bucket's width (at most 25 %) of the exact median.
     pub p50_ns: u64,
     /// Mean, ns: exact (the program sums the latencies), but moved by rare long wakes.
     pub mean_ns: u64,
