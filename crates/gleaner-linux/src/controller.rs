@@ -512,6 +512,7 @@ impl<'a> Controller<'a> {
             if is_disrupted(planned_ns, measured_ns) {
                 // The sample above re-based the counters; its contents describe the stall.
                 self.note_disrupted(planned_ns, measured_ns);
+                self.policy.period_disrupted();
                 continue;
             }
             let decision = self.policy.step(&sample);

@@ -458,6 +458,11 @@ fn start_up_periods_are_a_quarter_long_then_the_configured_length() {
     )
     .unwrap();
     assert_eq!(off.next_period_ns(100 * MS), 100 * MS);
+    // A machine that could not keep a period's schedule gets full periods at once.
+    let mut stalled = Gleaner::new(PolicyConfig::default(), Cpuset::first_n(2)).unwrap();
+    assert_eq!(stalled.next_period_ns(100 * MS), 25 * MS);
+    stalled.period_disrupted();
+    assert_eq!(stalled.next_period_ns(100 * MS), 100 * MS);
 }
 
 #[test]
