@@ -127,6 +127,9 @@ def test_defaults_and_roles():
         ("repetitions = 0\n" + MINIMAL, "repetitions"),
         (MINIMAL.replace('name = "co"', 'name = "co"\n  vcpu = 2'), "unknown key 'vcpu'"),
         (MINIMAL.replace('workload = "matmul"', 'workload = "matmul"\n  vcpus = 0'), "vcpus"),
+        (MINIMAL.replace('gleaner = "full"', 'gleaner = "full"\n  gleaner_args = ["--period-ms 1000"]'), "gleaner_args"),
+        (MINIMAL.replace('gleaner = "full"', 'gleaner = "full"\n  gleaner_args = ["period"]'), "gleaner_args"),
+        (MINIMAL.replace('gleaner = "full"', 'gleaner = "off"\n  gleaner_args = ["--observe"]'), "need a gleaner mode"),
     ],
 )
 def test_bad_files_are_refused_with_the_key(text, needle):
@@ -147,6 +150,14 @@ def test_off_setting_runs_bare():
     spec = GuestSpec("b", "benchmark", 2, 256, ["barrier", "--work", "500"], "retention")
     assert guest_command(7, spec, "off", 20) == "RUN 7 off barrier --work 500 --duration 20s"
     assert guest_command(8, spec, "on", 1.5) == "RUN 8 retention barrier --work 500 --duration 1.5s"
+
+
+def test_extra_gleaner_flags_ride_in_the_mode_word_of_the_on_setting_only():
+    exp = parse_experiment(MINIMAL.replace('gleaner = "full"', 'gleaner = "observe"\n  gleaner_args = ["--period-ms=1000", "--backend=affinity"]'), "m.toml")
+    spec = exp.cases[0].guests[0]
+    assert spec.gleaner_args == ["--period-ms=1000", "--backend=affinity"]
+    assert guest_command(3, spec, "on", 20) == "RUN 3 observe,--period-ms=1000,--backend=affinity pipeline --stages 2 --duration 20s"
+    assert guest_command(4, spec, "off", 20) == "RUN 4 off pipeline --stages 2 --duration 20s"
 
 
 def test_parse_result():

@@ -25,6 +25,9 @@ class GuestSpec:
     memory_mib: int
     workload: list[str]  # arguments after `gleaner workload`
     gleaner: str  # mode in the "on" setting; the "off" setting always runs bare
+    # Extra `gleaner run` flags in the "on" setting (e.g. ["--period-ms=1000"]), for finding
+    # which part of Gleaner costs what.
+    gleaner_args: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -93,7 +96,7 @@ def parse_experiment(text: str, source: str) -> Experiment:
             gwhere = f"{where} guest {gi + 1}"
             if not isinstance(g, dict):
                 raise TestbedError(f"{gwhere}: must be a [[case.guest]] table")
-            _no_unknown_keys(g, {"name", "role", "vcpus", "memory_mib", "workload", "gleaner"}, gwhere)
+            _no_unknown_keys(g, {"name", "role", "vcpus", "memory_mib", "workload", "gleaner", "gleaner_args"}, gwhere)
             gname = _require(g, "name", str, gwhere)
             if not gname.isidentifier():
                 raise TestbedError(f"{gwhere}: name {gname!r} must be a plain word (letters, digits, _)")
@@ -114,7 +117,15 @@ def parse_experiment(text: str, source: str) -> Experiment:
             mode = g.get("gleaner", "off")
             if mode not in GLEANER_MODES:
                 raise TestbedError(f"{gwhere}: gleaner = {mode!r} must be one of {', '.join(GLEANER_MODES)}")
-            guests.append(GuestSpec(gname, role, vcpus, memory, workload, mode))
+            args = g.get("gleaner_args", [])
+            # One word each, sent inside the RUN line's mode word: no spaces, commas or newlines.
+            if not isinstance(args, list) or not all(
+                isinstance(a, str) and a.startswith("--") and not any(c in a for c in " ,\n\t") for a in args
+            ):
+                raise TestbedError(f"{gwhere}: gleaner_args = {args!r} must be a list of single-word flags such as \"--period-ms=1000\"")
+            if args and mode == "off":
+                raise TestbedError(f"{gwhere}: gleaner_args need a gleaner mode other than \"off\"")
+            guests.append(GuestSpec(gname, role, vcpus, memory, workload, mode, list(args)))
         if len({g.name for g in guests}) != len(guests):
             raise TestbedError(f"{where}: guest names must be distinct")
         if [g.role for g in guests].count("benchmark") != 1:
@@ -148,6 +159,7 @@ def run_order(repetitions: int) -> list[tuple[int, str]]:
 
 def guest_command(run_id: int, spec: GuestSpec, setting: str, duration_s: float) -> str:
     """The agent's RUN line for this guest in this setting."""
-    mode = spec.gleaner if setting == "on" else "off"
+    # The agent splits the mode word at commas: the mode, then extra `gleaner run` flags.
+    mode = ",".join([spec.gleaner, *spec.gleaner_args]) if setting == "on" else "off"
     words = ["RUN", str(run_id), mode, *spec.workload, "--duration", f"{duration_s:g}s"]
     return " ".join(words)
