@@ -465,6 +465,29 @@ fn start_up_periods_are_a_quarter_long_then_the_configured_length() {
     assert_eq!(stalled.next_period_ns(100 * MS), 100 * MS);
 }
 
+/// A workload that leaves a coarse start-up phase for a fine-grained one is a major change;
+/// with nothing consolidated there is nothing to undo, and the first period of the new phase
+/// is tested for consolidation at once rather than left to retention (ping-pong on the haltpoll
+/// guest was held by polling, x8 of bare, before consolidation, x12, was ever tried).
+#[test]
+fn a_phase_change_with_nothing_consolidated_is_tested_for_consolidation_at_once() {
+    let mut g = Gleaner::new(
+        PolicyConfig {
+            mode: Mode::Consolidation,
+            ..Default::default()
+        },
+        Cpuset::first_n(2),
+    )
+    .unwrap();
+    let all = Cpuset::first_n(2);
+    // Start-up: busy, coarse (l_comp 3 ms against l_idle 30 us): nothing to consolidate.
+    let ds = drive(&mut g, 4, |a| sample(a, 2, 3 * T, 30_000, 3 * T, 30));
+    assert!(events(&ds).is_empty(), "{:?}", events(&ds));
+    // The fine phase: l_comp 15 us, l_idle 20 us, utilization 1.7 -> 0.86 (a major change).
+    let d = g.step(&sample(&all, 2, 15_000, 20_000, 15_000, 3_000));
+    assert_eq!(d.active.len(), 1, "{:?}", d.events);
+}
+
 #[test]
 fn always_yield_holds_everything() {
     let cfg = PolicyConfig {

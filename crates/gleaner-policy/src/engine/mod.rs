@@ -510,8 +510,13 @@ impl Gleaner {
                         EventKind::MajorChange,
                         format!("{reason}: reactivating all vCPUs"),
                     ));
+                    return;
                 }
-                return;
+                // Nothing to undo: this period already describes the new workload, so it is
+                // the new reference and may be consolidated at once. Returning here left the
+                // period to retention alone: ping-pong leaving its start-up was held by
+                // polling (x8 of bare) before consolidation (x12) was ever tested.
+                self.reference = Some(*c);
             }
         } else {
             self.reference = Some(*c);
