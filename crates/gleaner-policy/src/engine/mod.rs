@@ -289,8 +289,8 @@ impl Gleaner {
     ///
     /// The first [`PolicyConfig::startup_periods`] periods last a quarter of it (at least
     /// [`MIN_STARTUP_PERIOD_NS`], never longer than `base_ns`): warm-up, the first change and
-    /// its verdict then take a quarter of the time. On the test bed a 3 s ping-pong run lost
-    /// 9 % of what consolidation gives to the 0.3 s before its first decision. The judge's
+    /// its verdict then take a quarter of the time. On the haltpoll guest a 3 s ping-pong run
+    /// lost 9 % of what consolidation gives to the 0.3 s before its first decision. The judge's
     /// noise estimate is taken from these same short periods, so a short period's larger noise
     /// is accounted for rather than mistaken for an effect. Every rate the policy uses is per
     /// second of the sample's own `period_ns`, so periods of different lengths compare.
@@ -305,9 +305,8 @@ impl Gleaner {
     /// The caller could not measure a period: it lasted far longer than planned (the machine
     /// stalled or is overloaded). Such a machine cannot keep short periods either, and each
     /// one costs it a sampler wake-up, so the start-up periods end here
-    /// ([`Gleaner::next_period_ns`]). On the test bed's emulated guests, whose every short
-    /// period overran, the controller otherwise stayed at a quarter period for good and the
-    /// fine pipeline ran x0.75 instead of x0.95.
+    /// ([`Gleaner::next_period_ns`]). Without this, a controller whose every short period
+    /// overran (the period is not stepped then) would stay at a quarter period for good.
     pub fn period_disrupted(&mut self) {
         self.startup_over = true;
     }
