@@ -810,7 +810,8 @@ pub const CONTROLLER_NICE: i32 = -10;
 ///
 /// On this project's KVM guest that work stays under 1 ms of a 100 ms period (the own CPU
 /// measured at 0fd6c65, 0.09–0.47 % of a CPU, is 0.1–0.5 ms a period) and nothing is
-/// stretched, with the fine pipeline or 900 threads, under either sampler. In the test bed's emulated (TCG) guests it took 4–13 ms, and measuring alone
+/// stretched, with the fine pipeline or 900 threads, under either sampler. In the test bed's
+/// emulated (TCG) guests it took 4–25 ms, and measuring alone
 /// (`run --observe`) slowed a fine pipeline to x0.77–0.81 of bare with 100 ms periods and
 /// x0.99 with 1 s periods: the work lands on a vCPU the coupled pipeline needs, and a stage
 /// stalled behind it stalls the others.
