@@ -270,6 +270,12 @@ def main() -> int:
     rows = summarize(reps)
     print(f"commit {facts['commit'][:10]}  driver {facts['cpuidle_driver']}  kernel {facts['kernel']}  load {facts['loadavg']}")
     print(f"{args.reps} repetitions, each: the live situations, then the probe; medians over repetitions, ratio ranges in brackets")
+    # Other load on the wakee's vCPU turns "halted" into "running": show how busy it was.
+    busy: dict[str, list[float]] = {}
+    for rep_loads in loads:
+        for w in rep_loads:
+            busy.setdefault(w["setting"], []).append(w["busy_fraction"])
+    print("probe: wakee vCPU busy (median over repetitions): " + ", ".join(f"{s} {100 * statistics.median(v):.0f} %" for s, v in busy.items()))
     print(f"probe: crossing {(rows[0]['crossing_ns'] or 0) / 1e3:.2f} µs (added to the live p50 for the user-level ratio)")
     print("p50s come from the histograms (buckets a quarter of a power of two wide, interpolated inside); means are exact.")
     print(f"{'setting':<11} {'state':<8} {'live n':>8} {'gap':>6} | {'live p50':>9} {'probe p50':>9} {'ratio':>5} {'≤20%':>4} | {'live mean':>9} {'probe mean':>10} {'ratio':>5} {'range':>11} {'≤20%':>4} | {'user p50':>8} {'ratio':>5}")

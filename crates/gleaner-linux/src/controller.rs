@@ -491,8 +491,9 @@ impl<'a> Controller<'a> {
                 }
             }
             let work_start = Instant::now();
+            // The controller thread's CPU at the start of the period's own work: both the
+            // sampler's charge and the period's cost (`stretched_period`) count from here.
             let list_cost = gleaner_sys::clock::own_thread_cpu_ns();
-            let work_cpu_start = list_cost;
             if self.placement.kind() == PlacementKind::Affinity
                 || self.sampler.needs_fresh_thread_list()
                 || watch.take_exited()
@@ -567,7 +568,7 @@ impl<'a> Controller<'a> {
             // Under load this can happen every period: counted always (gleaner_slow_periods_total),
             // logged at most once a minute with how many were not logged.
             let total = work_start.elapsed();
-            let work_cpu = gleaner_sys::clock::own_thread_cpu_ns().saturating_sub(work_cpu_start);
+            let work_cpu = gleaner_sys::clock::own_thread_cpu_ns().saturating_sub(list_cost);
             self.period_work_ns = Some(
                 self.period_work_ns
                     .map_or(work_cpu, |w| (3 * w + work_cpu) / 4),

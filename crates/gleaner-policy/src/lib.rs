@@ -17,9 +17,7 @@ pub mod sample;
 pub use characteristics::characterize;
 pub use config::{ConfigError, Mode, PolicyConfig};
 pub use cpuset::{Cpuset, CpusetParseError};
-pub use engine::{
-    Decision, EventKind, Gleaner, PolicyEvent, RetentionAction, FOREVER_NS, MIN_STARTUP_PERIOD_NS,
-};
+pub use engine::{Decision, EventKind, Gleaner, PolicyEvent, RetentionAction, FOREVER_NS};
 pub use observe::RunSummary;
 pub use retention::RetentionTimeout;
 pub use sample::{

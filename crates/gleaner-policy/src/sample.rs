@@ -64,9 +64,6 @@ pub struct PeriodSample {
     pub progress: Option<u64>,
 }
 
-/// Linear sub-buckets per power of two in a [`LatencyHistogram`].
-pub const LATENCY_SUB_BUCKETS: usize = 4;
-
 /// Number of buckets in a [`LatencyHistogram`]: buckets 0..4 hold 0, 1, 2 and 3 ns; from
 /// 4 ns on, each power of two [2^k, 2^(k+1)) is split into four equal parts, up to 2^33 ns
 /// (8.6 s); the last bucket also holds everything longer.

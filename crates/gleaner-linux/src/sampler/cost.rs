@@ -125,8 +125,8 @@ pub struct Pace {
 }
 
 /// How far a period's pace may stray from its window's before the window is measured again:
-/// a third of the idle period rate, a fifth of the CPU time. Steady workloads on this test bed
-/// move less between periods (sysbench threads: idle periods ±20 %, utilization ±10 %); a
+/// a third of the idle period rate, a fifth of the CPU time. Steady workloads on the haltpoll
+/// guest moved less between periods (sysbench threads: idle periods ±20 %, utilization ±10 %); a
 /// workload that left its start-up or changed phase moves more (ping-pong starting: 230 idle
 /// periods a second, then 21,000; utilization 1.0, then 0.6).
 const PACE_IDLE_TOLERANCE: f64 = 1.0 / 3.0;
