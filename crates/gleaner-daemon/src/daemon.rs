@@ -24,7 +24,7 @@ use gleaner_linux::journal::{self, Journal};
 use gleaner_linux::pmqos::PollRetention;
 use gleaner_linux::restore;
 use gleaner_linux::retention::{RetentionPool, YielderParams};
-use gleaner_linux::sampler::Sampler;
+use gleaner_linux::sampler::{Sampler, SamplerPreference};
 use gleaner_linux::status::status_path;
 use gleaner_linux::wakeprobe::{self, PmQosHook};
 use gleaner_linux::{detect, Placement, PlacementEnv, PlacementKind, ProcFs, SharedJournal, SysFs};
@@ -196,10 +196,29 @@ fn manage_inner(
     }
     let costs = wake_costs(cfg, state_dir, journal);
     let timeout = costs.timeout;
-    // Before the workload starts (see `Sampler::prepare`): loading the BPF side then costs the
-    // workload nothing, and the sampler sees it from its first instruction.
-    let prepared = Sampler::prepare(Path::new("/sys"), cfg.sampler.preference())
-        .map_err(|why| anyhow!("--sampler bpf: {why}; use --sampler auto to fall back to /proc"))?;
+    // Loading the BPF sampler takes ~10 ms of CPU (kernel BTF, the verifier) and a started
+    // workload waits ~5 ms to join its cgroup (an RCU grace period): a command is started while
+    // the sampler loads (`start`), so that `gleaner run` delays it by the longer of the two, not
+    // their sum. Where loading may fail (`--sampler bpf` asked for it) it is done first, so
+    // that the error comes before anything started; with `auto` it cannot fail (it falls back
+    // to /proc). The sampler misses what the workload does before it attaches (`status` says
+    // so); userspace adds the thread groups that started meanwhile from the placement.
+    let preference = cfg.sampler.preference();
+    let prepare = || {
+        Sampler::prepare(Path::new("/sys"), preference).map_err(|why| {
+            anyhow!("--sampler bpf: {why}; use --sampler auto to fall back to /proc")
+        })
+    };
+    let overlap = matches!(target, Target::Command(_)) && preference != SamplerPreference::Bpf;
+    let mut prepared = if overlap { None } else { Some(prepare()?) };
+    let mut start = |cmd: &[OsString], procs: Option<Vec<PathBuf>>| -> Result<Child> {
+        if prepared.is_some() {
+            return spawn(cmd, procs);
+        }
+        let (child, loaded) = spawn_during(cmd, procs, prepare);
+        prepared = Some(loaded?);
+        child
+    };
 
     let mut child: Option<Child> = None;
     let mut placement: Box<dyn Placement> = match (&target, kind) {
@@ -219,7 +238,7 @@ fn manage_inner(
                 &[],
             ) {
                 Ok(cg) => {
-                    child = Some(spawn(cmd, Some(vec![cg.procs_file()]))?);
+                    child = Some(start(cmd, Some(vec![cg.procs_file()]))?);
                     Box::new(cg)
                 }
                 // cgroup v2 allows no controller in the subtree of a cgroup that holds
@@ -229,7 +248,7 @@ fn manage_inner(
                     tracing::warn!(
                         "cannot use a cgroup v2 cpuset here ({e}); using thread affinity"
                     );
-                    let c = spawn(cmd, None)?;
+                    let c = start(cmd, None)?;
                     let pid = c.id();
                     child = Some(c);
                     Box::new(AffinityPlacement::new(env, pid)?)
@@ -245,11 +264,11 @@ fn manage_inner(
             let own = proc.own_cgroup()?.v1("cpuset").unwrap_or("/").to_string();
             let cg = CgroupV1::create(env, mounts, &own, &std::process::id().to_string(), &[])
                 .context("cannot create the workload's cgroup")?;
-            child = Some(spawn(cmd, Some(cg.procs_files()))?);
+            child = Some(start(cmd, Some(cg.procs_files()))?);
             Box::new(cg)
         }
         (Target::Command(cmd), PlacementKind::Affinity) => {
-            let c = spawn(cmd, None)?;
+            let c = start(cmd, None)?;
             let pid = c.id();
             child = Some(c);
             Box::new(AffinityPlacement::new(env, pid)?)
@@ -326,6 +345,11 @@ fn manage_inner(
         placement_name: placement.kind().to_string(),
         retention_backend: retention_name,
         retention_timeout_source: costs.source.clone(),
+    };
+    let prepared = match prepared {
+        Some(p) => p,
+        // No command was started (a PID or a cgroup is managed): nothing to overlap with.
+        None => prepare()?,
     };
     let sampler = Sampler::from_prepared(ProcFs::new("/proc"), "/sys", allowed.clone(), prepared);
 
@@ -415,6 +439,25 @@ fn manage_inner(
 
 fn exit_code(st: ExitStatus) -> i32 {
     st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0))
+}
+
+/// Starts `cmd` on a second thread while `during` runs on this one. `Command::spawn` returns
+/// only once the child has exec'd, after its pre-exec hook joined the cgroup.
+fn spawn_during<T>(
+    cmd: &[OsString],
+    cgroup_procs: Option<Vec<PathBuf>>,
+    during: impl FnOnce() -> T,
+) -> (Result<Child>, T) {
+    std::thread::scope(|scope| {
+        let spawner = scope.spawn(|| spawn(cmd, cgroup_procs));
+        let value = during();
+        let child = spawner.join().unwrap_or_else(|_| {
+            Err(anyhow!(
+                "internal error: the thread starting the workload panicked"
+            ))
+        });
+        (child, value)
+    })
 }
 
 fn spawn(cmd: &[OsString], cgroup_procs: Option<Vec<PathBuf>>) -> Result<Child> {
