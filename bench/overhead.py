@@ -82,6 +82,7 @@ def part_startup(gleaner: str, sampler: str, state_dir: str, runs: int = 10) -> 
     except (OSError, ValueError):
         calibration = None
     times = [timed(gleaner_cmd(gleaner, sampler, state_dir, ["true"])) for _ in range(runs)]
+    delays = edge_delays(gleaner, sampler, state_dir, runs)
     r = {
         "command": " ".join(gleaner_cmd(gleaner, sampler, "STATE", ["true"])),
         "first_s": first,
@@ -90,10 +91,49 @@ def part_startup(gleaner: str, sampler: str, state_dir: str, runs: int = 10) -> 
         "median_s": statistics.median(times),
         "min_s": min(times),
         "max_s": max(times),
+        **delays,
     }
+    print(f"startup: the workload starts {delays['start_delay_ms']:.1f} ms later than bare and gleaner exits "
+          f"{delays['end_delay_ms']:.1f} ms after it (medians of {runs} interleaved pairs)", flush=True)
     print(f"startup: first {first:.3f} s (calibration {'cached' if calibration else 'not cached'}), then median {r['median_s']:.3f} s "
           f"(min {r['min_s']:.3f}, max {r['max_s']:.3f}) over {runs}", flush=True)
     return r
+
+
+def edge_delays(gleaner: str, sampler: str, state_dir: str, runs: int) -> dict:
+    """How much later `gleaner run` starts the workload than a bare launch does, and how long
+    after the workload's last instruction it exits: the two fixed costs a run pays, measured
+    against a bare run of the same marker workload (a shell that stamps the time, sleeps
+    0.2 s and stamps it again) in interleaved pairs. Unlike whole-run wall-time ratios, these
+    hardly move with the host's noise."""
+    marks = Path(tempfile.mkdtemp(prefix="gleaner-edges-"))
+    script = f"date +%s%N > {marks}/start; sleep 0.2; date +%s%N > {marks}/end"
+    workload = ["sh", "-c", script]
+
+    def one(cmd: list[str]) -> tuple[float, float]:
+        launched = time.time_ns()
+        timed(cmd)
+        exited = time.time_ns()
+        start = int((marks / "start").read_text())
+        end = int((marks / "end").read_text())
+        return (start - launched) / 1e6, (exited - end) / 1e6
+
+    bare, under = [], []
+    for i in range(runs):
+        order = [("bare", workload), ("gleaner", gleaner_cmd(gleaner, sampler, state_dir, workload))]
+        if i % 2:
+            order.reverse()
+        for label, c in order:
+            (bare if label == "bare" else under).append(one(c))
+    start = [u[0] - b[0] for u, b in zip(under, bare)]
+    end = [u[1] - b[1] for u, b in zip(under, bare)]
+    return {
+        "edge_workload": " ".join(workload),
+        "start_delay_ms": statistics.median(start),
+        "start_delay_range_ms": [min(start), max(start)],
+        "end_delay_ms": statistics.median(end),
+        "end_delay_range_ms": [min(end), max(end)],
+    }
 
 
 def part_wall(gleaner: str, pairs: int, sampler: str, state_dir: str, only: set[str]) -> list[dict]:
@@ -269,7 +309,10 @@ def main() -> int:
         md += [f"Start-up and teardown (`{st['command']}`): the first run {st['first_s']:.3f} s "
                f"(calibration {'cached: ' + cal.get('source', '') if cal else 'not cached: every start measures again'}), "
                f"then median {st['median_s']:.3f} s (min {st['min_s']:.3f}, max {st['max_s']:.3f}) over {len(st['later_s'])} runs; "
-               "the wall-time ratios below include it.", ""]
+               "the wall-time ratios below include it.", "",
+               f"Against a bare launch of the same workload (`{st['edge_workload']}`, interleaved pairs), "
+               f"`gleaner run` starts it {st['start_delay_ms']:.1f} ms later (range {st['start_delay_range_ms'][0]:.1f}–{st['start_delay_range_ms'][1]:.1f}) "
+               f"and exits {st['end_delay_ms']:.1f} ms after it ends (range {st['end_delay_range_ms'][0]:.1f}–{st['end_delay_range_ms'][1]:.1f}).", ""]
     if result.get("wall"):
         md += ["| workload | sampler | pairs | median gleaner/bare | min | max | within 1 % |", "|---|---|---|---|---|---|---|"]
         for r in result["wall"]:

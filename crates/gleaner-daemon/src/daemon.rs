@@ -17,14 +17,15 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use gleaner_linux::cgroup::{
-    enter_cgroup_pre_exec, v1::V1Mounts, AffinityPlacement, CgroupV1, CgroupV2,
+    enter_cgroup_pre_exec, prime_cgroup_moves, v1::V1Mounts, AffinityPlacement, CgroupMounts,
+    CgroupV1, CgroupV2,
 };
 use gleaner_linux::controller::{Controller, ControllerOptions, ExitWatch, Retainer, StopReason};
 use gleaner_linux::journal::{self, Journal};
 use gleaner_linux::pmqos::PollRetention;
 use gleaner_linux::restore;
 use gleaner_linux::retention::{RetentionPool, YielderParams};
-use gleaner_linux::sampler::{Sampler, SamplerPreference};
+use gleaner_linux::sampler::Sampler;
 use gleaner_linux::status::status_path;
 use gleaner_linux::wakeprobe::{self, PmQosHook};
 use gleaner_linux::{detect, Placement, PlacementEnv, PlacementKind, ProcFs, SharedJournal, SysFs};
@@ -151,12 +152,29 @@ pub fn manage(flags: &DaemonFlags, target: Target) -> Result<i32> {
         ),
         None => None,
     };
+    let detection = detect(&proc, Path::new("/")).context("cannot read /proc/self/mountinfo")?;
+    let kind = choose_backend(cfg.backend, &detection, &target)?;
+    // First, so that its wait passes while the guard starts (see `prime_cgroup_moves`).
+    if let (Target::Command(_), Some(own_procs)) =
+        (&target, own_procs_file(&proc, &detection, kind))
+    {
+        drop(prime_cgroup_moves(own_procs));
+    }
     let state_dir = cfg.state_dir.clone().unwrap_or_else(Journal::default_dir);
     let guarded = GuardedJournal::start(&state_dir)?;
     install_stop_handlers()?;
 
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        manage_inner(&cfg, target, timeline, &proc, guarded.journal(), &state_dir)
+        manage_inner(
+            &cfg,
+            target,
+            detection,
+            kind,
+            timeline,
+            &proc,
+            guarded.journal(),
+            &state_dir,
+        )
     }));
     // Back ends restored on their way out (drop runs during unwinding too); what they could
     // not restore is still in the journal: try once more, then leave it to the guard.
@@ -172,17 +190,18 @@ pub fn manage(flags: &DaemonFlags, target: Target) -> Result<i32> {
     Ok(code)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn manage_inner(
     cfg: &DaemonConfig,
     target: Target,
+    detection: gleaner_linux::Detection,
+    kind: PlacementKind,
     timeline: Option<std::fs::File>,
     proc: &ProcFs,
     journal: &SharedJournal,
     state_dir: &Path,
 ) -> Result<i32> {
     let env = PlacementEnv::real(Some(journal.clone()));
-    let detection = detect(proc, Path::new("/")).context("cannot read /proc/self/mountinfo")?;
-    let kind = choose_backend(cfg.backend, &detection, &target)?;
     if kind == PlacementKind::Affinity && !crate::config::is_root() {
         let why: Vec<String> = detection
             .skipped
@@ -196,29 +215,12 @@ fn manage_inner(
     }
     let costs = wake_costs(cfg, state_dir, journal);
     let timeout = costs.timeout;
-    // Loading the BPF sampler takes ~10 ms of CPU (kernel BTF, the verifier) and a started
-    // workload waits ~5 ms to join its cgroup (an RCU grace period): a command is started while
-    // the sampler loads (`start`), so that `gleaner run` delays it by the longer of the two, not
-    // their sum. Where loading may fail (`--sampler bpf` asked for it) it is done first, so
-    // that the error comes before anything started; with `auto` it cannot fail (it falls back
-    // to /proc). The sampler misses what the workload does before it attaches (`status` says
-    // so); userspace adds the thread groups that started meanwhile from the placement.
-    let preference = cfg.sampler.preference();
-    let prepare = || {
-        Sampler::prepare(Path::new("/sys"), preference).map_err(|why| {
-            anyhow!("--sampler bpf: {why}; use --sampler auto to fall back to /proc")
-        })
-    };
-    let overlap = matches!(target, Target::Command(_)) && preference != SamplerPreference::Bpf;
-    let mut prepared = if overlap { None } else { Some(prepare()?) };
-    let mut start = |cmd: &[OsString], procs: Option<Vec<PathBuf>>| -> Result<Child> {
-        if prepared.is_some() {
-            return spawn(cmd, procs);
-        }
-        let (child, loaded) = spawn_during(cmd, procs, prepare);
-        prepared = Some(loaded?);
-        child
-    };
+    // Before the workload starts: the sampler then sees it from its first instruction, and
+    // loading it (~10 ms of CPU, kernel BTF and the verifier) overlaps the grace period that
+    // `prime_cgroup_moves` started, which the workload's move into its cgroup would otherwise
+    // wait for.
+    let prepared = Sampler::prepare(Path::new("/sys"), cfg.sampler.preference())
+        .map_err(|why| anyhow!("--sampler bpf: {why}; use --sampler auto to fall back to /proc"))?;
 
     let mut child: Option<Child> = None;
     let mut placement: Box<dyn Placement> = match (&target, kind) {
@@ -238,7 +240,7 @@ fn manage_inner(
                 &[],
             ) {
                 Ok(cg) => {
-                    child = Some(start(cmd, Some(vec![cg.procs_file()]))?);
+                    child = Some(spawn(cmd, Some(vec![cg.procs_file()]))?);
                     Box::new(cg)
                 }
                 // cgroup v2 allows no controller in the subtree of a cgroup that holds
@@ -248,7 +250,7 @@ fn manage_inner(
                     tracing::warn!(
                         "cannot use a cgroup v2 cpuset here ({e}); using thread affinity"
                     );
-                    let c = start(cmd, None)?;
+                    let c = spawn(cmd, None)?;
                     let pid = c.id();
                     child = Some(c);
                     Box::new(AffinityPlacement::new(env, pid)?)
@@ -264,11 +266,11 @@ fn manage_inner(
             let own = proc.own_cgroup()?.v1("cpuset").unwrap_or("/").to_string();
             let cg = CgroupV1::create(env, mounts, &own, &std::process::id().to_string(), &[])
                 .context("cannot create the workload's cgroup")?;
-            child = Some(start(cmd, Some(cg.procs_files()))?);
+            child = Some(spawn(cmd, Some(cg.procs_files()))?);
             Box::new(cg)
         }
         (Target::Command(cmd), PlacementKind::Affinity) => {
-            let c = start(cmd, None)?;
+            let c = spawn(cmd, None)?;
             let pid = c.id();
             child = Some(c);
             Box::new(AffinityPlacement::new(env, pid)?)
@@ -345,11 +347,6 @@ fn manage_inner(
         placement_name: placement.kind().to_string(),
         retention_backend: retention_name,
         retention_timeout_source: costs.source.clone(),
-    };
-    let prepared = match prepared {
-        Some(p) => p,
-        // No command was started (a PID or a cgroup is managed): nothing to overlap with.
-        None => prepare()?,
     };
     let sampler = Sampler::from_prepared(ProcFs::new("/proc"), "/sys", allowed.clone(), prepared);
 
@@ -437,27 +434,24 @@ fn manage_inner(
     })
 }
 
-fn exit_code(st: ExitStatus) -> i32 {
-    st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0))
+/// `cgroup.procs` of the cgroup this process is in, in the hierarchy `kind` places the
+/// workload in; `None` for affinity placement or where it cannot be read.
+fn own_procs_file(
+    proc: &ProcFs,
+    detection: &gleaner_linux::Detection,
+    kind: PlacementKind,
+) -> Option<PathBuf> {
+    let own = proc.own_cgroup().ok()?;
+    let (mount, path) = match kind {
+        PlacementKind::CgroupV1 => (detection.mounts.v1_cpuset.as_ref()?, own.v1("cpuset")?),
+        PlacementKind::CgroupV2 => (detection.mounts.v2.as_ref()?, own.v2()?),
+        PlacementKind::Affinity => return None,
+    };
+    Some(CgroupMounts::dir_for(mount, path).join("cgroup.procs"))
 }
 
-/// Starts `cmd` on a second thread while `during` runs on this one. `Command::spawn` returns
-/// only once the child has exec'd, after its pre-exec hook joined the cgroup.
-fn spawn_during<T>(
-    cmd: &[OsString],
-    cgroup_procs: Option<Vec<PathBuf>>,
-    during: impl FnOnce() -> T,
-) -> (Result<Child>, T) {
-    std::thread::scope(|scope| {
-        let spawner = scope.spawn(|| spawn(cmd, cgroup_procs));
-        let value = during();
-        let child = spawner.join().unwrap_or_else(|_| {
-            Err(anyhow!(
-                "internal error: the thread starting the workload panicked"
-            ))
-        });
-        (child, value)
-    })
+fn exit_code(st: ExitStatus) -> i32 {
+    st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0))
 }
 
 fn spawn(cmd: &[OsString], cgroup_procs: Option<Vec<PathBuf>>) -> Result<Child> {

@@ -93,35 +93,3 @@ fn an_existing_cgroup_is_judged_by_its_own_files_not_the_hierarchy_root() {
     let err = cgroup_target_backend(&mounts, dir.path()).unwrap_err();
     assert!(err.contains("not inside a cpuset hierarchy"), "{err}");
 }
-
-/// The workload is started while the sampler loads: `during` sees the child running before
-/// it returns (run one after the other, it would wait for the marker in vain), both results
-/// come back, and a command that cannot start is still an error.
-#[test]
-fn spawn_during_overlaps_the_start_with_other_work_and_keeps_both_results() {
-    let dir = tempfile::tempdir().unwrap();
-    let marker = dir.path().join("started");
-    let script = format!("touch {}", marker.display());
-    let (child, saw_child) = spawn_during(
-        &[
-            OsString::from("sh"),
-            OsString::from("-c"),
-            OsString::from(script),
-        ],
-        None,
-        || {
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            while !marker.exists() && std::time::Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            marker.exists()
-        },
-    );
-    assert!(saw_child, "the command did not start while `during` ran");
-    assert!(child.unwrap().wait().unwrap().success());
-
-    let (child, value) = spawn_during(&[OsString::from("/nonexistent/gleaner-test")], None, || 8);
-    assert_eq!(value, 8);
-    let err = child.unwrap_err().to_string();
-    assert!(err.contains("cannot start"), "{err}");
-}
