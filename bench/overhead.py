@@ -100,6 +100,19 @@ def part_startup(gleaner: str, sampler: str, state_dir: str, runs: int = 10) -> 
     return r
 
 
+def interleaved_pairs(pairs: int, bare_cmd: list[str], under_cmd: list[str], measure) -> tuple[list, list]:
+    """`measure` of the bare and the gleaner command, `pairs` times each, the order
+    alternating within pairs so that a drift of the host over the run favours neither."""
+    bare, under = [], []
+    for i in range(pairs):
+        order = [(bare, bare_cmd), (under, under_cmd)]
+        if i % 2:
+            order.reverse()
+        for results, cmd in order:
+            results.append(measure(cmd))
+    return bare, under
+
+
 def edge_delays(gleaner: str, sampler: str, state_dir: str, runs: int) -> dict:
     """How much later `gleaner run` starts the workload than a bare launch does, and how long
     after the workload's last instruction it exits: the two fixed costs a run pays, measured
@@ -118,13 +131,7 @@ def edge_delays(gleaner: str, sampler: str, state_dir: str, runs: int) -> dict:
         end = int((marks / "end").read_text())
         return (start - launched) / 1e6, (exited - end) / 1e6
 
-    bare, under = [], []
-    for i in range(runs):
-        order = [("bare", workload), ("gleaner", gleaner_cmd(gleaner, sampler, state_dir, workload))]
-        if i % 2:
-            order.reverse()
-        for label, c in order:
-            (bare if label == "bare" else under).append(one(c))
+    bare, under = interleaved_pairs(runs, workload, gleaner_cmd(gleaner, sampler, state_dir, workload), one)
     start = [u[0] - b[0] for u, b in zip(under, bare)]
     end = [u[1] - b[1] for u, b in zip(under, bare)]
     return {
@@ -141,13 +148,7 @@ def part_wall(gleaner: str, pairs: int, sampler: str, state_dir: str, only: set[
     for name, cmd in wall_workloads(gleaner).items():
         if only and name not in only:
             continue
-        bare, under = [], []
-        for i in range(pairs):
-            order = [("bare", cmd), ("gleaner", gleaner_cmd(gleaner, sampler, state_dir, cmd))]
-            if i % 2:
-                order.reverse()
-            for label, c in order:
-                (bare if label == "bare" else under).append(timed(c))
+        bare, under = interleaved_pairs(pairs, cmd, gleaner_cmd(gleaner, sampler, state_dir, cmd), timed)
         ratios = [u / b for u, b in zip(under, bare)]
         rows.append(
             {

@@ -86,3 +86,16 @@ def test_summary_takes_medians_over_repetitions_and_keeps_each_ratios_range():
     assert s["ratio_range"] == [0.9, 1.5]
     assert s["user_ratio"] is None and s["user_ratio_range"] is None
     assert abs(s["mean_ratio"] - 18.0 / 19.0) < 1e-9 and s["mean_within_20pct"]
+
+
+def test_interleaved_pairs_alternate_the_order_and_keep_each_side_apart():
+    calls = []
+
+    def measure(cmd):
+        calls.append(cmd[0])
+        return len(calls)
+
+    bare, under = overhead.interleaved_pairs(3, ["bare"], ["gleaner"], measure)
+    assert calls == ["bare", "gleaner", "gleaner", "bare", "bare", "gleaner"]
+    assert bare == [1, 4, 5]
+    assert under == [2, 3, 6]
