@@ -4,8 +4,9 @@
 Three parts, each recording the commit, cpuidle driver, kernel and load average:
 
 * **wall** — `gleaner run --observe` (changes nothing) against the bare program, N interleaved
-  pairs per workload (the order alternates within pairs), median of the per-pair ratios. Target:
-  within 1 %. Workloads: fine pipeline, ping-pong, `sysbench threads` (fixed events; skipped
+  rounds per workload (the order reverses every other round), median of the per-round ratios.
+  Target: within 1 %. Each round also runs a null wrapper (a shell that starts the program
+  and waits for it), whose ratio shows the protocol's own offset and spread on this host. Workloads: fine pipeline, ping-pong, `sysbench threads` (fixed events; skipped
   without sysbench) and a 160-thread messaging workload over sockets and over pipes
   (`perf bench sched messaging -t -g 4`, 4 groups of 20 senders + 20 receivers; skipped
   without perf), and the same pattern as `gleaner workload messaging` (no perf needed).
@@ -103,14 +104,28 @@ def part_startup(gleaner: str, sampler: str, state_dir: str, runs: int = 10) -> 
 def interleaved_pairs(pairs: int, bare_cmd: list[str], under_cmd: list[str], measure) -> tuple[list, list]:
     """`measure` of the bare and the gleaner command, `pairs` times each, the order
     alternating within pairs so that a drift of the host over the run favours neither."""
-    bare, under = [], []
-    for i in range(pairs):
-        order = [(bare, bare_cmd), (under, under_cmd)]
+    bare, under = interleaved_rounds(pairs, [bare_cmd, under_cmd], measure)
+    return bare, under
+
+
+def interleaved_rounds(rounds: int, cmds: list[list[str]], measure) -> list[list]:
+    """`measure` of each command once per round, in the given order in even rounds and in the
+    reverse order in odd ones; one list of results per command."""
+    results: list[list] = [[] for _ in cmds]
+    for i in range(rounds):
+        order = list(range(len(cmds)))
         if i % 2:
             order.reverse()
-        for results, cmd in order:
-            results.append(measure(cmd))
-    return bare, under
+        for k in order:
+            results[k].append(measure(cmds[k]))
+    return results
+
+
+# A parent that starts the workload and waits for it, doing nothing else: run in the same
+# rounds, it shows how far from x1.000 a wrapper that costs nothing lands with this protocol
+# on this host (measured: x1.004 to x1.05 on `sysbench threads` in batches of 14-16 rounds;
+# results/overhead-2026-11-24-c48ac28.md).
+NULL_WRAPPER = ["/bin/sh", "-c", '"$@"; exit $?', "null-wrapper"]
 
 
 def edge_delays(gleaner: str, sampler: str, state_dir: str, runs: int) -> dict:
@@ -148,8 +163,9 @@ def part_wall(gleaner: str, pairs: int, sampler: str, state_dir: str, only: set[
     for name, cmd in wall_workloads(gleaner).items():
         if only and name not in only:
             continue
-        bare, under = interleaved_pairs(pairs, cmd, gleaner_cmd(gleaner, sampler, state_dir, cmd), timed)
+        bare, under, control = interleaved_rounds(pairs, [cmd, gleaner_cmd(gleaner, sampler, state_dir, cmd), NULL_WRAPPER + cmd], timed)
         ratios = [u / b for u, b in zip(under, bare)]
+        control_ratios = [c / b for c, b in zip(control, bare)]
         rows.append(
             {
                 "workload": name,
@@ -158,13 +174,18 @@ def part_wall(gleaner: str, pairs: int, sampler: str, state_dir: str, only: set[
                 "pairs": pairs,
                 "bare_s": bare,
                 "gleaner_s": under,
+                "null_wrapper_s": control,
                 "median_ratio": statistics.median(ratios),
                 "min_ratio": min(ratios),
                 "max_ratio": max(ratios),
+                "null_wrapper_median_ratio": statistics.median(control_ratios),
+                "null_wrapper_min_ratio": min(control_ratios),
+                "null_wrapper_max_ratio": max(control_ratios),
                 "within_1pct": statistics.median(ratios) <= 1.01,
             }
         )
-        print(f"wall {name:<22} {sampler:<6} median ×{rows[-1]['median_ratio']:.3f} (min ×{min(ratios):.3f}, max ×{max(ratios):.3f}) over {pairs} pairs", flush=True)
+        print(f"wall {name:<22} {sampler:<6} median ×{rows[-1]['median_ratio']:.3f} (min ×{min(ratios):.3f}, max ×{max(ratios):.3f}) over {pairs} rounds; "
+              f"null wrapper ×{rows[-1]['null_wrapper_median_ratio']:.3f} (min ×{min(control_ratios):.3f}, max ×{max(control_ratios):.3f})", flush=True)
     return rows
 
 
@@ -315,9 +336,13 @@ def main() -> int:
                f"`gleaner run` starts it {st['start_delay_ms']:.1f} ms later (range {st['start_delay_range_ms'][0]:.1f}–{st['start_delay_range_ms'][1]:.1f}) "
                f"and exits {st['end_delay_ms']:.1f} ms after it ends (range {st['end_delay_range_ms'][0]:.1f}–{st['end_delay_range_ms'][1]:.1f}).", ""]
     if result.get("wall"):
-        md += ["| workload | sampler | pairs | median gleaner/bare | min | max | within 1 % |", "|---|---|---|---|---|---|---|"]
+        md += ["Each round runs the bare workload, `gleaner run --observe` and a null wrapper (`/bin/sh` starting the workload and waiting for it, nothing else) "
+               "in alternating order; the null wrapper's ratio shows how far a wrapper that costs nothing lands from ×1.000 with this protocol on this host.", "",
+               "| workload | sampler | rounds | median gleaner/bare | min | max | within 1 % | null wrapper/bare (min–max) |", "|---|---|---|---|---|---|---|---|"]
         for r in result["wall"]:
-            md.append(f"| {r['workload']} | {r['sampler']} | {r['pairs']} | ×{r['median_ratio']:.3f} | ×{r['min_ratio']:.3f} | ×{r['max_ratio']:.3f} | {'yes' if r['within_1pct'] else 'no'} |")
+            control = (f"×{r['null_wrapper_median_ratio']:.3f} (×{r['null_wrapper_min_ratio']:.3f}–×{r['null_wrapper_max_ratio']:.3f})"
+                       if "null_wrapper_median_ratio" in r else "-")
+            md.append(f"| {r['workload']} | {r['sampler']} | {r['pairs']} | ×{r['median_ratio']:.3f} | ×{r['min_ratio']:.3f} | ×{r['max_ratio']:.3f} | {'yes' if r['within_1pct'] else 'no'} | {control} |")
         md.append("")
     if result.get("self_cpu"):
         md += ["| load | sampler | gleaner CPU (% of one CPU) | ≤ 0.5 % |", "|---|---|---|---|"]

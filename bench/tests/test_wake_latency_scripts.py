@@ -99,3 +99,22 @@ def test_interleaved_pairs_alternate_the_order_and_keep_each_side_apart():
     assert calls == ["bare", "gleaner", "gleaner", "bare", "bare", "gleaner"]
     assert bare == [1, 4, 5]
     assert under == [2, 3, 6]
+
+
+def test_interleaved_rounds_reverse_the_order_every_other_round():
+    calls = []
+
+    def measure(cmd):
+        calls.append(cmd[0])
+        return cmd[0]
+
+    a, b, c = overhead.interleaved_rounds(2, [["a"], ["b"], ["c"]], measure)
+    assert calls == ["a", "b", "c", "c", "b", "a"]
+    assert (a, b, c) == (["a", "a"], ["b", "b"], ["c", "c"])
+
+
+def test_the_null_wrapper_runs_the_workload_and_keeps_its_exit_status():
+    import subprocess
+
+    assert subprocess.run(overhead.NULL_WRAPPER + ["true"]).returncode == 0
+    assert subprocess.run(overhead.NULL_WRAPPER + ["sh", "-c", "exit 3"]).returncode == 3
