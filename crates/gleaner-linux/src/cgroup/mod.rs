@@ -216,22 +216,6 @@ pub(crate) fn check_active(cpus: &Cpuset, allowed: &Cpuset) -> Result<()> {
     Ok(())
 }
 
-/// Builds a `pre_exec` hook that moves the freshly forked child into the given cgroups
-/// (writes "0", meaning "the writing process", to each `cgroup.procs`/`tasks` file) before
-/// it execs, so not one instruction of the workload runs outside them.
-///
-/// ```no_run
-/// # use std::os::unix::process::CommandExt;
-/// # fn f(files: Vec<std::path::PathBuf>) -> gleaner_linux::Result<()> {
-/// let hook = gleaner_linux::cgroup::enter_cgroup_pre_exec(&files)?;
-/// let mut cmd = std::process::Command::new("sleep");
-/// // SAFETY: the hook only calls open/write/close, which are async-signal-safe.
-/// unsafe { cmd.pre_exec(hook) };
-/// # Ok(()) }
-/// ```
-///
-/// The paths are converted to C strings here, before the fork, because the hook itself
-/// must not allocate.
 /// Starts, on a thread of its own, the wait that the first move of a task into a cgroup pays,
 /// so that the workload's move a few milliseconds later finds it under way or over.
 ///
@@ -253,6 +237,22 @@ pub fn prime_cgroup_moves(own_procs: PathBuf) -> Option<std::thread::JoinHandle<
         .ok()
 }
 
+/// Builds a `pre_exec` hook that moves the freshly forked child into the given cgroups
+/// (writes "0", meaning "the writing process", to each `cgroup.procs`/`tasks` file) before
+/// it execs, so not one instruction of the workload runs outside them.
+///
+/// ```no_run
+/// # use std::os::unix::process::CommandExt;
+/// # fn f(files: Vec<std::path::PathBuf>) -> gleaner_linux::Result<()> {
+/// let hook = gleaner_linux::cgroup::enter_cgroup_pre_exec(&files)?;
+/// let mut cmd = std::process::Command::new("sleep");
+/// // SAFETY: the hook only calls open/write/close, which are async-signal-safe.
+/// unsafe { cmd.pre_exec(hook) };
+/// # Ok(()) }
+/// ```
+///
+/// The paths are converted to C strings here, before the fork, because the hook itself
+/// must not allocate.
 pub fn enter_cgroup_pre_exec(
     procs_files: &[PathBuf],
 ) -> Result<impl Fn() -> io::Result<()> + Send + Sync + 'static> {
@@ -331,6 +331,7 @@ pub(crate) mod test_tree {
 #[cfg(test)]
 mod tests {
     use super::test_tree::put;
+    use super::*;
 
     /// The priming move writes this process's own PID into the file it is given (the
     /// cgroup it is already in); a file that cannot be written is no error.
@@ -347,7 +348,6 @@ mod tests {
         prime_cgroup_moves(missing.clone()).unwrap().join().unwrap();
         assert!(!missing.exists());
     }
-    use super::*;
 
     const MOUNTINFO: &str = "22 27 0:21 / /proc rw,relatime - proc proc rw
 31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
