@@ -767,13 +767,8 @@ impl<'a> Controller<'a> {
         }
         push_events(&mut st.last_events, &d.events);
         let shown = AppliedConfig {
-            active: self.applied_active.to_string(),
-            holding: self
-                .applied_retention
-                .iter()
-                .filter(|(_, a)| *a != RetentionAction::Off)
-                .map(|(c, _)| *c)
-                .collect(),
+            active: self.applied_active.clone(),
+            retention: self.applied_retention.clone(),
         };
         let since_sent = self.status_sent.map(|t| t.elapsed());
         if status_due(
@@ -805,11 +800,11 @@ impl<'a> Controller<'a> {
     }
 }
 
-/// What is applied to the workload, as the status shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What is applied to the workload: the active vCPUs and each one's retention.
+#[derive(Clone, PartialEq)]
 struct AppliedConfig {
-    active: String,
-    holding: Vec<usize>,
+    active: Cpuset,
+    retention: Vec<(usize, RetentionAction)>,
 }
 
 /// Whether the status file is rewritten this period: the first time, once
@@ -845,9 +840,6 @@ pub fn own_cpu_seconds() -> f64 {
 /// share the CPU with the workload instead of starving it.
 pub const CONTROLLER_NICE: i32 = -10;
 
-/// Raises this thread's (only this thread's: Linux nice is per thread) priority to
-/// [`CONTROLLER_NICE`]; returns the nice value in effect. Called after the workload and the
-/// guard were started, so neither inherits it.
 /// One period's own work (read, decide, apply, record; the controller thread's CPU) may cost
 /// at most 1 / `PERIOD_WORK_SHARE` of the period.
 ///
@@ -865,12 +857,15 @@ const MAX_PERIOD_STRETCH: u32 = 10;
 
 /// The period to run: the configured `period`, or longer where one period's own work costs
 /// `work_cpu_ns` of CPU, so that it stays within 1 % of the period (at most
-/// [`MAX_PERIOD_STRETCH`] times the configured period).
+/// `MAX_PERIOD_STRETCH` times the configured period).
 pub fn stretched_period(period: Duration, work_cpu_ns: u64) -> Duration {
     let wanted = Duration::from_nanos(work_cpu_ns.saturating_mul(u64::from(PERIOD_WORK_SHARE)));
     wanted.clamp(period, period * MAX_PERIOD_STRETCH)
 }
 
+/// Raises this thread's (only this thread's: Linux nice is per thread) priority to
+/// [`CONTROLLER_NICE`]; returns the nice value in effect. Called after the workload and the
+/// guard were started, so neither inherits it.
 fn raise_own_priority() -> i32 {
     let tid = gleaner_sys::sched::gettid() as libc::id_t;
     // SAFETY: a plain syscall on the calling thread.
@@ -892,12 +887,12 @@ mod tests {
     #[test]
     fn the_status_is_rewritten_at_once_only_for_a_newly_applied_configuration() {
         let all = AppliedConfig {
-            active: "0-1".into(),
-            holding: vec![],
+            active: Cpuset::first_n(2),
+            retention: vec![],
         };
         let one = AppliedConfig {
-            active: "0".into(),
-            holding: vec![],
+            active: Cpuset::first_n(1),
+            retention: vec![],
         };
         let soon = Some(Duration::from_millis(100));
         // The first status, and one a second later, whatever happened.

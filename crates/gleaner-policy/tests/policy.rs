@@ -62,6 +62,18 @@ fn spread(active: &Cpuset, all: usize, comp: u64, idle: u64, g: u64, cycles: u64
     s
 }
 
+/// Consolidation alone with the shipped settling and warm-up (unlike `consolidation_only`).
+fn consolidation_with_defaults(vcpus: usize) -> Gleaner {
+    Gleaner::new(
+        PolicyConfig {
+            mode: Mode::Consolidation,
+            ..Default::default()
+        },
+        Cpuset::first_n(vcpus),
+    )
+    .unwrap()
+}
+
 fn consolidation_only() -> PolicyConfig {
     PolicyConfig {
         mode: Mode::Consolidation,
@@ -471,14 +483,7 @@ fn start_up_periods_are_a_quarter_long_then_the_configured_length() {
 /// guest was held by polling, x8 of bare, before consolidation, x12, was ever tried).
 #[test]
 fn a_phase_change_with_nothing_consolidated_is_tested_for_consolidation_at_once() {
-    let mut g = Gleaner::new(
-        PolicyConfig {
-            mode: Mode::Consolidation,
-            ..Default::default()
-        },
-        Cpuset::first_n(2),
-    )
-    .unwrap();
+    let mut g = consolidation_with_defaults(2);
     let all = Cpuset::first_n(2);
     // Start-up: busy, coarse (l_comp 3 ms against l_idle 30 us): nothing to consolidate.
     let ds = drive(&mut g, 4, |a| sample(a, 2, 3 * T, 30_000, 3 * T, 30));
@@ -658,14 +663,7 @@ fn observe_explains_why_nothing_would_change() {
 /// consolidation is not retried for a back-off.
 #[test]
 fn a_clear_loss_is_undone_early_and_not_retried_at_once() {
-    let mut g = Gleaner::new(
-        PolicyConfig {
-            mode: Mode::Consolidation,
-            ..Default::default()
-        },
-        Cpuset::first_n(4),
-    )
-    .unwrap();
+    let mut g = consolidation_with_defaults(4);
     let all = Cpuset::first_n(4);
     let steady = |i: usize| {
         let mut s = sample(&all, 4, T, 2 * T, T / 2, 10);
