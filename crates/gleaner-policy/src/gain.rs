@@ -7,7 +7,7 @@
 //! ones; it cannot gain more than what those wake-ups cost. Where that is a few percent of
 //! the workload's run time, no trial can pay for its own risk.
 
-use crate::sample::PeriodSample;
+use crate::sample::{PeriodSample, WakeLatencies};
 
 /// Consolidation is tried only where the halted-vCPU wake-ups cost at least this fraction of
 /// the workload's run time: below it, a trial that fails costs more than one that succeeds
@@ -26,9 +26,20 @@ const MIN_BUSY_WAKES: u64 = 20;
 /// the workload's run time. `None` where the sampler cannot see wake-ups.
 pub fn consolidation_gain_bound(sample: &PeriodSample, break_even_ns: u64) -> Option<f64> {
     let w = sample.wake_latency.as_ref()?;
-    let work: u64 = sample.vcpus.iter().map(|v| v.work_ns).sum();
+    Some(gain_bound_of(w, work_ns(sample), break_even_ns))
+}
+
+/// The workload's run time in `sample`, summed over its vCPUs.
+pub fn work_ns(sample: &PeriodSample) -> u64 {
+    sample.vcpus.iter().map(|v| v.work_ns).sum()
+}
+
+/// [`consolidation_gain_bound`] of wake-ups `w` seen over `work` ns of the workload's run
+/// time: one period's, or several pooled (their histograms merged, their run times summed),
+/// whose medians a single period's few dozen wake-ups cannot match.
+pub fn gain_bound_of(w: &WakeLatencies, work: u64, break_even_ns: u64) -> f64 {
     if work == 0 || w.halted.count == 0 {
-        return Some(0.0);
+        return 0.0;
     }
     let halted = w.halted.quantile_ns(0.5).unwrap_or(0.0);
     let extra = if w.running.count >= MIN_BUSY_WAKES {
@@ -36,7 +47,7 @@ pub fn consolidation_gain_bound(sample: &PeriodSample, break_even_ns: u64) -> Op
     } else {
         (break_even_ns as f64).min(halted)
     };
-    Some(w.halted.count as f64 * extra / work as f64)
+    w.halted.count as f64 * extra / work as f64
 }
 
 #[cfg(test)]

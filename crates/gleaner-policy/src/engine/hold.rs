@@ -5,7 +5,7 @@
 //! an `impl Gleaner` block with the engine's private state.
 
 use super::{us, EventKind, Gleaner, PolicyEvent, RetentionAction, RetentionTrial};
-use crate::judge::Verdict;
+use crate::judge::{Measured, Verdict};
 use crate::retention::RetentionTimeout;
 use crate::sample::{Characteristics, PeriodSample, VcpuSample};
 
@@ -28,7 +28,10 @@ impl Gleaner {
         let mut judged_off = Vec::new();
         if let Some(t) = self.trial.clone() {
             let verdict = if !settling && !idle {
-                self.verdict.observe(c.total_util, c.max_vcpu_util)
+                self.verdict.observe(
+                    Measured::new(c.total_util, sample.period_ns),
+                    c.max_vcpu_util,
+                )
             } else {
                 None
             };

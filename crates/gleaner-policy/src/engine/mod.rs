@@ -17,9 +17,12 @@ use serde::{Deserialize, Serialize};
 use crate::characteristics::characterize;
 use crate::config::{ConfigError, Mode, PolicyConfig};
 use crate::cpuset::Cpuset;
-use crate::judge::{clear_drop, mean_sd, relative_drop, Evidence, Verdict, QUIET_WINDOW};
+use crate::judge::{
+    clear_drop, relative_drop, total_secs, weighted_mean_sd, Evidence, Measured, Verdict,
+    QUIET_WINDOW,
+};
 use crate::retention::RetentionTimeout;
-use crate::sample::{progress_signal, Characteristics, PeriodSample, VcpuSample};
+use crate::sample::{progress_signal, Characteristics, PeriodSample, VcpuSample, WakeLatencies};
 
 mod hold;
 
@@ -84,10 +87,10 @@ struct Deactivation {
     n_before: usize,
     /// The judged value in the stable periods before the change (the decision's own period
     /// included): the before-sample of its test.
-    baseline: Vec<f64>,
+    baseline: Vec<Measured>,
     /// The judged value in every period since the change, settling periods included: the
     /// evidence for undoing it early.
-    since: Vec<f64>,
+    since: Vec<Measured>,
     /// g_comp in the first period after the change: the grain of the program under the new
     /// setting (the change itself may move g_comp, e.g. by putting a producer and its
     /// consumer on one vCPU), against which a phase change during the trial shows.
@@ -99,7 +102,7 @@ struct Deactivation {
 struct RetentionTrial {
     cpus: Vec<usize>,
     util_before: f64,
-    baseline: Vec<f64>,
+    baseline: Vec<Measured>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -142,7 +145,12 @@ pub struct Gleaner {
     verdict: Verdict,
     /// The judged value (progress, else utilization) of the last quiet periods: the "before"
     /// sample of a change's test, and the measure of this workload's noise.
-    quiet_values: std::collections::VecDeque<f64>,
+    quiet_values: std::collections::VecDeque<Measured>,
+    /// The wake-ups (and the run time they came with) of the same quiet periods: the
+    /// evidence a consolidation's benefit is bounded by (`gain`), pooled, because one
+    /// period's few dozen halted wake-ups give a median that moves by a histogram bucket
+    /// from one period to the next and flips the bound across its threshold.
+    quiet_wakes: std::collections::VecDeque<(WakeLatencies, u64)>,
     /// This period's workload is idle (by its real utilization, whatever is judged).
     workload_idle: bool,
     /// Most vCPUs one deactivation step may take away: half the allowed set at first,
@@ -189,6 +197,7 @@ impl Gleaner {
             noise: 0.0,
             verdict: Verdict::default(),
             quiet_values: std::collections::VecDeque::new(),
+            quiet_wakes: std::collections::VecDeque::new(),
             workload_idle: false,
             max_step,
             consolidation_blocked_until: 0,
@@ -337,10 +346,18 @@ impl Gleaner {
             && !(warming && self.period == 1);
         self.settle = self.settle.saturating_sub(1);
         let record = stable && !self.workload_idle;
+        let judged = Measured::new(c.total_util, sample.period_ns);
         if record {
-            self.quiet_values.push_back(c.total_util);
+            self.quiet_values.push_back(judged);
             if self.quiet_values.len() > QUIET_WINDOW {
                 self.quiet_values.pop_front();
+            }
+            if let Some(w) = &sample.wake_latency {
+                self.quiet_wakes
+                    .push_back((w.clone(), crate::gain::work_ns(sample)));
+                if self.quiet_wakes.len() > QUIET_WINDOW {
+                    self.quiet_wakes.pop_front();
+                }
             }
         }
         match self.cfg.mode {
@@ -360,7 +377,7 @@ impl Gleaner {
                 return self.decision(measured, retention, events, FOREVER_NS);
             }
             Mode::Full | Mode::Consolidation => {
-                let undone = self.watch_trial(&c, &mut events);
+                let undone = self.watch_trial(&c, judged, &mut events);
                 if !settling && !undone {
                     self.consolidation_step(sample, &c, &mut events)
                 }
@@ -382,6 +399,7 @@ impl Gleaner {
             self.util_smoothed = None;
             self.last_quiet_util = None;
             self.quiet_values.clear();
+            self.quiet_wakes.clear();
         } else if record {
             self.util_smoothed = Some(self.util_now(&c));
             if let Some(prev) = self.last_quiet_util {
@@ -427,6 +445,21 @@ impl Gleaner {
         self.workload_idle
     }
 
+    /// The most a consolidation could gain (`gain`), from the wake-ups of the quiet periods
+    /// before it pooled (this one included when it was quiet), else this period's alone.
+    fn pooled_gain_bound(&self, sample: &PeriodSample, break_even: u64) -> Option<f64> {
+        if self.quiet_wakes.is_empty() {
+            return crate::gain::consolidation_gain_bound(sample, break_even);
+        }
+        let mut pooled = WakeLatencies::default();
+        let mut work = 0;
+        for (w, ns) in &self.quiet_wakes {
+            pooled.merge(w);
+            work += ns;
+        }
+        Some(crate::gain::gain_bound_of(&pooled, work, break_even))
+    }
+
     /// Utilization before the change about to be made: smoothed over the quiet periods that
     /// preceded it, so a single noisy period does not decide a rollback.
     fn util_before(&self, c: &Characteristics) -> f64 {
@@ -446,16 +479,21 @@ impl Gleaner {
     /// it (a rollback that chases noise also lowers rho or eta for good). The configured
     /// `slowdown_threshold` applies only until a few quiet periods have shown the noise; a
     /// drop under 1 % is never acted on.
-    fn significant_drop(&self, before: f64, baseline: &[f64], after: &Evidence) -> Option<f64> {
+    fn significant_drop(
+        &self,
+        before: f64,
+        baseline: &[Measured],
+        after: &Evidence,
+    ) -> Option<f64> {
         let drop = relative_drop(before, after.mean);
         if baseline.len() < 3 || before <= 0.0 {
             return (drop > self.cfg.slowdown_threshold.max(2.0 * self.noise)).then_some(drop);
         }
-        let quiet = baseline;
-        let (_, sd_before) = mean_sd(quiet);
-        let se = (sd_before.powi(2) / quiet.len() as f64
-            + after.sd.powi(2) / after.periods.max(1) as f64)
-            .sqrt();
+        // Per second of measurement, weighed by the periods' lengths (see `judge`).
+        let (_, sd_before) = weighted_mean_sd(baseline);
+        let se = (sd_before.powi(2) / total_secs(baseline)
+            + after.sd.powi(2) / after.secs.max(f64::MIN_POSITIVE))
+        .sqrt();
         let threshold = (2.0 * se / before).max(0.01);
         (drop > threshold).then_some(drop)
     }
@@ -470,7 +508,8 @@ impl Gleaner {
             return;
         }
         if let Some(d) = self.judging.clone() {
-            let Some(evidence) = self.verdict.observe(c.total_util, c.max_vcpu_util) else {
+            let judged = Measured::new(c.total_util, sample.period_ns);
+            let Some(evidence) = self.verdict.observe(judged, c.max_vcpu_util) else {
                 return;
             };
             self.judging = None;
@@ -481,6 +520,7 @@ impl Gleaner {
             }
             // The periods that accepted the change are the "before" of the next one.
             self.quiet_values = evidence.values.iter().copied().collect();
+            self.quiet_wakes.clear();
             self.consolidation_backoff = CONSOLIDATION_BACKOFF_START;
             self.util_smoothed = Some(after);
             let mut accepted = *c;
@@ -533,14 +573,19 @@ impl Gleaner {
     /// the major-change factor), since then the periods after the change measure a different
     /// program and would credit or blame the change for the phase. Returns whether the trial
     /// ended.
-    fn watch_trial(&mut self, c: &Characteristics, events: &mut Vec<PolicyEvent>) -> bool {
+    fn watch_trial(
+        &mut self,
+        c: &Characteristics,
+        judged: Measured,
+        events: &mut Vec<PolicyEvent>,
+    ) -> bool {
         if self.is_idle() {
             return false;
         }
         let Some(d) = self.judging.as_mut() else {
             return false;
         };
-        d.since.push(c.total_util);
+        d.since.push(judged);
         let before_g = *d.grain_after.get_or_insert(c.g_comp_ns);
         let now_g = c.g_comp_ns;
         if before_g > 0.0 && now_g > 0.0 {
@@ -572,7 +617,7 @@ impl Gleaner {
         let Some(d) = self.judging.take() else {
             return false;
         };
-        let (after, _) = mean_sd(&d.since);
+        let (after, _) = weighted_mean_sd(&d.since);
         let busiest = c.max_vcpu_util.max(self.verdict.max_vcpu_util());
         self.verdict = Verdict::default();
         self.rollback(d, after, busiest, drop, events);
@@ -704,7 +749,8 @@ impl Gleaner {
         if c.runnable_wait_fraction > self.cfg.max_runnable_wait {
             return;
         }
-        if crate::gain::consolidation_gain_bound(sample, self.cfg.retention_timeout.ns)
+        if self
+            .pooled_gain_bound(sample, self.cfg.retention_timeout.ns)
             .is_some_and(|g| g < crate::gain::MIN_CONSOLIDATION_GAIN)
         {
             return;
