@@ -128,6 +128,29 @@ def interleaved_rounds(rounds: int, cmds: list[list[str]], measure) -> list[list
 NULL_WRAPPER = ["/bin/sh", "-c", '"$@"; exit $?', "null-wrapper"]
 
 
+def own_time_cmd(stamp: Path, cmd: list[str]) -> list[str]:
+    """`cmd` run by a shell that writes the nanosecond clock just before and just after it to
+    `stamp` and exits with its status: the workload's own run time, from inside whatever wraps
+    it. A whole-run wall time also holds the wrapper's start-up and teardown (fixed costs,
+    measured apart by `edge_delays`), which on a 0.5 s run alone are a few percent; the own
+    time is what the wrapper costs the workload while it runs."""
+    script = f's=$(date +%s%N); "$@"; rc=$?; e=$(date +%s%N); echo "$s $e" > {stamp}; exit $rc'
+    return ["/bin/sh", "-c", script, "own-time", *cmd]
+
+
+def timed_with_own_time(stamp: Path):
+    """A `measure` for `interleaved_rounds`: (whole-run wall seconds, the workload's own
+    seconds) of a command built by `own_time_cmd` with the same `stamp`."""
+
+    def measure(cmd: list[str]) -> tuple[float, float]:
+        stamp.unlink(missing_ok=True)
+        wall = timed(cmd)
+        start, end = (int(x) for x in stamp.read_text().split())
+        return wall, (end - start) / 1e9
+
+    return measure
+
+
 def edge_delays(gleaner: str, sampler: str, state_dir: str, runs: int) -> dict:
     """How much later `gleaner run` starts the workload than a bare launch does, and how long
     after the workload's last instruction it exits: the two fixed costs a run pays, measured
@@ -163,9 +186,15 @@ def part_wall(gleaner: str, pairs: int, sampler: str, state_dir: str, only: set[
     for name, cmd in wall_workloads(gleaner).items():
         if only and name not in only:
             continue
-        bare, under, control = interleaved_rounds(pairs, [cmd, gleaner_cmd(gleaner, sampler, state_dir, cmd), NULL_WRAPPER + cmd], timed)
+        stamp = Path(tempfile.mkdtemp(prefix="gleaner-own-time-")) / "stamp"
+        inner = own_time_cmd(stamp, cmd)
+        bare_m, under_m, control_m = interleaved_rounds(
+            pairs, [inner, gleaner_cmd(gleaner, sampler, state_dir, inner), NULL_WRAPPER + inner], timed_with_own_time(stamp))
+        bare, under, control = ([w for w, _ in m] for m in (bare_m, under_m, control_m))
         ratios = [u / b for u, b in zip(under, bare)]
         control_ratios = [c / b for c, b in zip(control, bare)]
+        own_ratios = [u[1] / b[1] for u, b in zip(under_m, bare_m)]
+        own_control = [c[1] / b[1] for c, b in zip(control_m, bare_m)]
         rows.append(
             {
                 "workload": name,
@@ -182,10 +211,19 @@ def part_wall(gleaner: str, pairs: int, sampler: str, state_dir: str, only: set[
                 "null_wrapper_min_ratio": min(control_ratios),
                 "null_wrapper_max_ratio": max(control_ratios),
                 "within_1pct": statistics.median(ratios) <= 1.01,
+                "bare_own_s": [b for _, b in bare_m],
+                "gleaner_own_s": [u for _, u in under_m],
+                "null_wrapper_own_s": [c for _, c in control_m],
+                "own_median_ratio": statistics.median(own_ratios),
+                "own_min_ratio": min(own_ratios),
+                "own_max_ratio": max(own_ratios),
+                "null_wrapper_own_median_ratio": statistics.median(own_control),
+                "own_within_1pct": statistics.median(own_ratios) <= 1.01,
             }
         )
         print(f"wall {name:<22} {sampler:<6} median ×{rows[-1]['median_ratio']:.3f} (min ×{min(ratios):.3f}, max ×{max(ratios):.3f}) over {pairs} rounds; "
-              f"null wrapper ×{rows[-1]['null_wrapper_median_ratio']:.3f} (min ×{min(control_ratios):.3f}, max ×{max(control_ratios):.3f})", flush=True)
+              f"null wrapper ×{rows[-1]['null_wrapper_median_ratio']:.3f} (min ×{min(control_ratios):.3f}, max ×{max(control_ratios):.3f}); "
+              f"own time ×{rows[-1]['own_median_ratio']:.3f} (min ×{min(own_ratios):.3f}, max ×{max(own_ratios):.3f}), null wrapper ×{rows[-1]['null_wrapper_own_median_ratio']:.3f}", flush=True)
     return rows
 
 
@@ -337,12 +375,17 @@ def main() -> int:
                f"and exits {st['end_delay_ms']:.1f} ms after it ends (range {st['end_delay_range_ms'][0]:.1f}–{st['end_delay_range_ms'][1]:.1f}).", ""]
     if result.get("wall"):
         md += ["Each round runs the bare workload, `gleaner run --observe` and a null wrapper (`/bin/sh` starting the workload and waiting for it, nothing else) "
-               "in alternating order; the null wrapper's ratio shows how far a wrapper that costs nothing lands from ×1.000 with this protocol on this host.", "",
-               "| workload | sampler | rounds | median gleaner/bare | min | max | within 1 % | null wrapper/bare (min–max) |", "|---|---|---|---|---|---|---|---|"]
+               "in alternating order; the null wrapper's ratio shows how far a wrapper that costs nothing lands from ×1.000 with this protocol on this host. "
+               "Whole run: the wall time from launch to exit, start-up and teardown included. Own time: the workload's own run time, stamped by a shell "
+               "just around it inside every wrapper (what the wrapper costs the workload while it runs).", "",
+               "| workload | sampler | rounds | whole run: median gleaner/bare | min | max | within 1 % | null wrapper/bare (min–max) | own time: gleaner/bare (min–max) | within 1 % | null wrapper |",
+               "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in result["wall"]:
             control = (f"×{r['null_wrapper_median_ratio']:.3f} (×{r['null_wrapper_min_ratio']:.3f}–×{r['null_wrapper_max_ratio']:.3f})"
                        if "null_wrapper_median_ratio" in r else "-")
-            md.append(f"| {r['workload']} | {r['sampler']} | {r['pairs']} | ×{r['median_ratio']:.3f} | ×{r['min_ratio']:.3f} | ×{r['max_ratio']:.3f} | {'yes' if r['within_1pct'] else 'no'} | {control} |")
+            own = (f"×{r['own_median_ratio']:.3f} (×{r['own_min_ratio']:.3f}–×{r['own_max_ratio']:.3f}) | {'yes' if r['own_within_1pct'] else 'no'} | ×{r['null_wrapper_own_median_ratio']:.3f}"
+                   if "own_median_ratio" in r else "- | - | -")
+            md.append(f"| {r['workload']} | {r['sampler']} | {r['pairs']} | ×{r['median_ratio']:.3f} | ×{r['min_ratio']:.3f} | ×{r['max_ratio']:.3f} | {'yes' if r['within_1pct'] else 'no'} | {control} | {own} |")
         md.append("")
     if result.get("self_cpu"):
         md += ["| load | sampler | gleaner CPU (% of one CPU) | ≤ 0.5 % |", "|---|---|---|---|"]

@@ -118,3 +118,15 @@ def test_the_null_wrapper_runs_the_workload_and_keeps_its_exit_status():
 
     assert subprocess.run(overhead.NULL_WRAPPER + ["true"]).returncode == 0
     assert subprocess.run(overhead.NULL_WRAPPER + ["sh", "-c", "exit 3"]).returncode == 3
+
+
+def test_the_own_time_wrapper_stamps_the_workload_and_keeps_its_exit_status(tmp_path):
+    import subprocess
+
+    stamp = tmp_path / "stamp"
+    measure = overhead.timed_with_own_time(stamp)
+    wall, own = measure(overhead.own_time_cmd(stamp, ["sleep", "0.2"]))
+    # The own time covers the sleep and not much more; the wall time holds it.
+    assert 0.19 < own < wall
+    assert own < 0.4
+    assert subprocess.run(overhead.own_time_cmd(stamp, ["sh", "-c", "exit 3"])).returncode == 3
