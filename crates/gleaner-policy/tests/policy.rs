@@ -43,6 +43,23 @@ fn sample(active: &Cpuset, all: usize, comp: u64, idle: u64, g: u64, cycles: u64
     }
 }
 
+/// `s` with wake-ups measured: `running` and `halted` are (how many, each one's latency in ns).
+fn with_wake_latencies(
+    mut s: PeriodSample,
+    running: (u64, u64),
+    halted: (u64, u64),
+) -> PeriodSample {
+    let mut w = WakeLatencies::default();
+    for _ in 0..running.0 {
+        w.running.record(running.1);
+    }
+    for _ in 0..halted.0 {
+        w.halted.record(halted.1);
+    }
+    s.wake_latency = Some(w);
+    s
+}
+
 /// The same total work as `sample(all vCPUs, ...)` spread over the `active` vCPUs only, as
 /// after a consolidation that kept the workload's pace.
 fn spread(active: &Cpuset, all: usize, comp: u64, idle: u64, g: u64, cycles: u64) -> PeriodSample {
@@ -805,16 +822,11 @@ fn retention_is_not_tried_where_no_wake_up_finds_a_halted_vcpu() {
     };
     let all = Cpuset::first_n(2);
     let with_wakes = |halted: u64, halted_ns: u64| {
-        let mut s = sample(&all, 2, 15_000, 5_000, 15_000, 5000);
-        let mut w = WakeLatencies::default();
-        for _ in 0..10_000 {
-            w.running.record(2_000);
-        }
-        for _ in 0..halted {
-            w.halted.record(halted_ns);
-        }
-        s.wake_latency = Some(w);
-        s
+        with_wake_latencies(
+            sample(&all, 2, 15_000, 5_000, 15_000, 5000),
+            (10_000, 2_000),
+            (halted, halted_ns),
+        )
     };
     // No halted wake-up: nothing to save, never held.
     let mut g = Gleaner::new(cfg.clone(), all.clone()).unwrap();
@@ -845,16 +857,11 @@ fn one_period_of_dear_wake_ups_does_not_start_a_consolidation_the_quiet_periods_
     let all = Cpuset::first_n(4);
     let with_wakes = |halted_ns: u64, halted: u64| {
         // Figure 4(a)'s shape: both consolidation conditions hold.
-        let mut s = sample(&all, 4, 2 * T, T, T, 10);
-        let mut w = WakeLatencies::default();
-        for _ in 0..2_000 {
-            w.running.record(20_000);
-        }
-        for _ in 0..halted {
-            w.halted.record(halted_ns);
-        }
-        s.wake_latency = Some(w);
-        s
+        with_wake_latencies(
+            sample(&all, 4, 2 * T, T, T, 10),
+            (2_000, 20_000),
+            (halted, halted_ns),
+        )
     };
     let cheap = || with_wakes(30_000, 200); // bound 200 x 10 us / 80 ms = 2.5 %
     let dear = || with_wakes(60_000, 400); // bound 400 x 40 us / 80 ms = 20 %
