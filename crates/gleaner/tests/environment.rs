@@ -481,10 +481,14 @@ fn cgroup_made_read_only_is_reported_restored_and_recoverable() {
     let err = fs::read_to_string(g.stderr.path()).unwrap_or_default();
     drop(ro);
     // On a machine whose vCPUs never idle (other load soaks up every idle moment), ping-pong's
-    // wake-ups never find a halted vCPU and the policy rightly consolidates nothing: the
-    // read-only cgroup is then never written, and what this test checks did not happen.
-    // Clean up what the SIGTERM under the read-only mount could not, and say so.
-    if !ended && err.contains("changed nothing") {
+    // wake-ups never find a halted vCPU and the policy rightly consolidates nothing; with a
+    // test running beside this one (cargo runs two at once on 2 vCPUs), the first eligible
+    // period can also find consolidation's conditions unmet and holding worth it, and held
+    // vCPUs' short idle periods keep consolidation's load condition unmet from then on (seen
+    // twice in CI runs on this guest). Either way the read-only cgroup is never written, and
+    // what this test checks did not happen. Clean up what the SIGTERM under the read-only
+    // mount could not, and say so.
+    if !ended && !err.contains("deactivate a vCPU (consolidate)") {
         let _ = gleaner()
             .args(["recover", "--state-dir"])
             .arg(state.path())
@@ -495,13 +499,13 @@ fn cgroup_made_read_only_is_reported_restored_and_recoverable() {
         assert_nothing_left(gp, state.path());
         let why: Vec<&str> = err
             .lines()
-            .filter(|l| l.trim_start().starts_with("- consolidation:"))
+            .filter(|l| l.trim_start().starts_with("- "))
             .map(str::trim)
             .collect();
         let why = why.join("; ");
         common::skipped(
             "cgroup_read_only",
-            &format!("Gleaner consolidated nothing in 20 s (the machine was too busy for ping-pong's vCPUs to idle), so the read-only cgroup was never written: {why}"),
+            &format!("Gleaner consolidated nothing in 20 s (the machine was too busy for ping-pong's vCPUs to idle, or it held them instead), so the read-only cgroup was never written: {why}"),
         );
         return;
     }
