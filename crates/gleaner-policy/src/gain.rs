@@ -26,12 +26,7 @@ const MIN_BUSY_WAKES: u64 = 20;
 /// the workload's run time. `None` where the sampler cannot see wake-ups.
 pub fn consolidation_gain_bound(sample: &PeriodSample, break_even_ns: u64) -> Option<f64> {
     let w = sample.wake_latency.as_ref()?;
-    Some(gain_bound_of(w, work_ns(sample), break_even_ns))
-}
-
-/// The workload's run time in `sample`, summed over its vCPUs.
-pub fn work_ns(sample: &PeriodSample) -> u64 {
-    sample.vcpus.iter().map(|v| v.work_ns).sum()
+    Some(gain_bound_of(w, sample.work_ns(), break_even_ns))
 }
 
 /// [`consolidation_gain_bound`] of wake-ups `w` seen over `work` ns of the workload's run

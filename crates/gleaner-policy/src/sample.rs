@@ -359,12 +359,19 @@ pub struct Characteristics {
 /// well it still ranks settings by throughput (`gleaner sim lab`, "corr." columns). An
 /// estimate that subtracted wake costs taken from the wake-latency histograms ranked them
 /// worse there (rank correlation 0.40–0.48 against 0.98), so it is not used.
+impl PeriodSample {
+    /// The workload's run time in the period, summed over its vCPUs.
+    pub fn work_ns(&self) -> u64 {
+        self.vcpus.iter().map(|v| v.work_ns).sum()
+    }
+}
+
 pub fn progress_signal(sample: &PeriodSample) -> f64 {
     let secs = sample.period_ns.max(1) as f64 / 1e9;
     if let Some(p) = sample.progress {
         return p as f64 / secs;
     }
-    sample.vcpus.iter().map(|v| v.work_ns).sum::<u64>() as f64 / secs
+    sample.work_ns() as f64 / secs
 }
 
 #[cfg(test)]

@@ -61,7 +61,7 @@ fn print_trace(
     );
     let bench: Vec<_> = samples.iter().filter(|(v, _)| *v == 0).collect();
     for (i, (_, smp)) in bench.iter().enumerate() {
-        let util: u64 = smp.vcpus.iter().map(|v| v.work_ns).sum();
+        let util = smp.work_ns();
         let idle_p: u64 = smp.vcpus.iter().map(|v| v.idle_periods()).sum();
         let steal: u64 = smp.vcpus.iter().map(|v| v.steal_ns).sum();
         let active = vm.active_vcpus.get(i).copied().unwrap_or(0);

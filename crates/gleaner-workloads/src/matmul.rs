@@ -63,10 +63,9 @@ pub fn matmul(cfg: &MatmulConfig) -> Result<Report, WorkloadError> {
     if cfg.length == Length::Count(0) {
         return Err(WorkloadError::ZeroParameter { name: "reps" });
     }
-    let gate = StartGate::new();
+    let gate = &StartGate::new();
     let n = cfg.size;
     let stride = cfg.threads as u64;
-    let gate = &gate;
 
     thread::scope(|scope| {
         let mut workers = Vec::with_capacity(cfg.threads);
@@ -186,7 +185,9 @@ mod tests {
     #[test]
     fn a_timed_run_of_many_threads_ends_near_its_duration() {
         // Each worker once took its deadline from its own first run, and 1,000 of them
-        // leave the start gate one by one: `--duration 10` lasted 59-106 s on 2 vCPUs.
+        // leave the start gate one by one: `--duration 10` lasted 59-106 s on 2 vCPUs. Here
+        // the old code took 9.1 s and the fixed one 0.34 s; the bound leaves room for a slow
+        // machine and for the tests running beside this one.
         let cfg = MatmulConfig {
             threads: 500,
             size: 16,
@@ -194,7 +195,7 @@ mod tests {
         };
         let report = matmul(&cfg).unwrap();
         assert!(report.elapsed_s >= 0.3, "{}", report.elapsed_s);
-        assert!(report.elapsed_s < 1.5, "{}", report.elapsed_s);
+        assert!(report.elapsed_s < 4.0, "{}", report.elapsed_s);
     }
 
     #[test]

@@ -353,8 +353,7 @@ impl Gleaner {
                 self.quiet_values.pop_front();
             }
             if let Some(w) = &sample.wake_latency {
-                self.quiet_wakes
-                    .push_back((w.clone(), crate::gain::work_ns(sample)));
+                self.quiet_wakes.push_back((w.clone(), sample.work_ns()));
                 if self.quiet_wakes.len() > QUIET_WINDOW {
                     self.quiet_wakes.pop_front();
                 }

@@ -382,10 +382,11 @@ pub fn run_lab(args: &LabArgs, machine: Machine) -> anyhow::Result<LabReport> {
                     }
                 };
                 let bench_samples = o.samples.iter().filter(|(vm, _)| *vm == 0).map(|(_, s)| s);
-                let util = mean(bench_samples.clone().map(|s| {
-                    s.vcpus.iter().map(|v| v.work_ns).sum::<u64>() as f64
-                        / s.period_ns.max(1) as f64
-                }));
+                let util = mean(
+                    bench_samples
+                        .clone()
+                        .map(|s| s.work_ns() as f64 / s.period_ns.max(1) as f64),
+                );
                 ConfigResult {
                     config: choice.label(),
                     bench_speedup: speed(0),
