@@ -6,7 +6,9 @@ Three parts, each recording the commit, cpuidle driver, kernel and load average:
 * **wall** — `gleaner run --observe` (changes nothing) against the bare program, N interleaved
   rounds per workload (the order reverses every other round), median of the per-round ratios.
   Target: within 1 %. Each round also runs a null wrapper (a shell that starts the program
-  and waits for it), whose ratio shows the protocol's own offset and spread on this host. Workloads: fine pipeline, ping-pong, `sysbench threads` (fixed events; skipped
+  and waits for it), whose ratio shows the protocol's own offset and spread on this host, and a
+  periodic null observer (a parent that wakes every 100 ms only to poll the program's exit),
+  whose ratio shows what waking at Gleaner's rate costs by itself. Workloads: fine pipeline, ping-pong, `sysbench threads` (fixed events; skipped
   without sysbench) and a 160-thread messaging workload over sockets and over pipes
   (`perf bench sched messaging -t -g 4`, 4 groups of 20 senders + 20 receivers; skipped
   without perf), and the same pattern as `gleaner workload messaging` (no perf needed).
@@ -127,6 +129,21 @@ def interleaved_rounds(rounds: int, cmds: list[list[str]], measure) -> list[list
 # results/overhead-2026-11-24-c48ac28.md).
 NULL_WRAPPER = ["/bin/sh", "-c", '"$@"; exit $?', "null-wrapper"]
 
+# A parent that starts the workload and then wakes every 100 ms (Gleaner's default period) to
+# see whether it has exited, doing nothing else (tens of microseconds of CPU a wake): what any
+# periodic observer costs a workload at Gleaner's rate, however little it does per wake-up.
+# `sysbench threads` is not a workload that charges an observer by its CPU time: a 10-line C
+# loop that only sleeps 100 ms and wakes slowed it x1.27, and one that spins 1 ms per wake
+# sped it up x0.83 (results/perturbation-2026-11-25.md).
+PERIODIC_NULL_OBSERVER = [
+    sys.executable, "-c",
+    "import subprocess, sys, time\n"
+    "p = subprocess.Popen(sys.argv[1:])\n"
+    "while p.poll() is None:\n"
+    "    time.sleep(0.1)\n"
+    "sys.exit(p.returncode)\n",
+]
+
 
 def own_time_cmd(stamp: Path, cmd: list[str]) -> list[str]:
     """`cmd` run by a shell that writes the nanosecond clock just before and just after it to
@@ -188,13 +205,16 @@ def part_wall(gleaner: str, pairs: int, sampler: str, state_dir: str, only: set[
             continue
         stamp = Path(tempfile.mkdtemp(prefix="gleaner-own-time-")) / "stamp"
         inner = own_time_cmd(stamp, cmd)
-        bare_m, under_m, control_m = interleaved_rounds(
-            pairs, [inner, gleaner_cmd(gleaner, sampler, state_dir, inner), NULL_WRAPPER + inner], timed_with_own_time(stamp))
+        bare_m, under_m, control_m, periodic_m = interleaved_rounds(
+            pairs,
+            [inner, gleaner_cmd(gleaner, sampler, state_dir, inner), NULL_WRAPPER + inner, PERIODIC_NULL_OBSERVER + inner],
+            timed_with_own_time(stamp))
         bare, under, control = ([w for w, _ in m] for m in (bare_m, under_m, control_m))
         ratios = [u / b for u, b in zip(under, bare)]
         control_ratios = [c / b for c, b in zip(control, bare)]
         own_ratios = [u[1] / b[1] for u, b in zip(under_m, bare_m)]
         own_control = [c[1] / b[1] for c, b in zip(control_m, bare_m)]
+        own_periodic = [c[1] / b[1] for c, b in zip(periodic_m, bare_m)]
         rows.append(
             {
                 "workload": name,
@@ -219,11 +239,16 @@ def part_wall(gleaner: str, pairs: int, sampler: str, state_dir: str, only: set[
                 "own_max_ratio": max(own_ratios),
                 "null_wrapper_own_median_ratio": statistics.median(own_control),
                 "own_within_1pct": statistics.median(own_ratios) <= 1.01,
+                "periodic_null_observer_own_s": [c for _, c in periodic_m],
+                "periodic_null_observer_own_median_ratio": statistics.median(own_periodic),
+                "periodic_null_observer_own_min_ratio": min(own_periodic),
+                "periodic_null_observer_own_max_ratio": max(own_periodic),
             }
         )
         print(f"wall {name:<22} {sampler:<6} median ×{rows[-1]['median_ratio']:.3f} (min ×{min(ratios):.3f}, max ×{max(ratios):.3f}) over {pairs} rounds; "
               f"null wrapper ×{rows[-1]['null_wrapper_median_ratio']:.3f} (min ×{min(control_ratios):.3f}, max ×{max(control_ratios):.3f}); "
-              f"own time ×{rows[-1]['own_median_ratio']:.3f} (min ×{min(own_ratios):.3f}, max ×{max(own_ratios):.3f}), null wrapper ×{rows[-1]['null_wrapper_own_median_ratio']:.3f}", flush=True)
+              f"own time ×{rows[-1]['own_median_ratio']:.3f} (min ×{min(own_ratios):.3f}, max ×{max(own_ratios):.3f}), null wrapper ×{rows[-1]['null_wrapper_own_median_ratio']:.3f}, "
+              f"periodic null observer ×{rows[-1]['periodic_null_observer_own_median_ratio']:.3f}", flush=True)
     return rows
 
 
@@ -377,15 +402,19 @@ def main() -> int:
         md += ["Each round runs the bare workload, `gleaner run --observe` and a null wrapper (`/bin/sh` starting the workload and waiting for it, nothing else) "
                "in alternating order; the null wrapper's ratio shows how far a wrapper that costs nothing lands from ×1.000 with this protocol on this host. "
                "Whole run: the wall time from launch to exit, start-up and teardown included. Own time: the workload's own run time, stamped by a shell "
-               "just around it inside every wrapper (what the wrapper costs the workload while it runs).", "",
-               "| workload | sampler | rounds | whole run: median gleaner/bare | min | max | within 1 % | null wrapper/bare (min–max) | own time: gleaner/bare (min–max) | within 1 % | null wrapper |",
-               "|---|---|---|---|---|---|---|---|---|---|---|"]
+               "just around it inside every wrapper (what the wrapper costs the workload while it runs). "
+               "The periodic null observer (a Python parent that wakes every 100 ms only to see whether the workload has exited) "
+               "shows what waking at Gleaner's rate costs the workload by itself.", "",
+               "| workload | sampler | rounds | whole run: median gleaner/bare | min | max | within 1 % | null wrapper/bare (min–max) | own time: gleaner/bare (min–max) | within 1 % | null wrapper | periodic null observer (min–max) |",
+               "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in result["wall"]:
             control = (f"×{r['null_wrapper_median_ratio']:.3f} (×{r['null_wrapper_min_ratio']:.3f}–×{r['null_wrapper_max_ratio']:.3f})"
                        if "null_wrapper_median_ratio" in r else "-")
             own = (f"×{r['own_median_ratio']:.3f} (×{r['own_min_ratio']:.3f}–×{r['own_max_ratio']:.3f}) | {'yes' if r['own_within_1pct'] else 'no'} | ×{r['null_wrapper_own_median_ratio']:.3f}"
                    if "own_median_ratio" in r else "- | - | -")
-            md.append(f"| {r['workload']} | {r['sampler']} | {r['pairs']} | ×{r['median_ratio']:.3f} | ×{r['min_ratio']:.3f} | ×{r['max_ratio']:.3f} | {'yes' if r['within_1pct'] else 'no'} | {control} | {own} |")
+            periodic = (f"×{r['periodic_null_observer_own_median_ratio']:.3f} (×{r['periodic_null_observer_own_min_ratio']:.3f}–×{r['periodic_null_observer_own_max_ratio']:.3f})"
+                        if "periodic_null_observer_own_median_ratio" in r else "-")
+            md.append(f"| {r['workload']} | {r['sampler']} | {r['pairs']} | ×{r['median_ratio']:.3f} | ×{r['min_ratio']:.3f} | ×{r['max_ratio']:.3f} | {'yes' if r['within_1pct'] else 'no'} | {control} | {own} | {periodic} |")
         md.append("")
     if result.get("self_cpu"):
         md += ["| load | sampler | gleaner CPU (% of one CPU) | ≤ 0.5 % |", "|---|---|---|---|"]

@@ -120,6 +120,12 @@ def test_the_null_wrapper_runs_the_workload_and_keeps_its_exit_status():
     assert subprocess.run(overhead.NULL_WRAPPER + ["sh", "-c", "exit 3"]).returncode == 3
 
 
+def test_the_periodic_null_observer_runs_the_workload_and_keeps_its_exit_status():
+    import subprocess
+    assert subprocess.run(overhead.PERIODIC_NULL_OBSERVER + ["true"]).returncode == 0
+    assert subprocess.run(overhead.PERIODIC_NULL_OBSERVER + ["sh", "-c", "exit 3"]).returncode == 3
+
+
 def test_the_own_time_wrapper_stamps_the_workload_and_keeps_its_exit_status(tmp_path):
     import subprocess
 

@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""What waking periodically costs a workload by itself, next to `gleaner run --observe`.
+
+Each round runs the workload bare, under `gleaner run --observe`, and beside a `waker`
+(bench/perturbation/waker.c: sleep PERIOD, spin SPIN, repeat) for each setting given, in an
+order that reverses every other round; the workload's own run time is stamped around it
+(bench/overhead.py's `own_time_cmd`). The ratios to the bare run say whether a workload charges
+an observer by its CPU time, or by the mere fact that it wakes: on `sysbench threads` (a
+mutex-and-yield convoy, 8 threads on 2 vCPUs) a waker that spins nothing slowed it far more
+than Gleaner, and one that spins 1 ms per wake-up sped it up.
+
+    sudo python3 bench/perturbation.py --rounds 8
+    sudo python3 bench/perturbation.py --rounds 8 --workload 'target/release/gleaner workload pipeline --work 500 --items 300000'
+
+Writes results/perturbation-DATE.{json,md} with the commit, machine and load. Quiet machine only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from harness.preflight import machine_facts
+from overhead import gleaner_cmd, interleaved_rounds, own_time_cmd, timed_with_own_time
+
+SYSBENCH_THREADS = "sysbench threads --threads=8 --thread-locks=2 --events=2000 --time=0 run"
+# (name, period ms, spin µs, scheduling policy for chrt or None)
+DEFAULT_WAKERS = "100:0,1000:0,100:300,100:1000,100:0:idle"
+
+
+def build_waker(out_dir: Path) -> Path:
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        raise SystemExit("perturbation: no C compiler (cc, gcc or clang); install one (apt install gcc)")
+    exe = out_dir / "waker"
+    src = Path(__file__).resolve().parent / "perturbation" / "waker.c"
+    subprocess.run([cc, "-O2", "-o", str(exe), str(src)], check=True)
+    return exe
+
+
+def parse_wakers(spec: str) -> list[tuple[str, int, int, str | None]]:
+    wakers = []
+    for item in filter(None, spec.split(",")):
+        parts = item.split(":")
+        if len(parts) not in (2, 3) or not all(p.isdigit() for p in parts[:2]) or (len(parts) == 3 and parts[2] not in ("idle", "batch")):
+            raise SystemExit(f"perturbation: bad waker '{item}'; write PERIOD_MS:SPIN_US[:idle|batch], e.g. 100:0,100:300:idle")
+        period, spin = int(parts[0]), int(parts[1])
+        policy = parts[2] if len(parts) == 3 else None
+        name = f"waker {period} ms, spin {spin} µs" + (f", SCHED_{policy.upper()}" if policy else "")
+        wakers.append((name, period, spin, policy))
+    return wakers
+
+
+def beside_waker(waker: Path, period: int, spin: int, policy: str | None, inner: list[str]) -> list[str]:
+    """`inner` run by a shell that starts the waker first and stops it after, keeping the
+    workload's exit status."""
+    chrt = {"idle": "chrt -i 0 ", "batch": "chrt -b 0 ", None: ""}[policy]
+    script = f'{chrt}{waker} {period} {spin} & w=$!; "$@"; rc=$?; kill $w; wait $w 2>/dev/null; exit $rc'
+    return ["/bin/sh", "-c", script, "beside-waker", *inner]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gleaner", default="target/release/gleaner")
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--workload", default=SYSBENCH_THREADS, help=f"command to time (default: {SYSBENCH_THREADS})")
+    ap.add_argument("--wakers", default=DEFAULT_WAKERS, help="comma-separated PERIOD_MS:SPIN_US[:idle|batch] (default %(default)s)")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    if args.rounds < 1:
+        raise SystemExit("perturbation: --rounds must be at least 1")
+    wakers = parse_wakers(args.wakers)
+    workload = shlex.split(args.workload)
+    if not workload or shutil.which(workload[0]) is None:
+        raise SystemExit(f"perturbation: '{workload[0] if workload else ''}' not found; install it or pass --workload")
+    gleaner = str(Path(args.gleaner).resolve())
+    if not Path(gleaner).is_file():
+        raise SystemExit(f"perturbation: no gleaner at {gleaner}; build it (cargo build --release -p gleaner) or pass --gleaner")
+    tmp = Path(tempfile.mkdtemp(prefix="gleaner-perturbation-"))
+    waker = build_waker(tmp)
+    stamp = tmp / "stamp"
+    inner = own_time_cmd(stamp, workload)
+    names = ["bare", "gleaner run --observe"] + [w[0] for w in wakers]
+    cmds = [inner, gleaner_cmd(gleaner, "auto", str(tmp / "state"), inner)] + [beside_waker(waker, p, s, pol, inner) for _, p, s, pol in wakers]
+    facts = machine_facts()
+    results = interleaved_rounds(args.rounds, cmds, timed_with_own_time(stamp))
+    own = {n: [o for _, o in r] for n, r in zip(names, results)}
+    rows = []
+    for n in names[1:]:
+        ratios = [x / b for x, b in zip(own[n], own["bare"])]
+        rows.append({"setting": n, "own_s": own[n], "median_ratio": statistics.median(ratios), "min_ratio": min(ratios), "max_ratio": max(ratios)})
+        print(f"{n:<36} own time ×{rows[-1]['median_ratio']:.3f} (×{min(ratios):.3f}–×{max(ratios):.3f}) over {args.rounds} rounds", flush=True)
+    result = {"machine_start": facts, "machine_end": machine_facts(), "workload": args.workload, "rounds": args.rounds, "bare_own_s": own["bare"], "rows": rows}
+    out = args.out or Path("results") / f"perturbation-{time.strftime('%Y-%m-%d')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    m = facts
+    md = [f"# What waking periodically costs a workload ({m['date_utc']})", "",
+          f"commit `{m['commit']}`, cpuidle driver `{m['cpuidle_driver']}`, kernel {m['kernel']}, {m['cpus']} CPUs, loadavg at start {m['loadavg']}, at end {result['machine_end']['loadavg']}", "",
+          f"Command: `sudo python3 bench/perturbation.py {' '.join(shlex.quote(a) for a in sys.argv[1:])}`", "",
+          f"Workload: `{args.workload}`; bare own run time median {statistics.median(own['bare']):.3f} s "
+          f"(min {min(own['bare']):.3f}, max {max(own['bare']):.3f}). Each of {args.rounds} rounds runs every setting once, the order "
+          "reversing every other round; the ratio is the workload's own run time against the same round's bare run.", "",
+          "| setting | own time / bare: median | min | max |", "|---|---|---|---|"]
+    md += [f"| {r['setting']} | ×{r['median_ratio']:.3f} | ×{r['min_ratio']:.3f} | ×{r['max_ratio']:.3f} |" for r in rows]
+    out.with_suffix(".md").write_text("\n".join(md) + "\n")
+    print(f"written {out} and {out.with_suffix('.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

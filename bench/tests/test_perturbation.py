@@ -1,0 +1,31 @@
+"""bench/perturbation.py: its settings parse or fail with a message, and the waker wrapper
+runs the workload, keeps its exit status and stops the waker."""
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import perturbation
+
+
+def test_wakers_parse_period_spin_and_policy():
+    assert perturbation.parse_wakers("100:0,1000:300:idle") == [
+        ("waker 100 ms, spin 0 µs", 100, 0, None),
+        ("waker 1000 ms, spin 300 µs, SCHED_IDLE", 1000, 300, "idle"),
+    ]
+
+
+@pytest.mark.parametrize("bad", ["100", "x:0", "100:0:fifo", "100:-1"])
+def test_a_bad_waker_is_one_line_naming_the_form(bad):
+    with pytest.raises(SystemExit, match="PERIOD_MS:SPIN_US"):
+        perturbation.parse_wakers(bad)
+
+
+def test_the_waker_runs_beside_the_workload_and_is_stopped(tmp_path):
+    waker = perturbation.build_waker(tmp_path)
+    cmd = perturbation.beside_waker(waker, 10, 0, None, ["sh", "-c", "sleep 0.1; exit 3"])
+    assert subprocess.run(cmd, timeout=10).returncode == 3
+    # The waker was stopped: no process of that executable is left.
+    left = subprocess.run(["pgrep", "-f", str(waker)], capture_output=True, text=True).stdout
+    assert left.strip() == ""
