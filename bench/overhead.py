@@ -132,9 +132,9 @@ NULL_WRAPPER = ["/bin/sh", "-c", '"$@"; exit $?', "null-wrapper"]
 # A parent that starts the workload and then wakes every 100 ms (Gleaner's default period) to
 # see whether it has exited, doing nothing else (tens of microseconds of CPU a wake): what any
 # periodic observer costs a workload at Gleaner's rate, however little it does per wake-up.
-# `sysbench threads` is not a workload that charges an observer by its CPU time: a 10-line C
-# loop that only sleeps 100 ms and wakes slowed it x1.27, and one that spins 1 ms per wake
-# sped it up x0.83 (results/perturbation-2026-11-25.md).
+# On `sysbench threads` a C waker at that rate cost nothing measurable (x0.991 spinning 0 us a
+# wake-up, x1.002 spinning 300 us, x1.021 spinning 1 ms) in the rounds where Gleaner's
+# `--observe` ran x1.029 (results/perturbation-2026-11-25.md).
 PERIODIC_NULL_OBSERVER = [
     sys.executable, "-c",
     "import subprocess, sys, time\n"

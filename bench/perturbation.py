@@ -4,10 +4,11 @@
 Each round runs the workload bare, under `gleaner run --observe`, and beside a `waker`
 (bench/perturbation/waker.c: sleep PERIOD, spin SPIN, repeat) for each setting given, in an
 order that reverses every other round; the workload's own run time is stamped around it
-(bench/overhead.py's `own_time_cmd`). The ratios to the bare run say whether a workload charges
-an observer by its CPU time, or by the mere fact that it wakes: on `sysbench threads` (a
-mutex-and-yield convoy, 8 threads on 2 vCPUs) a waker that spins nothing slowed it far more
-than Gleaner, and one that spins 1 ms per wake-up sped it up.
+(bench/overhead.py's `own_time_cmd`). The ratios to the bare run separate what waking at a
+given rate costs by itself from what Gleaner's own per-period work costs: on `sysbench threads`
+(a mutex-and-yield convoy, 8 threads on 2 vCPUs) a waker at Gleaner's rate cost nothing
+measurable, spinning 1 ms a wake-up cost 2 %, and Gleaner 3 % in the same rounds
+(results/perturbation-2026-11-25.md).
 
     sudo python3 bench/perturbation.py --rounds 8
     sudo python3 bench/perturbation.py --rounds 8 --workload 'target/release/gleaner workload pipeline --work 500 --items 300000'
@@ -29,7 +30,7 @@ import time
 from pathlib import Path
 
 from harness.preflight import machine_facts
-from overhead import gleaner_cmd, interleaved_rounds, own_time_cmd, timed_with_own_time
+from overhead import interleaved_rounds, own_time_cmd, timed_with_own_time
 
 SYSBENCH_THREADS = "sysbench threads --threads=8 --thread-locks=2 --events=2000 --time=0 run"
 # (name, period ms, spin µs, scheduling policy for chrt or None)
@@ -72,6 +73,9 @@ def main() -> int:
     ap.add_argument("--gleaner", default="target/release/gleaner")
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--workload", default=SYSBENCH_THREADS, help=f"command to time (default: {SYSBENCH_THREADS})")
+    ap.add_argument("--gleaner-configs", default="",
+                    help="semicolon-separated extra `gleaner run --observe` options, each a setting of its own "
+                         "(e.g. '--sampler procfs;--period-ms 1000'); the default options always run")
     ap.add_argument("--wakers", default=DEFAULT_WAKERS, help="comma-separated PERIOD_MS:SPIN_US[:idle|batch] (default %(default)s)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -88,8 +92,13 @@ def main() -> int:
     waker = build_waker(tmp)
     stamp = tmp / "stamp"
     inner = own_time_cmd(stamp, workload)
-    names = ["bare", "gleaner run --observe"] + [w[0] for w in wakers]
-    cmds = [inner, gleaner_cmd(gleaner, "auto", str(tmp / "state"), inner)] + [beside_waker(waker, p, s, pol, inner) for _, p, s, pol in wakers]
+    extra = [shlex.split(c) for c in args.gleaner_configs.split(";") if c.strip()]
+    names = ["bare", "gleaner run --observe"] + [f"gleaner run --observe {' '.join(c)}" for c in extra] + [w[0] for w in wakers]
+    def under(opts: list[str]) -> list[str]:
+        return [gleaner, "run", "--observe", "--state-dir", str(tmp / "state"), *opts, "--", *inner]
+
+    cmds = ([inner, under([])] + [under(c) for c in extra]
+            + [beside_waker(waker, p, s, pol, inner) for _, p, s, pol in wakers])
     facts = machine_facts()
     results = interleaved_rounds(args.rounds, cmds, timed_with_own_time(stamp))
     own = {n: [o for _, o in r] for n, r in zip(names, results)}
