@@ -48,14 +48,19 @@ def build_waker(out_dir: Path) -> Path:
 
 
 def parse_wakers(spec: str) -> list[tuple[str, int, int, str | None]]:
+    """PERIOD_MS:SPIN_US[:POLICY] items; POLICY is `idle` or `batch` (SCHED_IDLE, SCHED_BATCH)
+    or `nice=N` (a nice value, e.g. Gleaner's controller's -10)."""
     wakers = []
     for item in filter(None, spec.split(",")):
         parts = item.split(":")
-        if len(parts) not in (2, 3) or not all(p.isdigit() for p in parts[:2]) or (len(parts) == 3 and parts[2] not in ("idle", "batch")):
-            raise SystemExit(f"perturbation: bad waker '{item}'; write PERIOD_MS:SPIN_US[:idle|batch], e.g. 100:0,100:300:idle")
-        period, spin = int(parts[0]), int(parts[1])
         policy = parts[2] if len(parts) == 3 else None
-        name = f"waker {period} ms, spin {spin} µs" + (f", SCHED_{policy.upper()}" if policy else "")
+        nice_ok = policy is not None and policy.startswith("nice=") and policy[5:].lstrip("-").isdigit()
+        if (len(parts) not in (2, 3) or not all(p.isdigit() for p in parts[:2])
+                or (policy is not None and policy not in ("idle", "batch") and not nice_ok)):
+            raise SystemExit(f"perturbation: bad waker '{item}'; write PERIOD_MS:SPIN_US[:idle|batch|nice=N], e.g. 100:0,100:300:nice=-10")
+        period, spin = int(parts[0]), int(parts[1])
+        label = {"idle": "SCHED_IDLE", "batch": "SCHED_BATCH"}.get(policy, policy)
+        name = f"waker {period} ms, spin {spin} µs" + (f", {label}" if policy else "")
         wakers.append((name, period, spin, policy))
     return wakers
 
@@ -63,8 +68,13 @@ def parse_wakers(spec: str) -> list[tuple[str, int, int, str | None]]:
 def beside_waker(waker: Path, period: int, spin: int, policy: str | None, inner: list[str]) -> list[str]:
     """`inner` run by a shell that starts the waker first and stops it after, keeping the
     workload's exit status."""
-    chrt = {"idle": "chrt -i 0 ", "batch": "chrt -b 0 ", None: ""}[policy]
-    script = f'{chrt}{waker} {period} {spin} & w=$!; "$@"; rc=$?; kill $w; wait $w 2>/dev/null; exit $rc'
+    if policy is None:
+        prefix = ""
+    elif policy.startswith("nice="):
+        prefix = f"nice -n {policy[5:]} "
+    else:
+        prefix = {"idle": "chrt -i 0 ", "batch": "chrt -b 0 "}[policy]
+    script = f'{prefix}{waker} {period} {spin} & w=$!; "$@"; rc=$?; kill $w; wait $w 2>/dev/null; exit $rc'
     return ["/bin/sh", "-c", script, "beside-waker", *inner]
 
 
@@ -76,7 +86,7 @@ def main() -> int:
     ap.add_argument("--gleaner-configs", default="",
                     help="semicolon-separated extra `gleaner run --observe` options, each a setting of its own "
                          "(e.g. '--sampler procfs;--period-ms 1000'); the default options always run")
-    ap.add_argument("--wakers", default=DEFAULT_WAKERS, help="comma-separated PERIOD_MS:SPIN_US[:idle|batch] (default %(default)s)")
+    ap.add_argument("--wakers", default=DEFAULT_WAKERS, help="comma-separated PERIOD_MS:SPIN_US[:idle|batch|nice=N] (default %(default)s)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     if args.rounds < 1:

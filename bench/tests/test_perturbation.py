@@ -16,7 +16,12 @@ def test_wakers_parse_period_spin_and_policy():
     ]
 
 
-@pytest.mark.parametrize("bad", ["100", "x:0", "100:0:fifo", "100:-1"])
+def test_a_waker_may_run_at_a_nice_value():
+    assert perturbation.parse_wakers("100:300:nice=-10") == [("waker 100 ms, spin 300 µs, nice=-10", 100, 300, "nice=-10")]
+    assert perturbation.beside_waker(Path("/w"), 100, 300, "nice=-10", ["true"])[2].startswith("nice -n -10 /w 100 300 &")
+
+
+@pytest.mark.parametrize("bad", ["100", "x:0", "100:0:fifo", "100:-1", "100:0:nice=x"])
 def test_a_bad_waker_is_one_line_naming_the_form(bad):
     with pytest.raises(SystemExit, match="PERIOD_MS:SPIN_US"):
         perturbation.parse_wakers(bad)
