@@ -70,6 +70,16 @@ pub fn run_with_machine(args: SimArgs, machine: impl FnOnce() -> Machine) -> any
 }
 
 fn run_lab_command(args: &LabArgs, machine: Machine) -> anyhow::Result<()> {
+    // Made before the population runs, so that a place it cannot write fails at once, not
+    // after the minutes the lab takes.
+    if let Some(dir) = &args.out_dir {
+        std::fs::create_dir_all(dir).with_context(|| {
+            format!(
+                "cannot create the lab's output directory {} (give --out-dir a directory you can write)",
+                dir.display()
+            )
+        })?;
+    }
     let report = run_lab(args, machine)?;
     print!("{}", output::summary(&report));
     if let Some(dir) = &args.out_dir {
