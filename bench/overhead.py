@@ -391,8 +391,10 @@ def main() -> int:
     st = result.get("startup")
     if st:
         cal = st["calibration_cache"]
+        # One entry per retention back end's busy wake; an older Gleaner wrote a single one.
+        cal = [cal] if isinstance(cal, dict) else (cal or [])
         md += [f"Start-up and teardown (`{st['command']}`): the first run {st['first_s']:.3f} s "
-               f"(calibration {'cached: ' + cal.get('source', '') if cal else 'not cached: every start measures again'}), "
+               f"(calibration {'cached: ' + '; '.join(e.get('source', '') for e in cal) if cal else 'not cached: every start measures again'}), "
                f"then median {st['median_s']:.3f} s (min {st['min_s']:.3f}, max {st['max_s']:.3f}) over {len(st['later_s'])} runs; "
                "the wall-time ratios below include it.", "",
                f"Against a bare launch of the same workload (`{st['edge_workload']}`, interleaved pairs), "

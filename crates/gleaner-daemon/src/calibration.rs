@@ -212,7 +212,7 @@ fn decide(judged: &[Judged], errors: &[String]) -> Calibrated {
     }
 }
 
-/// What is cached per boot in `calibration.json`.
+/// What is cached per boot and busy setting in `calibration.json` (see [`parse_cache`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CacheEntry {
     pub boot_id: String,
@@ -244,9 +244,88 @@ impl CacheEntry {
     }
 }
 
+/// `calibration.json` holds one entry per busy wake a hold was weighed against: a run with the
+/// yielding back end and one with PM QoS polling each keep their own, so that alternating them
+/// does not measure again at every start (1.5 s each on the haltpoll guest). A file written by
+/// an older Gleaner holds a single entry, and is read as such.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum CacheFile {
+    Entries(Vec<CacheEntry>),
+    One(CacheEntry),
+}
+
+/// The entries of a `calibration.json`; none when it cannot be read as one.
+pub fn parse_cache(text: &str) -> Vec<CacheEntry> {
+    match serde_json::from_str::<CacheFile>(text) {
+        Ok(CacheFile::Entries(v)) => v,
+        Ok(CacheFile::One(e)) => vec![e],
+        Err(_) => Vec::new(),
+    }
+}
+
+/// The cached entry that holds for this boot, time and busy setting, if any.
+pub fn usable_entry(
+    entries: &[CacheEntry],
+    boot_id: &str,
+    now_unix_s: u64,
+    busy: Setting,
+) -> Option<CacheEntry> {
+    entries
+        .iter()
+        .find(|e| e.usable_on(boot_id, now_unix_s, busy))
+        .cloned()
+}
+
+/// What to cache once `new` was measured: it replaces the entry for its busy setting, and
+/// entries of other boots (which can never be used again) are dropped.
+pub fn entries_with(entries: Vec<CacheEntry>, new: CacheEntry) -> Vec<CacheEntry> {
+    let mut kept: Vec<CacheEntry> = entries
+        .into_iter()
+        .filter(|e| e.boot_id == new.boot_id && e.busy_setting != new.busy_setting)
+        .collect();
+    kept.push(new);
+    kept
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_busy_setting_keeps_its_own_entry_and_an_old_single_entry_file_still_reads() {
+        let entry = |boot: &str, ns, busy| CacheEntry {
+            boot_id: boot.into(),
+            timeout_ns: ns,
+            host_poll_ns: 0,
+            source: String::new(),
+            expires_unix_s: None,
+            busy_setting: Some(busy),
+        };
+        let (poll, yld) = (Setting::BusyPoll, Setting::BusyYield);
+        // A file an older Gleaner wrote: one entry.
+        let old = serde_json::to_string(&entry("b", 30_000, poll)).unwrap();
+        assert_eq!(parse_cache(&old), vec![entry("b", 30_000, poll)]);
+        // The yield back end measures and caches beside it; the poll entry stays usable.
+        let both = entries_with(parse_cache(&old), entry("b", 25_000, yld));
+        let text = serde_json::to_string(&both).unwrap();
+        let read = parse_cache(&text);
+        assert_eq!(
+            usable_entry(&read, "b", 0, poll).map(|e| e.timeout_ns),
+            Some(30_000)
+        );
+        assert_eq!(
+            usable_entry(&read, "b", 0, yld).map(|e| e.timeout_ns),
+            Some(25_000)
+        );
+        // A new measurement replaces its own setting's entry; another boot's entries go.
+        let stale = vec![entry("a", 40_000, yld), entry("b", 30_000, poll)];
+        let next = entries_with(stale, entry("b", 35_000, poll));
+        assert_eq!(next, vec![entry("b", 35_000, poll)]);
+        // Not a cache at all: nothing usable, and no error.
+        assert!(parse_cache("{ truncated").is_empty());
+        assert!(parse_cache("[]").is_empty());
+    }
 
     fn run(busy_us: u64, halted_us: u64) -> QuickCalibration {
         QuickCalibration {

@@ -31,7 +31,7 @@ use gleaner_linux::wakeprobe::{self, PmQosHook};
 use gleaner_linux::{detect, Placement, PlacementEnv, PlacementKind, ProcFs, SharedJournal, SysFs};
 use gleaner_policy::{Gleaner, Mode, RetentionTimeout};
 
-use crate::calibration::{calibrate, CacheEntry};
+use crate::calibration::{calibrate, entries_with, parse_cache, usable_entry, CacheEntry};
 use crate::config::{BackendChoice, DaemonConfig, DaemonFlags, RetentionBackendChoice};
 
 /// The signal that asked us to stop, 0 if none.
@@ -638,11 +638,12 @@ fn wake_costs(cfg: &DaemonConfig, state_dir: &Path, journal: &SharedJournal) -> 
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let cache = state_dir.join("calibration.json");
-    if let Some(c) = std::fs::read_to_string(&cache)
-        .ok()
-        .and_then(|t| serde_json::from_str::<CacheEntry>(&t).ok())
-        .filter(|c| c.usable_on(&boot, now_s, busy))
-    {
+    let read_cache = || {
+        std::fs::read_to_string(&cache)
+            .map(|t| parse_cache(&t))
+            .unwrap_or_default()
+    };
+    if let Some(c) = usable_entry(&read_cache(), &boot, now_s, busy) {
         return WakeCosts {
             timeout: RetentionTimeout { ns: c.timeout_ns },
             host_poll_ns: c.host_poll_ns,
@@ -691,7 +692,9 @@ fn wake_costs(cfg: &DaemonConfig, state_dir: &Path, journal: &SharedJournal) -> 
         };
         // Whole or not at all: two instances may calibrate at the same time.
         let tmp = state_dir.join(format!(".calibration.json.{}.tmp", std::process::id()));
-        let written = serde_json::to_string(&entry).ok().is_some_and(|text| {
+        // Read again: another instance may have cached the other busy setting meanwhile.
+        let entries = entries_with(read_cache(), entry);
+        let written = serde_json::to_string(&entries).ok().is_some_and(|text| {
             std::fs::write(&tmp, text).is_ok() && std::fs::rename(&tmp, &cache).is_ok()
         });
         if !written {

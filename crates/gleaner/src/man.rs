@@ -121,7 +121,7 @@ live state, read by
 .BR "gleaner status" .
 .TP
 .IR STATE_DIR /calibration.json
-the retention hold measured on this boot, cached only when repeated measurements agreed.
+the retention hold measured on this boot (one entry per retention back end), cached only when repeated measurements agreed.
 .PP
 STATE_DIR is /run/gleaner as root, else $XDG_RUNTIME_DIR/gleaner, or \-\-state\-dir.
 .SH "EXIT STATUS"
