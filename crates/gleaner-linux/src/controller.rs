@@ -848,9 +848,10 @@ pub const CONTROLLER_NICE: i32 = -10;
 /// controller's own CPU measured at 4dc792b, 0.17–0.28 % of a CPU with the BPF sampler, is
 /// 0.17–0.28 ms a period) and nothing is stretched. In the test bed's emulated (TCG) guests
 /// it took 4–25 ms, and measuring alone (`run --observe`) slowed a fine pipeline to
-/// x0.77–0.81 of bare with 100 ms periods, x0.90 with periods stretched to 1 % (505–880 ms)
-/// and x0.99 with 1 s periods: the work lands on a vCPU the coupled pipeline needs, and a
-/// stage stalled behind it stalls the others.
+/// x0.77–0.81 of bare with 100 ms periods and x0.90 with periods stretched to 1 % (505–880
+/// ms): the work lands on a vCPU the coupled pipeline needs, and a stage stalled behind it
+/// stalls the others. Stretched to 0.5 % (0.9–1 s there) it still ran x0.86, so not all of
+/// that loss is per period (testbed/results/fig7-modes-20261125T040102Z/NOTE.md).
 const PERIOD_WORK_SHARE: u32 = 200;
 
 /// Periods are stretched to at most this multiple of the configured period.
