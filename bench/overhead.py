@@ -174,19 +174,20 @@ def edge_delays(gleaner: str, sampler: str, state_dir: str, runs: int) -> dict:
     against a bare run of the same marker workload (a shell that stamps the time, sleeps
     0.2 s and stamps it again) in interleaved pairs. Unlike whole-run wall-time ratios, these
     hardly move with the host's noise."""
-    marks = Path(tempfile.mkdtemp(prefix="gleaner-edges-"))
-    script = f"date +%s%N > {marks}/start; sleep 0.2; date +%s%N > {marks}/end"
-    workload = ["sh", "-c", script]
+    with tempfile.TemporaryDirectory(prefix="gleaner-edges-") as marks_dir:
+        marks = Path(marks_dir)
+        script = f"date +%s%N > {marks}/start; sleep 0.2; date +%s%N > {marks}/end"
+        workload = ["sh", "-c", script]
 
-    def one(cmd: list[str]) -> tuple[float, float]:
-        launched = time.time_ns()
-        timed(cmd)
-        exited = time.time_ns()
-        start = int((marks / "start").read_text())
-        end = int((marks / "end").read_text())
-        return (start - launched) / 1e6, (exited - end) / 1e6
+        def one(cmd: list[str]) -> tuple[float, float]:
+            launched = time.time_ns()
+            timed(cmd)
+            exited = time.time_ns()
+            start = int((marks / "start").read_text())
+            end = int((marks / "end").read_text())
+            return (start - launched) / 1e6, (exited - end) / 1e6
 
-    bare, under = interleaved_pairs(runs, workload, gleaner_cmd(gleaner, sampler, state_dir, workload), one)
+        bare, under = interleaved_pairs(runs, workload, gleaner_cmd(gleaner, sampler, state_dir, workload), one)
     start = [u[0] - b[0] for u, b in zip(under, bare)]
     end = [u[1] - b[1] for u, b in zip(under, bare)]
     return {
@@ -203,12 +204,13 @@ def part_wall(gleaner: str, pairs: int, sampler: str, state_dir: str, only: set[
     for name, cmd in wall_workloads(gleaner).items():
         if only and name not in only:
             continue
-        stamp = Path(tempfile.mkdtemp(prefix="gleaner-own-time-")) / "stamp"
-        inner = own_time_cmd(stamp, cmd)
-        bare_m, under_m, control_m, periodic_m = interleaved_rounds(
-            pairs,
-            [inner, gleaner_cmd(gleaner, sampler, state_dir, inner), NULL_WRAPPER + inner, PERIODIC_NULL_OBSERVER + inner],
-            timed_with_own_time(stamp))
+        with tempfile.TemporaryDirectory(prefix="gleaner-own-time-") as stamp_dir:
+            stamp = Path(stamp_dir) / "stamp"
+            inner = own_time_cmd(stamp, cmd)
+            bare_m, under_m, control_m, periodic_m = interleaved_rounds(
+                pairs,
+                [inner, gleaner_cmd(gleaner, sampler, state_dir, inner), NULL_WRAPPER + inner, PERIODIC_NULL_OBSERVER + inner],
+                timed_with_own_time(stamp))
         bare, under, control = ([w for w, _ in m] for m in (bare_m, under_m, control_m))
         ratios = [u / b for u, b in zip(under, bare)]
         control_ratios = [c / b for c, b in zip(control, bare)]
@@ -369,16 +371,17 @@ def main() -> int:
         return 2
     gleaner = str(Path(args.gleaner).resolve())
     parts = set(args.parts.split(","))
-    state_dir = tempfile.mkdtemp(prefix="gleaner-overhead-")
     result: dict = {"machine_start": machine_facts()}
-    if "startup" in parts:
-        result["startup"] = part_startup(gleaner, args.sampler, state_dir)
-    if "wall" in parts:
-        result["wall"] = part_wall(gleaner, args.pairs, args.sampler, state_dir, set(filter(None, args.only.split(","))))
-    if "self-cpu" in parts:
-        result["self_cpu"] = part_self_cpu(gleaner, args.seconds, ["bpf", "procfs"], state_dir)
-    if "bpf-cost" in parts:
-        result["bpf_cost"] = part_bpf_cost(gleaner, max(5, args.seconds // 2), state_dir)
+    # Gleaner's state (its calibration cache) lives as long as the benchmark, not after it.
+    with tempfile.TemporaryDirectory(prefix="gleaner-overhead-") as state_dir:
+        if "startup" in parts:
+            result["startup"] = part_startup(gleaner, args.sampler, state_dir)
+        if "wall" in parts:
+            result["wall"] = part_wall(gleaner, args.pairs, args.sampler, state_dir, set(filter(None, args.only.split(","))))
+        if "self-cpu" in parts:
+            result["self_cpu"] = part_self_cpu(gleaner, args.seconds, ["bpf", "procfs"], state_dir)
+        if "bpf-cost" in parts:
+            result["bpf_cost"] = part_bpf_cost(gleaner, max(5, args.seconds // 2), state_dir)
     result["machine_end"] = machine_facts()
     stamp = time.strftime("%Y-%m-%d")
     out = args.out or Path("results") / f"overhead-{stamp}.json"

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """What waking periodically costs a workload by itself, next to `gleaner run --observe`.
 
-Each round runs the workload bare, under `gleaner run --observe`, and beside a `waker`
+Each round runs the workload bare, under `gleaner run --observe`, under `gleaner run` with each
+set of options given (`--gleaner-configs`), and beside a `waker`
 (bench/perturbation/waker.c: sleep PERIOD, spin SPIN, repeat) for each setting given, in an
 order that reverses every other round; the workload's own run time is stamped around it
 (bench/overhead.py's `own_time_cmd`). The ratios to the bare run separate what waking at a
@@ -12,6 +13,7 @@ measurable, spinning 1 ms a wake-up cost 2 %, and Gleaner 3 % in the same rounds
 
     sudo python3 bench/perturbation.py --rounds 8
     sudo python3 bench/perturbation.py --rounds 8 --workload 'target/release/gleaner workload pipeline --work 500 --items 300000'
+    sudo python3 bench/perturbation.py --rounds 8 --wakers '' --gleaner-configs '--mode full;--mode consolidation'
 
 Writes results/perturbation-DATE.{json,md} with the commit, machine and load. Quiet machine only.
 """
@@ -33,7 +35,7 @@ from harness.preflight import machine_facts
 from overhead import interleaved_rounds, own_time_cmd, timed_with_own_time
 
 SYSBENCH_THREADS = "sysbench threads --threads=8 --thread-locks=2 --events=2000 --time=0 run"
-# (name, period ms, spin µs, scheduling policy for chrt or None)
+# PERIOD_MS:SPIN_US[:POLICY] items (see `parse_wakers`).
 DEFAULT_WAKERS = "100:0,1000:0,100:300,100:1000,100:0:idle"
 
 
@@ -84,8 +86,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--workload", default=SYSBENCH_THREADS, help=f"command to time (default: {SYSBENCH_THREADS})")
     ap.add_argument("--gleaner-configs", default="",
-                    help="semicolon-separated extra `gleaner run --observe` options, each a setting of its own "
-                         "(e.g. '--sampler procfs;--period-ms 1000'); the default options always run")
+                    help="semicolon-separated `gleaner run` options, each a setting of its own "
+                         "(e.g. '--observe --sampler procfs;--mode full'); `run --observe` always runs")
     ap.add_argument("--wakers", default=DEFAULT_WAKERS, help="comma-separated PERIOD_MS:SPIN_US[:idle|batch|nice=N] (default %(default)s)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -98,19 +100,21 @@ def main() -> int:
     gleaner = str(Path(args.gleaner).resolve())
     if not Path(gleaner).is_file():
         raise SystemExit(f"perturbation: no gleaner at {gleaner}; build it (cargo build --release -p gleaner) or pass --gleaner")
-    tmp = Path(tempfile.mkdtemp(prefix="gleaner-perturbation-"))
-    waker = build_waker(tmp)
-    stamp = tmp / "stamp"
-    inner = own_time_cmd(stamp, workload)
     extra = [shlex.split(c) for c in args.gleaner_configs.split(";") if c.strip()]
-    names = ["bare", "gleaner run --observe"] + [f"gleaner run --observe {' '.join(c)}" for c in extra] + [w[0] for w in wakers]
-    def under(opts: list[str]) -> list[str]:
-        return [gleaner, "run", "--observe", "--state-dir", str(tmp / "state"), *opts, "--", *inner]
-
-    cmds = ([inner, under([])] + [under(c) for c in extra]
-            + [beside_waker(waker, p, s, pol, inner) for _, p, s, pol in wakers])
+    names = ["bare", "gleaner run --observe"] + [f"gleaner run {' '.join(c)}" for c in extra] + [w[0] for w in wakers]
     facts = machine_facts()
-    results = interleaved_rounds(args.rounds, cmds, timed_with_own_time(stamp))
+    with tempfile.TemporaryDirectory(prefix="gleaner-perturbation-") as tmp_dir:
+        tmp = Path(tmp_dir)
+        waker = build_waker(tmp)
+        stamp = tmp / "stamp"
+        inner = own_time_cmd(stamp, workload)
+
+        def under(opts: list[str]) -> list[str]:
+            return [gleaner, "run", "--state-dir", str(tmp / "state"), *opts, "--", *inner]
+
+        cmds = ([inner, under(["--observe"])] + [under(c) for c in extra]
+                + [beside_waker(waker, p, s, pol, inner) for _, p, s, pol in wakers])
+        results = interleaved_rounds(args.rounds, cmds, timed_with_own_time(stamp))
     own = {n: [o for _, o in r] for n, r in zip(names, results)}
     rows = []
     for n in names[1:]:

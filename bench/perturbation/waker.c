@@ -3,6 +3,8 @@
  * workload beside it to see what waking at a given rate costs that workload by itself. */
 #include <signal.h>
 #include <stdio.h>
+#include <sys/prctl.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -27,6 +29,11 @@ int main(int argc, char **argv) {
         return 2;
     }
     signal(SIGTERM, on_term);
+    /* Stop with the shell that started it, however that shell ends (Ctrl-C on the benchmark
+     * included): a waker left behind would spin on the user's machine for good. */
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() == 1)
+        return 0;
     struct timespec period = {period_ms / 1000, (period_ms % 1000) * 1000000L};
     while (!stop) {
         nanosleep(&period, NULL);

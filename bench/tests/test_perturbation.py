@@ -1,7 +1,9 @@
 """bench/perturbation.py: its settings parse or fail with a message, and the waker wrapper
-runs the workload, keeps its exit status and stops the waker."""
+runs the workload, keeps its exit status and stops the waker, also when it is killed."""
 
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -34,3 +36,27 @@ def test_the_waker_runs_beside_the_workload_and_is_stopped(tmp_path):
     # The waker was stopped: no process of that executable is left.
     left = subprocess.run(["pgrep", "-f", str(waker)], capture_output=True, text=True).stdout
     assert left.strip() == ""
+
+
+def test_a_waker_does_not_outlive_a_killed_wrapper(tmp_path):
+    # Ctrl-C or a kill of the benchmark must not leave a waker spinning on the machine.
+    waker = perturbation.build_waker(tmp_path)
+    shell = subprocess.Popen(perturbation.beside_waker(waker, 10, 0, None, ["sleep", "30"]))
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not _running(waker):
+        time.sleep(0.02)
+    assert _running(waker)
+    children = subprocess.run(["pgrep", "-P", str(shell.pid)], capture_output=True, text=True).stdout.split()
+    shell.send_signal(signal.SIGKILL)
+    shell.wait()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _running(waker):
+        time.sleep(0.02)
+    survived = _running(waker)
+    for pid in children:  # the orphaned `sleep`, and the waker if the test failed
+        subprocess.run(["kill", pid], check=False, capture_output=True)
+    assert not survived
+
+
+def _running(exe):
+    return subprocess.run(["pgrep", "-f", str(exe)], capture_output=True).returncode == 0

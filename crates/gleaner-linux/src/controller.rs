@@ -844,9 +844,11 @@ pub const CONTROLLER_NICE: i32 = -10;
 /// at most 1 / `PERIOD_WORK_SHARE` of the period: 0.5 %, the share of one CPU Gleaner's own
 /// measurement is allowed (the procfs sampler's budget, `PROCFS_BUDGET_FRACTION`).
 ///
-/// On this project's KVM guest that work stays well under 0.5 ms of a 100 ms period (the
-/// controller's own CPU measured at 4dc792b, 0.17–0.28 % of a CPU with the BPF sampler, is
-/// 0.17–0.28 ms a period) and nothing is stretched. In the test bed's emulated (TCG) guests
+/// On this project's KVM guest that work stays well under 0.5 ms of a 100 ms period with the
+/// BPF sampler (its own CPU measured at 4dc792b, 0.17–0.28 % of a CPU, is 0.17–0.28 ms a
+/// period) and nothing is stretched; the procfs sampler's periods stretch now and then, to at
+/// most 133 ms with 1,000 busy threads and 292 ms with 160 messaging threads (median 100 ms;
+/// `gleaner run --sampler procfs --timeline FILE`, 6d23903). In the test bed's emulated (TCG) guests
 /// it took 4–25 ms, and measuring alone (`run --observe`) slowed a fine pipeline to
 /// x0.77–0.81 of bare with 100 ms periods and x0.90 with periods stretched to 1 % (505–880
 /// ms): the work lands on a vCPU the coupled pipeline needs, and a stage stalled behind it
