@@ -218,6 +218,14 @@ pub struct WakeLatencies {
     pub polling: LatencyHistogram,
     /// The target vCPU was halted: the blocked-waiter wakeup the paper is about.
     pub halted: LatencyHistogram,
+    /// Of the `halted` wake-ups, those whose waker's vCPU went idle before the wakee ran: the
+    /// waker had nothing left to do but wait, so the wake-up's whole latency lay on the
+    /// workload's critical path (a ping-pong). Where the waker's vCPU ran on (a lock convoy
+    /// that keeps other threads to run, a producer ahead of its consumer), the latency
+    /// overlapped with work, and making it cheaper gains little. Zero in samples from an older
+    /// Gleaner, which did not count it.
+    #[serde(default)]
+    pub halted_waited: u64,
 }
 
 impl WakeLatencies {
@@ -225,6 +233,7 @@ impl WakeLatencies {
         self.running.merge(&other.running);
         self.polling.merge(&other.polling);
         self.halted.merge(&other.halted);
+        self.halted_waited += other.halted_waited;
     }
 
     pub fn total_count(&self) -> u64 {
@@ -237,6 +246,9 @@ impl WakeLatencies {
             running: self.running.scaled(num, den),
             polling: self.polling.scaled(num, den),
             halted: self.halted.scaled(num, den),
+            halted_waited: ((self.halted_waited as u128 * num as u128 + den.max(1) as u128 / 2)
+                / den.max(1) as u128)
+                .min(u64::MAX as u128) as u64,
         }
     }
 }

@@ -66,6 +66,7 @@ fn print_trace(
         let steal: u64 = smp.vcpus.iter().map(|v| v.steal_ns).sum();
         let active = vm.active_vcpus.get(i).copied().unwrap_or(0);
         let held = vm.retaining_vcpus.get(i).copied().unwrap_or(0);
+        let waited = smp.wake_latency.as_ref().map_or(0, |w| w.halted_waited);
         let (h, p, r) = smp.wake_latency.as_ref().map_or((0, 0, 0), |w| {
             (w.halted.count, w.polling.count, w.running.count)
         });
@@ -82,7 +83,7 @@ fn print_trace(
             )
         });
         println!(
-            "{:3} active {:2} held {:2} util {:6.3} progress {:>8} idle/s {:>8} steal {:5.2} wakes h/p/r {h}/{p}/{r} sw {}{lat}",
+            "{:3} active {:2} held {:2} util {:6.3} progress {:>8} idle/s {:>8} steal {:5.2} wakes h(waited)/p/r {h}({waited})/{p}/{r} sw {}{lat}",
             i + 1,
             active,
             held,

@@ -71,6 +71,26 @@ fn table2_wake_latencies_match_the_paper() {
     }
 }
 
+/// Whether the waker waited for a halted-vCPU wake-up, as the BPF sampler counts it: in a
+/// ping-pong across vCPUs every waker blocks right after its wake-up, so all of them; a
+/// thread's own timer has no waker, so none (see the sleepy workload below).
+#[test]
+fn halted_wake_ups_count_those_the_waker_waited_for() {
+    // 2,000 round trips: long enough for several of the policy's periods.
+    let s = shipped("table2-c.toml", &[]);
+    let (_, samples) = gleaner_sim::engine::Sim::new(&s).run_keeping_samples();
+    let mut all = gleaner_policy::WakeLatencies::default();
+    for (_, sample) in &samples {
+        all.merge(sample.wake_latency.as_ref().unwrap());
+    }
+    assert!(
+        all.halted.count >= 500,
+        "{} halted wake-ups",
+        all.halted.count
+    );
+    assert_eq!(all.halted_waited, all.halted.count);
+}
+
 #[test]
 fn policy_samples_split_wake_latency_by_wakee_state_and_count_progress() {
     // The sleepy workload of the retention test: a timer wake on a halted vCPU costs
@@ -127,6 +147,7 @@ fn policy_samples_split_wake_latency_by_wakee_state_and_count_progress() {
         "held wakes cost 6 µs"
     );
     assert_eq!(all.running.count, 0, "no thread wakes another here");
+    assert_eq!(all.halted_waited, 0, "a timer wake-up has no waker to wait");
     // Progress is the compute completed, in µs: 20 µs per iteration of each thread.
     let progress: u64 = samples
         .iter()

@@ -38,8 +38,9 @@ mod skel {
 
 use skel::{SamplerSkel, SamplerSkelBuilder};
 
-/// `struct cpu_stats` in sampler.bpf.c: 6 counters, 3×32 buckets, 3 counts, 3 sums.
-const STATS_WORDS: usize = 6 + 3 * LATENCY_BUCKETS + 3 + 3;
+/// `struct cpu_stats` in sampler.bpf.c: 6 counters, 3×128 buckets, 3 counts, 3 sums, the
+/// halted wake-ups the waker waited for.
+const STATS_WORDS: usize = 6 + 3 * LATENCY_BUCKETS + 3 + 3 + 1;
 
 /// Only CPU ids below this are scanned for idle peers (the active mask is one u64).
 const MASK_CPUS: usize = 64;
@@ -90,6 +91,7 @@ pub fn parse_cpu_stats(bytes: &[u8]) -> Option<CpuCounters> {
             running: hist(0),
             polling: hist(1),
             halted: hist(2),
+            halted_waited: words[6 + 3 * LATENCY_BUCKETS + 6],
         },
     })
 }
@@ -359,6 +361,7 @@ mod tests {
         let counts = 6 + 3 * LATENCY_BUCKETS;
         w[counts..counts + 3].copy_from_slice(&[2, 5, 1]);
         w[counts + 3..counts + 6].copy_from_slice(&[9_000, 50_000, 70_000]);
+        w[counts + 6] = 1; // the halted wake-up's waker waited for it
         let c = parse_cpu_stats(&encode(&w)).unwrap();
         assert_eq!(
             (
@@ -384,6 +387,7 @@ mod tests {
             (c.wake.halted.buckets[16], c.wake.halted.sum_ns),
             (1, 70_000)
         );
+        assert_eq!(c.wake.halted_waited, 1);
         assert_eq!(c.wake.total_count(), 8);
         // A value of another size (a stale build) is refused rather than misread.
         assert!(parse_cpu_stats(&encode(&w[..STATS_WORDS - 1])).is_none());

@@ -17,7 +17,7 @@
  * decided once per task and generation (`workload_gen`), not looked up by tgid on every event;
  * task fields are read by direct CO-RE loads, not bpf_probe_read calls.
  *
- * Layout contract with src/bpf/mod.rs: struct cpu_stats is 396 u64s in this order.
+ * Layout contract with src/bpf/mod.rs: struct cpu_stats is 397 u64s in this order.
  */
 #include "vmlinux_min.h"
 #include <bpf/bpf_helpers.h>
@@ -87,6 +87,10 @@ struct cpu_stats {
 	u64 hist[NR_CLASSES][NR_BUCKETS / 32][32];
 	u64 count[NR_CLASSES];
 	u64 sum_ns[NR_CLASSES];
+	/* Halted-class wake-ups whose waker's CPU went idle (or to a retention thread) before
+	 * the wakee ran: the waker waited for it, so the whole latency was on the critical
+	 * path. A hold pays only for these (gleaner_policy::gain). */
+	u64 halted_waited;
 };
 
 struct {
@@ -141,6 +145,9 @@ struct task_info {
 	/* workload_gen when `kind` was decided. */
 	u32 kind_gen;
 	u32 kind;
+	/* The CPU `waking_ns` was stamped on (the waker's). */
+	u32 waker_cpu;
+	u32 pad;
 };
 
 struct {
@@ -271,6 +278,21 @@ static __always_inline u64 idle_peer_overlap(u32 self, u64 now, u64 wait)
 	return best < wait ? best : wait;
 }
 
+/*
+ * Whether the CPU `waker` woke from at `w` stopped running anything since: it entered an
+ * idle state, or switched to a retention thread, after `w`. A wake-up from the wakee's own
+ * CPU (an interrupt there) is not one another CPU waited for.
+ */
+static __always_inline bool waker_waited(u32 waker, u32 self, u64 w)
+{
+	if (waker == self)
+		return false;
+	struct cpu_state *ws = state_of(waker);
+	if (!ws)
+		return false;
+	return ws->idle_enter_ns >= w || (ws->curr_kind == KIND_RETENTION && ws->switch_ns >= w);
+}
+
 SEC("tp_btf/sched_waking")
 int BPF_PROG(on_waking, struct task_struct *p)
 {
@@ -290,6 +312,7 @@ int BPF_PROG(on_waking, struct task_struct *p)
 	if (!ti || ti->kind != KIND_WORKLOAD)
 		return 0;
 	ti->waking_ns = now;
+	ti->waker_cpu = bpf_get_smp_processor_id();
 	return 0;
 }
 
@@ -363,6 +386,8 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 					s->count[c]++;
 					s->sum_ns[c] += lat;
 				}
+				if (c == CLASS_HALTED && waker_waited(ni->waker_cpu, cpu, w))
+					s->halted_waited++;
 			}
 			/* Only a wait longer than a hand-off counts: a wakee queued for a few
 			 * microseconds behind its waker on the same vCPU (wake-affine) is the

@@ -40,6 +40,7 @@ pub fn wake_delta(now: &WakeLatencies, before: &WakeLatencies) -> WakeLatencies 
         running: sub(&now.running, &before.running),
         polling: sub(&now.polling, &before.polling),
         halted: sub(&now.halted, &before.halted),
+        halted_waited: now.halted_waited.saturating_sub(before.halted_waited),
     }
 }
 

@@ -65,12 +65,12 @@ impl Gleaner {
         let mut turned_on = Vec::new();
         let mut turned_off = Vec::new();
         let mut why_off = String::new();
-        // A hold saves at most what the wake-ups that find their vCPU halted cost more than
-        // ones on a running vCPU: the bound `gain` computes for consolidation. Where it is
-        // small, holding only burns CPU: `sysbench threads` on the haltpoll guest woke
-        // almost no halted vCPU, and every period of holding cost it (`--mode retention` ran
-        // x1.33 the bare time). Without wake-up measurements (procfs) the gate is open.
-        let halted_wakes_too_cheap = crate::gain::consolidation_gain_bound(sample, timeout.ns)
+        // A hold saves at most what the wake-ups that find their vCPU halted, and that their
+        // waker waited for, cost more than ones on a running vCPU (`gain::hold_gain_bound`).
+        // Where it is small, holding only burns CPU or, worse, speeds up wake-ups nobody
+        // waits for: `sysbench threads` on the haltpoll guest lost 4-11 % to every hold.
+        // Without wake-up measurements (procfs) the gate is open.
+        let halted_wakes_too_cheap = crate::gain::hold_gain_bound(sample, timeout.ns)
             .is_some_and(|g| g < crate::gain::MIN_CONSOLIDATION_GAIN);
         let active = self.active.clone();
         let changing_active = settling || self.settle > 0 || self.judging.is_some();

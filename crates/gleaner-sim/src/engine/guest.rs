@@ -94,14 +94,20 @@ impl Sim {
         match self.vcpus[v].act {
             Activity::Switching(t) => {
                 let th = &mut self.threads[t];
-                if let Some((at, state)) = th.woken.take() {
+                if let Some((at, state, by)) = th.woken.take() {
+                    // As the BPF sampler counts it: the waker's vCPU went idle (or to a
+                    // retention hold) after the waking, so the waker waited for this wake-up.
+                    let waited = by.is_some_and(|u| u != v && self.vcpus[u].idle_since >= at);
                     let vm = &mut self.vms[th.vm];
                     let latency = self.now - at;
                     vm.latency.record(latency);
                     match state {
                         WakeeState::Running => vm.period_wake.running.record(latency),
                         WakeeState::Polling => vm.period_wake.polling.record(latency),
-                        WakeeState::Halted => vm.period_wake.halted.record(latency),
+                        WakeeState::Halted => {
+                            vm.period_wake.halted.record(latency);
+                            vm.period_wake.halted_waited += u64::from(waited);
+                        }
                     }
                 }
                 self.vcpus[v].act = Activity::Running(t);

@@ -37,8 +37,9 @@ pub(super) struct Thread {
     pub(super) burst_total: Ns,
     pub(super) spinning: bool,
     pub(super) spin_held: u32,
-    /// When the thread was last woken and what its target vCPU was doing then, until it runs.
-    pub(super) woken: Option<(Ns, WakeeState)>,
+    /// When the thread was last woken, what its target vCPU was doing then and the vCPU of
+    /// the thread that woke it (none for timers and placements), until it runs.
+    pub(super) woken: Option<(Ns, WakeeState, Option<VcpuId>)>,
     pub(super) rng: ChaCha8Rng,
 }
 

@@ -100,7 +100,11 @@ impl Sim {
             (Activity::Polling | Activity::Retaining, _) => WakeeState::Polling,
             (Activity::Idle, _) => WakeeState::Halted,
         };
-        self.threads[t].woken = Some((self.now, state));
+        let by = match waker {
+            Waker::Thread(u) => Some(u),
+            Waker::Timer(_) | Waker::Nobody => None,
+        };
+        self.threads[t].woken = Some((self.now, state, by));
         self.enqueue_ready(t, v);
         self.kick(v, waker);
     }
