@@ -442,6 +442,27 @@ pub fn render(s: &Snapshot) -> String {
         "Wake-up latency of the target's threads, from sched_waking to running, by what the wakee's vCPU was doing when woken (running, polling, halted).",
         &wake_series,
     );
+    if s.targets.iter().any(|t| {
+        t.status
+            .as_ref()
+            .is_some_and(|st| st.wake_latency.is_some())
+    }) {
+        let mut f = Family::new(
+            &mut out,
+            "gleaner_wake_halted_waited_total",
+            "counter",
+            "Wake-ups of a halted vCPU whose waker's vCPU went idle before the wakee ran: the ones a held vCPU would have sped up for someone waiting.",
+        );
+        for t in &s.targets {
+            if let Some(w) = t.status.as_ref().and_then(|st| st.wake_latency.as_ref()) {
+                f.sample(
+                    "gleaner_wake_halted_waited_total",
+                    &[("target", &t.name)],
+                    w.halted_waited as f64,
+                );
+            }
+        }
+    }
     per_target(
         &mut out,
         s,

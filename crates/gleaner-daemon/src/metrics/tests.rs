@@ -318,6 +318,7 @@ fn wake_latency_is_a_histogram_per_target_and_vcpu_state() {
         w.halted.record(ns);
     }
     w.running.record(2_000);
+    w.halted_waited = 2;
     let st = InstanceStatus {
         wake_latency: Some(w),
         ..Default::default()
@@ -356,5 +357,16 @@ fn wake_latency_is_a_histogram_per_target_and_vcpu_state() {
     assert!(
         text.contains(r#"gleaner_wake_latency_seconds_count{target="db",state="polling"} 0"#),
         "{text}"
+    );
+    assert!(
+        text.contains("# TYPE gleaner_wake_halted_waited_total counter")
+            && text.contains(r#"gleaner_wake_halted_waited_total{target="db"} 2"#),
+        "{text}"
+    );
+    // `gleaner status` shows the same share.
+    let report = crate::status::wake_latency_report(snap.targets[0].status.as_ref().unwrap());
+    assert!(
+        report.contains("waker's vCPU went idle before the wakee ran: 2 (67 %)"),
+        "{report}"
     );
 }
