@@ -179,21 +179,40 @@ struct WindowCounts {
     covered_ns: u64,
     events: u64,
     switches: u64,
+    /// The workload's run time inside the window, as the programs counted it.
+    work_ns: u64,
     crowded_ns: u64,
     wake: WakeLatencies,
 }
 
 impl WindowCounts {
-    /// Its counts as if measured over `period_ns`.
-    fn scaled_to(&self, period_ns: u64) -> (u64, u64, WakeLatencies) {
+    /// Its counts as if measured over a period of `period_ns` in which the workload ran
+    /// `period_work_ns`. Switches scale with run time, not with time: g_comp (run time per
+    /// switch) is then the window's own, whatever the rest of the period did. Scaled with
+    /// time, a period that ran long (the controller late by 10–15 ms, the workload running
+    /// without switching meanwhile) read the ping-pong's g_comp as 20–29 µs instead of the
+    /// window's 9–10, failed the consolidation's grain condition, and Gleaner held both vCPUs
+    /// by polling instead (x0.6 of one vCPU) in 1 to 4 runs of 10. Idle-peer queueing and
+    /// wake-ups are rates in time and scale with it.
+    fn scaled_to(&self, period_ns: u64, period_work_ns: u64) -> (u64, u64, WakeLatencies) {
         let covered = self.covered_ns.max(1) as u128;
         let scale = |x: u64| (x as u128 * period_ns as u128 / covered) as u64;
+        let switches = if self.work_ns > 0 {
+            (self.switches as u128 * period_work_ns as u128 / self.work_ns as u128) as u64
+        } else {
+            scale(self.switches)
+        };
         (
-            scale(self.switches),
+            switches,
             scale(self.crowded_ns),
             self.wake.scaled(period_ns, self.covered_ns.max(1)),
         )
     }
+}
+
+/// The workload's run time over all vCPUs.
+fn total_work(vcpus: &[VcpuSample]) -> u64 {
+    vcpus.iter().map(|v| v.work_ns).sum()
 }
 
 impl Sampler {
@@ -582,6 +601,8 @@ impl Sampler {
             work_runnable_wait_ns: runnable_wait,
             wake_latency: None,
             progress: None,
+            // Switch counts read every few periods under a tight budget are not windows.
+            stale_rates: false,
         }))
     }
 
@@ -717,8 +738,8 @@ impl Sampler {
         let len_ns = match self.last_window.as_ref().filter(|_| skipped) {
             // No window this period: the last one's rates stand for it, and size the next.
             Some(last) => {
-                (switches, crowded_ns, wake) = last.scaled_to(period_ns);
                 work_between(&prev, &snap, &spare, period_ns, &mut vcpus);
+                (switches, crowded_ns, wake) = last.scaled_to(period_ns, total_work(&vcpus));
                 Window::next_len(last.events, last.covered_ns, period_ns)
             }
             None => {
@@ -729,14 +750,16 @@ impl Sampler {
                         covered_ns,
                         events,
                         switches,
+                        work_ns: total_work(&vcpus),
                         crowded_ns,
                         wake: wake.clone(),
                     });
+                    work_between(&prev, &snap, &spare, period_ns, &mut vcpus);
+                    let period_work = total_work(&vcpus);
                     (switches, crowded_ns, wake) = self
                         .last_window
                         .as_ref()
-                        .map_or_else(Default::default, |w| w.scaled_to(period_ns));
-                    work_between(&prev, &snap, &spare, period_ns, &mut vcpus);
+                        .map_or_else(Default::default, |w| w.scaled_to(period_ns, period_work));
                 }
                 Window::next_len(events, covered_ns, period_ns)
             }
@@ -800,6 +823,8 @@ impl Sampler {
             work_runnable_wait_ns: Some(crowded_ns.min(period_ns)),
             wake_latency: Some(wake),
             progress: None,
+            // Counts carried over from a window whose pace this period no longer keeps.
+            stale_rates: skipped && !rates_still_hold,
         }))
     }
 

@@ -97,6 +97,7 @@ mod tests {
             work_runnable_wait_ns: None,
             wake_latency: None,
             progress: None,
+            stale_rates: false,
         };
         let c = characterize(&s, &Cpuset::first_n(3));
         assert_eq!(c.l_comp_ns, 2.0 * t as f64);

@@ -62,6 +62,15 @@ pub struct PeriodSample {
     /// where the application exposes such a counter; `None` where it does not.
     #[serde(default)]
     pub progress: Option<u64>,
+    /// The switch and wake-up counts were carried over from an earlier period's measurement
+    /// window, and this period's pace (run time, idle periods) no longer resembles that one's:
+    /// they may describe another workload phase, so nothing is changed on them. Set by the
+    /// BPF sampler, which measures the busiest workloads in a window one period in ten; the
+    /// next period measures afresh. A ping-pong whose threads shared a vCPU during its first
+    /// window and parted right after was held by polling on that window's counts (x0.6 of
+    /// consolidating it) in 1 to 4 runs of 10 on the haltpoll guest.
+    #[serde(default)]
+    pub stale_rates: bool,
 }
 
 /// Number of buckets in a [`LatencyHistogram`]: buckets 0..4 hold 0, 1, 2 and 3 ns; from

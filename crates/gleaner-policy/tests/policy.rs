@@ -40,6 +40,7 @@ fn sample(active: &Cpuset, all: usize, comp: u64, idle: u64, g: u64, cycles: u64
         work_runnable_wait_ns: Some(0),
         wake_latency: None,
         progress: None,
+        stale_rates: false,
     }
 }
 
@@ -581,6 +582,7 @@ fn arb_sample(n: usize) -> impl Strategy<Value = PeriodSample> {
             work_runnable_wait_ns: wait,
             wake_latency: None,
             progress: None,
+            stale_rates: false,
         })
 }
 
@@ -899,4 +901,40 @@ fn one_period_of_dear_wake_ups_does_not_start_a_consolidation_the_quiet_periods_
     let mut g = Gleaner::new(consolidation_only(), all.clone()).unwrap();
     let d = g.step(&dear());
     assert!(d.active.len() < 4, "{:?}", d.events);
+}
+
+/// Counts carried over from a window that no longer describes the workload
+/// (`PeriodSample::stale_rates`) start nothing: on the haltpoll guest a ping-pong whose first
+/// window caught both threads on one vCPU was held by polling on those counts instead of
+/// consolidated. The next, freshly measured period acts.
+#[test]
+fn no_change_starts_on_carried_over_counts() {
+    let cfg = PolicyConfig {
+        mode: Mode::Retention,
+        settle_periods: 1,
+        warmup_periods: 0,
+        retention_timeout: RetentionTimeout { ns: 20_000 },
+        ..Default::default()
+    };
+    let all = Cpuset::first_n(2);
+    let bww = |stale: bool| {
+        let mut s = with_wake_latencies(
+            sample(&all, 2, 15_000, 5_000, 15_000, 5000),
+            (10_000, 2_000),
+            (20_000, 30_000),
+        );
+        s.stale_rates = stale;
+        s
+    };
+    let mut g = Gleaner::new(cfg, all.clone()).unwrap();
+    let d = g.step(&bww(true));
+    assert!(
+        d.retention.iter().all(|(_, a)| *a == RetentionAction::Off) && d.events.is_empty(),
+        "{d:?}"
+    );
+    let d = g.step(&bww(false));
+    assert!(
+        d.retention.iter().all(|(_, a)| *a != RetentionAction::Off),
+        "{d:?}"
+    );
 }

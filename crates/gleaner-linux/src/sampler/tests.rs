@@ -189,13 +189,32 @@ fn window_counts_scale_to_the_period_they_stand_for() {
         covered_ns: 5_000_000,
         events: 2_000,
         switches: 1_000,
+        work_ns: 4_000_000,
         crowded_ns: 50_000,
         wake,
     };
-    let (switches, crowded, wake) = w.scaled_to(100_000_000);
+    // The workload ran 80 ms of the period at the window's pace: 20x the window's switches.
+    let (switches, crowded, wake) = w.scaled_to(100_000_000, 80_000_000);
     assert_eq!((switches, crowded), (20_000, 1_000_000));
     assert_eq!((wake.halted.count, wake.running.count), (200, 20));
     assert_eq!(wake.halted.sum_ns, 200 * 20_000);
+    // Measured on the haltpoll guest: a ping-pong's start-up period that ran 39.8 ms instead
+    // of 25, the window 27.3 ms of it with 615 switches in 5.7 ms of run time (g_comp 9.3 µs),
+    // 26.2 ms of run time in the period. Scaled by time its g_comp read 29 µs and failed the
+    // consolidation's grain condition; by run time it is the window's.
+    let w = WindowCounts {
+        covered_ns: 27_300_098,
+        events: 1_847,
+        switches: 615,
+        work_ns: 5_694_655,
+        ..WindowCounts::default()
+    };
+    let (switches, _, _) = w.scaled_to(39_817_227, 26_182_965);
+    let g_comp_us = 26_182_965.0 / switches as f64 / 1e3;
+    assert!((g_comp_us - 9.26).abs() < 0.05, "{g_comp_us}");
+    // No run time seen in the window: by time, as before.
+    let idle = WindowCounts { work_ns: 0, ..w };
+    assert_eq!(idle.scaled_to(54_600_196, 0).0, 1_230);
 }
 
 /// A window's rates stand for later periods only while those keep its pace: ping-pong leaving

@@ -336,7 +336,10 @@ impl Gleaner {
         // The first periods of a run are the workload starting up (threads being created,
         // caches filling): nothing is changed on their evidence.
         let warming = self.period <= u64::from(self.cfg.warmup_periods);
-        let settling = self.settle > 0 || warming;
+        // Switch and wake-up counts carried over from a window that no longer describes the
+        // workload (`PeriodSample::stale_rates`): no change starts on them; the sampler
+        // measures the next period afresh.
+        let settling = self.settle > 0 || warming || sample.stale_rates;
         // This period ran under a configuration that had stood for a whole period and is not
         // on trial: its value belongs to the before-sample of the next change. Warm-up periods
         // after the first count (nothing changes then); the very first is the start-up itself.
@@ -352,7 +355,7 @@ impl Gleaner {
             if self.quiet_values.len() > QUIET_WINDOW {
                 self.quiet_values.pop_front();
             }
-            if let Some(w) = &sample.wake_latency {
+            if let Some(w) = sample.wake_latency.as_ref().filter(|_| !sample.stale_rates) {
                 self.quiet_wakes.push_back((w.clone(), sample.work_ns()));
                 if self.quiet_wakes.len() > QUIET_WINDOW {
                     self.quiet_wakes.pop_front();

@@ -84,6 +84,8 @@ impl Sim {
             progress: vm
                 .app_progress
                 .then_some((vm.work_done_ns - vm.last_work_done_ns) / 1_000),
+            // The simulator counts every event of every period: nothing is carried over.
+            stale_rates: false,
         };
         let vm = &mut self.vms[vm_id];
         vm.period_wake = WakeLatencies::default();
