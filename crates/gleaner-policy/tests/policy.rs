@@ -809,19 +809,25 @@ fn retention_that_speeds_up_a_consolidated_workload_is_not_a_major_change() {
     assert_eq!(ds.last().unwrap().active.len(), 3, "{:?}", events(&ds));
 }
 
+/// Retention alone, tried from the first period and judged after one settling period, with a
+/// 20 µs hold: what the wake-up gates below are tested under.
+fn retention_trials_at_once() -> PolicyConfig {
+    PolicyConfig {
+        mode: Mode::Retention,
+        settle_periods: 1,
+        warmup_periods: 0,
+        retention_timeout: RetentionTimeout { ns: 20_000 },
+        ..Default::default()
+    }
+}
+
 /// Seen on `sysbench threads` on the haltpoll guest (2026-11-24): tens of thousands of short
 /// idle periods a second, but almost no wake-up found its vCPU halted, so holding vCPUs had
 /// nothing to save and every held period cost the run (`--mode retention` x1.33 the bare
 /// time). With measured wake-ups, retention is tried only where halted wake-ups cost enough.
 #[test]
 fn retention_is_not_tried_where_no_wake_up_finds_a_halted_vcpu() {
-    let cfg = PolicyConfig {
-        mode: Mode::Retention,
-        settle_periods: 1,
-        warmup_periods: 0,
-        retention_timeout: RetentionTimeout { ns: 20_000 },
-        ..Default::default()
-    };
+    let cfg = retention_trials_at_once();
     let all = Cpuset::first_n(2);
     let with_wakes = |halted: u64, halted_ns: u64| {
         with_wake_latencies(
@@ -909,13 +915,7 @@ fn one_period_of_dear_wake_ups_does_not_start_a_consolidation_the_quiet_periods_
 /// consolidated. The next, freshly measured period acts.
 #[test]
 fn no_change_starts_on_carried_over_counts() {
-    let cfg = PolicyConfig {
-        mode: Mode::Retention,
-        settle_periods: 1,
-        warmup_periods: 0,
-        retention_timeout: RetentionTimeout { ns: 20_000 },
-        ..Default::default()
-    };
+    let cfg = retention_trials_at_once();
     let all = Cpuset::first_n(2);
     let bww = |stale: bool| {
         let mut s = with_wake_latencies(
