@@ -46,13 +46,13 @@ pub fn gain_bound_of(w: &WakeLatencies, work: u64, break_even_ns: u64) -> f64 {
 ///
 /// Why: a hold makes a wake-up cheaper, which pays only where the wake-up delays the
 /// workload. `sysbench threads` (a lock convoy, 8 threads on 2 vCPUs) woke a halted vCPU
-/// once in ten wake-ups, a bound of 15-25 % over all of them, yet no waker ever waited, and
+/// once in ten wake-ups, a bound of up to 25 % over all of them, yet no waker ever waited, and
 /// holding (Gleaner's, or haltpoll's 200 µs poll set by hand) cost it 4-12 % of its
 /// throughput: faster wake-ups only handed its locks over more often. In the ping-pong 99 %
 /// of the wakers waited. The second condition keeps the bound whole where every wake-up
 /// finds a halted vCPU and the wakers run on: a barrier's last arrival releasing the others,
 /// or a thread's own timer, whose latency delays the workload although no waker idles (the
-/// policy lab's barrier, lock and timer scenarios on dedicated hosts gain 4-21 % from holds).
+/// policy lab's barrier, lock and timer scenarios on dedicated hosts gain 5-21 % from holds).
 pub fn hold_gain_bound(sample: &PeriodSample, break_even_ns: u64) -> Option<f64> {
     let w = sample.wake_latency.as_ref()?;
     let nobody_waits = (w.halted_waited as f64) < MAX_WAITED_SHARE * w.halted.count as f64
