@@ -364,7 +364,10 @@ def main() -> int:
     ap.add_argument("--sampler", default="auto", choices=["auto", "bpf", "procfs"], help="sampler for the wall-time pairs")
     ap.add_argument("--parts", default="startup,wall,self-cpu,bpf-cost")
     ap.add_argument("--only", default="", help="comma-separated wall workloads to run (default all)")
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument(
+        "--out", type=Path, default=None,
+        help="where the JSON results go (default results/overhead-DATE.json); the Markdown table goes beside it, with .md",
+    )
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("overhead: needs root (BPF sampler, kernel.bpf_stats_enabled); run it with sudo", file=sys.stderr)
