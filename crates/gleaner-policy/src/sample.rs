@@ -180,9 +180,7 @@ impl LatencyHistogram {
     /// Every count and the sum multiplied by `num / den` (rounded): what wake-ups measured in
     /// `den` ns of a period stand for over its `num` ns. Quantiles do not change.
     pub fn scaled(&self, num: u64, den: u64) -> LatencyHistogram {
-        let den = den.max(1) as u128;
-        let scale =
-            |x: u64| ((x as u128 * num as u128 + den / 2) / den).min(u64::MAX as u128) as u64;
+        let scale = |x: u64| scale_count(x, num, den);
         let mut h = self.clone();
         for b in h.buckets.iter_mut() {
             *b = scale(*b);
@@ -237,6 +235,13 @@ pub struct WakeLatencies {
     pub halted_waited: u64,
 }
 
+/// `x * num / den`, rounded to nearest, without overflow: a count measured over `den` ns
+/// standing for `num` ns.
+fn scale_count(x: u64, num: u64, den: u64) -> u64 {
+    let den = den.max(1) as u128;
+    ((x as u128 * num as u128 + den / 2) / den).min(u64::MAX as u128) as u64
+}
+
 impl WakeLatencies {
     pub fn merge(&mut self, other: &WakeLatencies) {
         self.running.merge(&other.running);
@@ -255,9 +260,7 @@ impl WakeLatencies {
             running: self.running.scaled(num, den),
             polling: self.polling.scaled(num, den),
             halted: self.halted.scaled(num, den),
-            halted_waited: ((self.halted_waited as u128 * num as u128 + den.max(1) as u128 / 2)
-                / den.max(1) as u128)
-                .min(u64::MAX as u128) as u64,
+            halted_waited: scale_count(self.halted_waited, num, den),
         }
     }
 }
@@ -274,6 +277,7 @@ mod latency_tests {
         }
         let w = WakeLatencies {
             halted: h.clone(),
+            halted_waited: 3,
             ..WakeLatencies::default()
         };
         // Measured over 20 ms of a 100 ms period: five times as many wake-ups.
@@ -282,6 +286,7 @@ mod latency_tests {
         assert_eq!(s.halted.sum_ns, h.sum_ns * 5);
         assert_eq!(s.halted.quantile_ns(0.5), h.quantile_ns(0.5));
         assert_eq!(s.running.count, 0);
+        assert_eq!(s.halted_waited, 15);
         assert_eq!(w.scaled(7, 7), w);
     }
 
