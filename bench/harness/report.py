@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import statistics
 
-from .stats import Speedup, Summary, format_value, speedup, summarise
+from .stats import PairedRatio, Speedup, Summary, format_value, paired_ratio, speedup, summarise
+
+#: Issue 16's targets for `gleaner run` on a real guest: never more than 3 % below running the
+#: program as is, and within 5 % of the best fixed setting (doing nothing included).
+BASELINE_MARGIN = 0.97
+BEST_STATIC_MARGIN = 0.95
 
 
 def config_summary(workload: dict, config: str) -> Summary | None:
@@ -24,6 +29,39 @@ def config_speedup(workload: dict, config: str) -> Speedup | None:
     if base is None or mine is None:
         return None
     return speedup(mine, base, workload["higher_is_better"])
+
+
+def values_by_rep(workload: dict, config: str) -> dict[int, float]:
+    """The successful runs of `config`, keyed by repetition."""
+    return {run["rep"]: run["value"] for run in workload["runs"] if run["config"] == config and run["ok"]}
+
+
+def config_paired(workload: dict, config: str, against: str = "baseline") -> PairedRatio | None:
+    """`config` against `against`, paired by repetition (>1: `config` better)."""
+    return paired_ratio(values_by_rep(workload, config), values_by_rep(workload, against),
+                        workload["higher_is_better"])
+
+
+def best_static(workload: dict, configs: list[str]) -> str | None:
+    """The fixed setting (every configuration but `gleaner`, `baseline` included) with the best
+    median."""
+    medians = {c: s.median for c in configs if c != "gleaner" and (s := config_summary(workload, c))}
+    if not medians:
+        return None
+    pick = max if workload["higher_is_better"] else min
+    return pick(medians, key=medians.get)
+
+
+def target_check(ratio: PairedRatio | None, margin: float) -> str:
+    """Whether Gleaner's paired ratio meets `margin`: met by the median, missed with the whole
+    interval below it (a loss shown), or missed by a median whose interval still reaches it."""
+    if ratio is None:
+        return "no pairs"
+    if ratio.median >= margin:
+        return "met"
+    if ratio.high < margin:
+        return "**not met**"
+    return "not met by the median; the interval reaches it"
 
 
 def mean_idle_rate(workload: dict, config: str) -> float | None:
@@ -54,6 +92,9 @@ def summarise_workload(workload: dict, configs: list[str]) -> dict:
             "speedup_max": ratio.high if ratio else None,
             "idle_per_s_per_vcpu": mean_idle_rate(workload, config),
         }
+        if config != "baseline" and (paired := config_paired(workload, config)):
+            block[config]["paired_speedup"] = {"pairs": paired.n, "median": paired.median,
+                                               "low95": paired.low, "high95": paired.high}
     return block
 
 
@@ -72,6 +113,30 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return lines
+
+
+def _gleaner_against_static(results: dict, configs: list[str]) -> list[str]:
+    others = [c for c in configs if c != "gleaner"]
+    lines = ["Gleaner against each fixed setting, paired by repetition: median of the per-repetition "
+             "ratios (>1: Gleaner better) [95 % bootstrap interval of that median]; the targets are "
+             f"×{BASELINE_MARGIN:.2f} of baseline and ×{BEST_STATIC_MARGIN:.2f} of the best fixed setting "
+             "(by median, baseline included).", ""]
+    rows = []
+    for workload in results["workloads"]:
+        if workload.get("error"):
+            continue
+        cells = []
+        for other in others:
+            r = config_paired(workload, "gleaner", other)
+            cells.append(f"×{r.median:.2f} [{r.low:.2f}, {r.high:.2f}]" if r else "–")
+        best = best_static(workload, others)
+        checks = [f"baseline: {target_check(config_paired(workload, 'gleaner'), BASELINE_MARGIN)}"]
+        if best is not None and best != "baseline":
+            checks.append(f"best ({best}): {target_check(config_paired(workload, 'gleaner', best), BEST_STATIC_MARGIN)}")
+        elif best == "baseline":
+            checks.append("best: baseline")
+        rows.append([workload["name"]] + cells + ["; ".join(checks)])
+    return lines + _table(["gleaner vs"] + others + ["targets"], rows) + [""]
 
 
 def markdown(results: dict) -> str:
@@ -107,6 +172,8 @@ def markdown(results: dict) -> str:
         rows.append([label] + [_cell(workload["summary"][config]) for config in configs])
     lines += _table(["workload"] + configs, rows)
     lines.append("")
+    if "gleaner" in configs and "baseline" in configs:
+        lines += _gleaner_against_static(results, configs)
     lines.append("Idle transitions per second per vCPU (median over runs of the mean over vCPUs):")
     lines.append("")
     idle_rows = []

@@ -7,6 +7,7 @@ both the typical value and how far the worst and best runs strayed.
 
 from __future__ import annotations
 
+import random
 import statistics
 from dataclasses import dataclass
 
@@ -49,6 +50,46 @@ def speedup(config: Summary, baseline: Summary, higher_is_better: bool) -> Speed
         return None
     # Lower is better (a time): the slowest run (max) is the worst speedup.
     return Speedup(baseline.median / config.median, baseline.median / config.max, baseline.median / config.min)
+
+
+@dataclass(frozen=True)
+class PairedRatio:
+    """How a configuration compares with another run in the same repetition (>1 is better).
+
+    `median` is the median of the per-repetition ratios; `low`/`high` bound a 95 % bootstrap
+    interval of that median. Pairing by repetition takes out the host's drift between
+    repetitions, and the interval says how far the median itself may be from the truth: on
+    the haltpoll guest one run of `sysbench threads` strays ±15 % from the next (σ ≈ 7 %), so
+    a median of 5 ratios is uncertain by several percent either way, more than the 3-5 %
+    margins it is judged against (results/overhead-presence-2026-11-25/).
+    """
+
+    n: int
+    median: float
+    low: float
+    high: float
+
+
+#: Bootstrap resamples behind a `PairedRatio` interval; seeded, so a report is reproducible.
+BOOTSTRAP_RESAMPLES = 2000
+
+
+def paired_ratio(mine: dict[int, float], other: dict[int, float], higher_is_better: bool,
+                 seed: int = 0) -> PairedRatio | None:
+    """`mine` against `other`, values keyed by repetition; only repetitions with both count.
+    None without a pair or with a zero that makes a ratio meaningless."""
+    reps = sorted(set(mine) & set(other))
+    if higher_is_better:
+        pairs = [(mine[r], other[r]) for r in reps]
+    else:
+        pairs = [(other[r], mine[r]) for r in reps]
+    if not pairs or any(den == 0 for _, den in pairs):
+        return None
+    ratios = [num / den for num, den in pairs]
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(BOOTSTRAP_RESAMPLES))
+    tail = int(0.025 * BOOTSTRAP_RESAMPLES)
+    return PairedRatio(len(ratios), statistics.median(ratios), medians[tail], medians[-1 - tail])
 
 
 def format_value(value: float) -> str:

@@ -92,3 +92,31 @@ def test_suite_records_the_commit_it_measured():
     commit = runner.source_commit()
     # This test runs inside the repository: a 40-hex commit, marked when the tree is dirty.
     assert len(commit.removesuffix("-dirty")) == 40, commit
+
+
+def test_gleaner_is_judged_against_every_fixed_setting_paired_by_repetition(results):
+    text = report.markdown(results)
+    assert "| gleaner vs | baseline | targets |" in text
+    # Reps 0 and 2 have both runs (rep 1's gleaner run failed): 150/100 and 165/110.
+    assert "| sysbench-threads | ×1.50 [1.50, 1.50] | baseline: met; best: baseline |" in text
+    assert "| sysbench-mutex | ×2.00 [2.00, 2.00] | baseline: met; best: baseline |" in text
+    paired = results["workloads"][0]["summary"]["gleaner"]["paired_speedup"]
+    assert paired == {"pairs": 2, "median": 1.5, "low95": 1.5, "high95": 1.5}
+
+
+def test_target_check_tells_a_shown_loss_from_noise():
+    from harness.stats import PairedRatio
+
+    assert report.target_check(PairedRatio(8, 0.99, 0.95, 1.02), 0.97) == "met"
+    assert report.target_check(PairedRatio(8, 0.95, 0.93, 0.99), 0.97) == "not met by the median; the interval reaches it"
+    assert report.target_check(PairedRatio(8, 0.90, 0.85, 0.94), 0.97) == "**not met**"
+    assert report.target_check(None, 0.97) == "no pairs"
+
+
+def test_best_static_includes_baseline_and_follows_the_metric_direction(results):
+    workload = results["workloads"][0]
+    workload["runs"].append(run("one-vcpu", 0, 500.0))
+    assert report.best_static(workload, ["baseline", "one-vcpu", "gleaner"]) == "one-vcpu"
+    timed = results["workloads"][1]
+    timed["runs"].append(run("one-vcpu", 0, 3.0))
+    assert report.best_static(timed, ["baseline", "one-vcpu"]) == "baseline"

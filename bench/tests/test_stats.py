@@ -45,3 +45,35 @@ def test_speedup_with_zero_is_none():
 )
 def test_format_value(value, text):
     assert format_value(value) == text
+
+
+def test_paired_ratio_pairs_by_repetition_and_orients_to_better():
+    from harness.stats import paired_ratio
+
+    mine = {0: 110.0, 1: 90.0, 2: 100.0}
+    other = {0: 100.0, 1: 100.0, 3: 50.0}  # rep 2 and 3 have no partner
+    r = paired_ratio(mine, other, higher_is_better=True)
+    assert r.n == 2 and r.median == pytest.approx(1.0)
+    assert r.low == pytest.approx(0.9) and r.high == pytest.approx(1.1)
+    # A time: half the time is twice as good.
+    t = paired_ratio({0: 1.0}, {0: 2.0}, higher_is_better=False)
+    assert (t.n, t.median, t.low, t.high) == (1, 2.0, 2.0, 2.0)
+    assert paired_ratio({0: 1.0}, {1: 1.0}, True) is None
+    assert paired_ratio({0: 1.0}, {0: 0.0}, True) is None
+
+
+def test_paired_ratio_interval_is_reproducible_and_narrows_with_more_pairs():
+    import random
+
+    from harness.stats import paired_ratio
+
+    rng = random.Random(7)
+    def draw(n):
+        base = {i: 100.0 * rng.uniform(0.85, 1.15) for i in range(n)}
+        return {i: v * rng.uniform(0.9, 1.1) for i, v in base.items()}, base
+    few, many = draw(6), draw(200)
+    a = paired_ratio(*few, higher_is_better=True)
+    assert a == paired_ratio(*few, higher_is_better=True)  # seeded bootstrap
+    b = paired_ratio(*many, higher_is_better=True)
+    assert a.low <= a.median <= a.high and b.low <= b.median <= b.high
+    assert b.high - b.low < (a.high - a.low) / 2
