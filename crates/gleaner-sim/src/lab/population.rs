@@ -185,9 +185,9 @@ pub fn population(set: LabSet, duration: Ns) -> Vec<LabScenario> {
                 HostPolicy::Cfs
             };
             let grain_ns = grain * set.grain_factor();
-            // Phases need time to show: twice the run, so each phase lasts several periods.
+            // Phases need time to show: each lasts a whole run of the other kinds.
             let duration_ns = if kind.is_phased() {
-                2 * duration
+                PHASES_PER_RUN * duration
             } else {
                 duration
             };
@@ -235,8 +235,13 @@ impl GuestChoice {
     }
 }
 
-/// Phases of the phase-changing kinds last this long (in simulated time).
-const PHASE_NS: Ns = 500 * MS;
+/// Phases in a phase-changing scenario's run: fine, coarse, fine, coarse (thread counts:
+/// all, few, all, few), so that a policy must also notice the change back. Each phase lasts
+/// as long as a run of the other kinds (2 s by default): "every few seconds", as a program
+/// whose input or thread count changes does, and as issue 16 asks. Half a second (five
+/// 100 ms periods) was used first: shorter than the start-up, a first change and its verdict
+/// together, so no period-based policy could use a phase before it ended.
+const PHASES_PER_RUN: u64 = 4;
 
 fn c(d: Dist) -> Op {
     Op::Compute(d)
@@ -253,6 +258,7 @@ fn workload(
     kind: Kind,
     grain: Ns,
     n: usize,
+    phase_ns: Ns,
 ) -> (
     Vec<ThreadGroup>,
     BTreeMap<String, usize>,
@@ -351,10 +357,10 @@ fn workload(
             vec![c(jitter(grain)), Op::Sleep(Dist::Exp(grain))],
         )],
         Kind::PhaseGrain => {
-            // One loop = a fine phase then a coarse phase, each about PHASE_NS long.
+            // One loop = a fine phase then a coarse phase, each about `phase_ns` long.
             let coarse = grain * 100;
-            let fine_rounds = (PHASE_NS / (grain + 40 * US)).max(1);
-            let coarse_rounds = (PHASE_NS / coarse).max(1);
+            let fine_rounds = (phase_ns / (grain + 40 * US)).max(1);
+            let coarse_rounds = (phase_ns / coarse).max(1);
             let mut program = Vec::new();
             for _ in 0..fine_rounds {
                 program.push(c(jitter(grain)));
@@ -370,7 +376,7 @@ fn workload(
             // A quarter of the threads synchronize at the grain all the time; the others join
             // them for one phase and sleep through the next.
             let few = (n / 4).max(1);
-            let rounds = (PHASE_NS / (grain + 40 * US)).max(1);
+            let rounds = (phase_ns / (grain + 40 * US)).max(1);
             let mut program = Vec::new();
             for _ in 0..rounds {
                 program.push(c(jitter(grain)));
@@ -378,7 +384,7 @@ fn workload(
             }
             barriers.insert(name("all"), n);
             let mut sleepers = program.clone();
-            sleepers.push(Op::Sleep(Dist::Const(PHASE_NS)));
+            sleepers.push(Op::Sleep(Dist::Const(phase_ns)));
             // The steady quarter also waits for the others' phase at the barrier, and then
             // keeps a private pace in their sleep: model it as its own fine loop.
             let mut steady = program;
@@ -460,7 +466,9 @@ impl LabScenario {
         );
         let path = std::path::Path::new(&self.name);
         let mut s = Scenario::from_str(&base, path)?;
-        let (threads, queues, barriers) = workload(self.kind, self.grain_ns, self.vcpus);
+        let phase_ns = self.duration_ns / PHASES_PER_RUN;
+        let (threads, queues, barriers) =
+            workload(self.kind, self.grain_ns, self.vcpus, phase_ns);
         let mut bench = vm("bench", self.vcpus, threads);
         bench.queues = queues;
         bench.barriers = barriers;
