@@ -77,3 +77,16 @@ def test_paired_ratio_interval_is_reproducible_and_narrows_with_more_pairs():
     b = paired_ratio(*many, higher_is_better=True)
     assert a.low <= a.median <= a.high and b.low <= b.median <= b.high
     assert b.high - b.low < (a.high - a.low) / 2
+
+
+def test_overhead_says_undecided_where_the_interval_straddles_the_target():
+    import overhead
+
+    assert overhead.within_target(0.99, 1.008) == "yes"
+    assert overhead.within_target(1.012, 1.03) == "no"
+    assert overhead.within_target(1.003, 1.021) == "undecided"
+    low, high = overhead.cost_interval([1.02, 1.00, 1.04, 0.98], [1.0, 1.0, 1.0, 1.0])
+    assert low <= 1.01 <= high
+    # A row from before the intervals keeps its median verdict, labelled as such.
+    assert overhead.verdict({"own_within_1pct": True}, "own_within_1pct") == "yes (median only)"
+    assert overhead.interval({}, "own_ratio_interval95") == ""
