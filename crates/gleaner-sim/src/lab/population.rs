@@ -467,8 +467,7 @@ impl LabScenario {
         let path = std::path::Path::new(&self.name);
         let mut s = Scenario::from_str(&base, path)?;
         let phase_ns = self.duration_ns / PHASES_PER_RUN;
-        let (threads, queues, barriers) =
-            workload(self.kind, self.grain_ns, self.vcpus, phase_ns);
+        let (threads, queues, barriers) = workload(self.kind, self.grain_ns, self.vcpus, phase_ns);
         let mut bench = vm("bench", self.vcpus, threads);
         bench.queues = queues;
         bench.barriers = barriers;
