@@ -19,8 +19,7 @@ BEST_STATIC_MARGIN = 0.95
 
 def config_summary(workload: dict, config: str) -> Summary | None:
     """Median/min/max of the successful runs of `config` for one workload record."""
-    values = [run["value"] for run in workload["runs"] if run["config"] == config and run["ok"]]
-    return summarise(values)
+    return summarise(list(values_by_rep(workload, config).values()))
 
 
 def config_speedup(workload: dict, config: str) -> Speedup | None:
