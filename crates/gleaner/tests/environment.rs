@@ -286,10 +286,14 @@ fn a_stall_is_counted_its_period_discarded_and_the_loop_carries_on() {
         resumed,
         "no discarded period, or no periods after the stall: {after}\n{err}"
     );
-    // 1.2 s at 50 ms periods; the idle workload is sampled every 150 ms, so deadlines are
-    // checked at 15 ms slices only while busy: any count of whole periods above 10 will do.
+    // 1.2 s at 50 ms periods, counted in whole periods of the schedule in effect: 24 while
+    // the workload is busy, but this one (`sleep`) is idle, and an idle workload's periods
+    // are stretched threefold (the controller's IDLE_STRETCH), so 8 or 9 of 150 ms. A fresh
+    // clone's CI counted 9 against a bound of "above 10" that held only while the first
+    // periods still ran at the busy rate. At least the 1 s the next assertion checks, in the
+    // longest periods: 1000 / 150 = 6.
     assert!(
-        after["missed_periods"].as_u64() > Some(10),
+        after["missed_periods"].as_u64() >= Some(1000 / (50 * 3)),
         "the stall was not counted: {after}"
     );
     assert!(after["max_late_ms"].as_f64() > Some(1000.0), "{after}");
