@@ -692,13 +692,20 @@ impl Sampler {
         let period_ns = now_ns.saturating_sub(self.prev_time_ns).max(1);
         self.prev_time_ns = now_ns;
         // A window opened by `begin_window` measured until now, however late this read is.
-        let covered_ns = if self.window_at_end {
+        let mut covered_ns = if self.window_at_end {
             now_mono.saturating_sub(self.window.start_ns)
         } else {
             self.window.covered_ns(now_mono)
+        };
+        // The programs ended the window themselves, its event budget spent: it covered
+        // only up to there, and like any partial window its counts stand for the period
+        // while the workload's CPU time is read whole (the programs stopped counting it).
+        let cut = self.kernel.as_ref().and_then(|k| k.window_cut_at());
+        if let Some(cut) = cut {
+            covered_ns = covered_ns.min(cut.saturating_sub(self.window.start_ns));
         }
-        .clamp(1, period_ns);
-        let windowed = self.window.len_ns.is_some();
+        let covered_ns = covered_ns.clamp(1, period_ns);
+        let windowed = self.window.len_ns.is_some() || cut.is_some();
         let mut vcpus = Vec::with_capacity(self.cpus.len());
         let mut spare = Vec::with_capacity(self.cpus.len());
         let mut wake = WakeLatencies::default();

@@ -327,6 +327,77 @@ fn timeline_wake_count(lines: &[serde_json::Value], state: &str) -> u64 {
         .sum()
 }
 
+/// A workload that sleeps first and then hands messages back and forth: its first periods
+/// are quiet, so their measurement window lasts the whole period, and the window it turns busy
+/// in must not measure it event by event to the end, nor leave the next period with its
+/// switches uncounted. Before the programs ended such a window themselves (their event
+/// budget), every other period measured all of `sysbench threads` and the one between it
+/// counted almost no switches (g_comp 130 ms against 2.5 µs), which the policy would have
+/// acted on; the window cut at first took the CPU time with it (utilization 1.4, 0.07, 1.4 ...).
+#[test]
+fn a_workload_that_turns_busy_after_a_quiet_start_is_measured_steadily() {
+    require_machine!();
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let tl = dir.path().join("timeline.jsonl");
+    let script = format!(
+        "sleep 0.4; exec {} workload pingpong --duration 2",
+        gleaner()
+    );
+    let out = Command::new(gleaner())
+        .args(["run", "--observe", "--state-dir"])
+        .arg(dir.path())
+        .arg("--timeline")
+        .arg(&tl)
+        .args(["--", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let branch = if err.contains("sampler bpf") {
+        "bpf"
+    } else {
+        "procfs"
+    };
+    let lines = timeline(&tl);
+    // The busy periods: after the first with half a vCPU of work (the workload turned busy
+    // inside it, so its counts mix the quiet part and the start), less the last (the
+    // workload ends inside it).
+    let busy: Vec<(f64, f64)> = lines
+        .iter()
+        .map(|l| {
+            let c = &l["characteristics"];
+            (
+                c["total_util"].as_f64().unwrap_or(0.0),
+                c["g_comp_ns"].as_f64().unwrap_or(0.0),
+            )
+        })
+        .skip_while(|(u, _)| *u < 0.5)
+        .skip(1)
+        .collect();
+    let busy = &busy[..busy.len().saturating_sub(1)];
+    eprintln!("{branch} branch: busy periods (utilization, g_comp ns): {busy:?}");
+    assert!(busy.len() >= 8, "too few busy periods: {busy:?}");
+    let mut utils: Vec<f64> = busy.iter().map(|b| b.0).collect();
+    utils.sort_by(f64::total_cmp);
+    let median = utils[utils.len() / 2];
+    // A ping-pong's utilization moves a little from period to period; a period measured at a
+    // fraction of the median is the sampler, not the workload.
+    assert!(
+        utils[0] > 0.5 * median,
+        "a busy period measured at {:.2} vCPUs against a median of {median:.2}: {busy:?}",
+        utils[0]
+    );
+    // Hand-offs every few microseconds: a period whose switches went uncounted shows a grain
+    // of most of the period.
+    let worst_grain = busy.iter().map(|b| b.1).fold(0.0, f64::max);
+    assert!(
+        worst_grain < 1e6,
+        "a busy period with {worst_grain:.0} ns between switches: {busy:?}"
+    );
+}
+
 #[test]
 fn observe_ends_with_the_workloads_wake_latency_by_vcpu_state() {
     require_machine!();

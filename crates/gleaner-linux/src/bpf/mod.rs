@@ -118,6 +118,9 @@ pub struct KernelSampler {
     skel: SamplerSkel<'static>,
     /// Thread groups this side put in `workload_tgids` (fork adds children on its own).
     tgids: HashSet<u32>,
+    /// The end the current window was opened with (`u64::MAX`: none), to tell whether the
+    /// programs ended it early ([`KernelSampler::window_cut_at`]).
+    given_end_ns: u64,
 }
 
 /// Sends libbpf's messages to the debug log: a failed load is reported once, by the caller,
@@ -229,6 +232,7 @@ impl KernelSampler {
         Ok(Self {
             skel,
             tgids: HashSet::new(),
+            given_end_ns: u64::MAX,
         })
     }
 
@@ -314,9 +318,18 @@ impl KernelSampler {
         }
         if let Some(data) = self.skel.maps.data_data.as_deref_mut() {
             data.window_end_ns = end_ns.unwrap_or(u64::MAX);
+            self.given_end_ns = data.window_end_ns;
+            data.window_cpu_events = crate::sampler::WINDOW_EVENTS;
             // Last: the programs test this flag first, and the window must be set by then.
             data.measuring = 1;
         }
+    }
+
+    /// Where the programs ended the current window themselves, its event budget spent
+    /// (`window_cpu_events` in sampler.bpf.c); `None` while it runs to the end it was given.
+    pub fn window_cut_at(&self) -> Option<u64> {
+        let end = self.skel.maps.data_data.as_deref()?.window_end_ns;
+        (end < self.given_end_ns).then_some(end)
     }
 
     /// Every possible CPU's cumulative counters, indexed by CPU id: one map lookup.
@@ -469,5 +482,77 @@ mod tests {
         assert!(switches >= 200, "{switches}");
         let work: u64 = after.iter().map(|c| c.work_ns).sum();
         assert!(work > 0);
+    }
+
+    /// A window opened without an end (sized for a quiet workload) that meets a busy one
+    /// ends itself once a CPU has measured its budget, and says where; the programs then stop
+    /// measuring, so the window's counts stay near the budget however busy the workload is.
+    #[test]
+    fn a_window_without_end_ends_itself_once_a_cpu_spent_its_event_budget() {
+        const NAME: &str = "a_window_without_end_ends_itself_once_a_cpu_spent_its_event_budget";
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("{NAME}: skipped: needs root");
+            return;
+        }
+        let nr = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        let mut k = match KernelSampler::load(Path::new("/sys"), None, nr) {
+            Ok(k) => k,
+            Err(why) => {
+                eprintln!("{NAME}: skipped: {why}");
+                return;
+            }
+        };
+        k.set_workload(&[std::process::id()]);
+        k.set_active(0..nr);
+        k.set_scheduler_programs(true).unwrap();
+        let start = gleaner_sys::clock::monotonic_ns();
+        k.open_window(start, None);
+        assert_eq!(k.window_cut_at(), None, "a fresh window runs to its end");
+        let before = k.read().unwrap();
+        // 20,000 hand-offs: at least 40,000 switches, ten times any CPU's budget.
+        let (tx, rx) = std::sync::mpsc::channel::<u32>();
+        let (tx2, rx2) = std::sync::mpsc::channel::<u32>();
+        let t = std::thread::spawn(move || {
+            for v in rx.iter() {
+                if tx2.send(v).is_err() {
+                    break;
+                }
+            }
+        });
+        for i in 0..20_000 {
+            tx.send(i).unwrap();
+            rx2.recv().unwrap();
+        }
+        drop(tx);
+        t.join().unwrap();
+        let after = k.read().unwrap();
+        let cut = k
+            .window_cut_at()
+            .expect("the budget was spent: the window ended itself");
+        let end = gleaner_sys::clock::monotonic_ns();
+        assert!(
+            start <= cut && cut <= end,
+            "cut at {cut} outside {start}..{end}"
+        );
+        // Each CPU measured its budget, then at most what the grace time for in-flight
+        // wake-ups (2 ms) adds: nowhere near the 40,000 switches.
+        let most = after
+            .iter()
+            .zip(&before)
+            .map(|(a, b)| a.events - b.events)
+            .max()
+            .unwrap_or(0);
+        let wakes: u64 = after.iter().map(|c| c.wake.total_count()).sum::<u64>()
+            - before.iter().map(|c| c.wake.total_count()).sum::<u64>();
+        eprintln!("{NAME}: window cut {} us after it opened; at most {most} events on a CPU, {wakes} wake-ups timed", (cut - start) / 1_000);
+        assert!(most > crate::sampler::WINDOW_EVENTS, "{most}");
+        assert!(
+            most < 3 * crate::sampler::WINDOW_EVENTS,
+            "{most} events on one CPU"
+        );
+        assert!(wakes < 20_000, "{wakes} wake-ups timed");
     }
 }

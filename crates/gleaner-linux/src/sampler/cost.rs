@@ -92,7 +92,10 @@ impl ProcfsBudget {
 /// Scheduler events the BPF sampler measures per period at most: the measurement window is
 /// sized from the last period's event rate so that no more fall into it. 2,000 events of
 /// about 150 ns are 0.3 ms of a 100 ms period: a workload with fewer is measured throughout,
-/// a ping-pong at 200,000 hand-offs a second for a few milliseconds of each period.
+/// a ping-pong at 200,000 hand-offs a second for a few milliseconds of each period. It is
+/// also each CPU's budget inside any one window (`window_cpu_events` in sampler.bpf.c): a
+/// workload that turns busy in a window sized for a quiet period ends that window there,
+/// instead of being measured event by event to the period's end.
 pub const WINDOW_EVENTS: u64 = 2_000;
 
 /// The shortest window, as a fraction of the period: below it the sample of wake-ups in a
