@@ -133,6 +133,106 @@ pub struct ScenarioResult {
     pub bench_vs_none: f64,
     pub system_vs_none: f64,
     pub events: u64,
+    /// Phase-changing scenarios: the best any policy could do by switching between static
+    /// settings at each phase change ([`phase_oracle`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phase_oracle: Option<PhaseOracle>,
+}
+
+/// What switching between static settings at every phase change could gain at most, from
+/// each static setting's throughput in each phase run alone
+/// ([`population::LabScenario::build_phase`]): the ceiling on any adaptive policy's gain
+/// over the best single static setting, so that "Gleaner +x % over the best static setting"
+/// can be read against what there was to take.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct PhaseOracle {
+    /// The setting for each phase (fine grain or all threads; coarse grain or a quarter).
+    pub configs: [String; 2],
+    pub system_speedup: f64,
+    pub bench_speedup: f64,
+    /// The best single static setting, scored by the same per-phase model.
+    pub best_static: String,
+    pub best_static_system: f64,
+    /// oracle / best single static − 1: the most an adaptive policy could gain here.
+    pub headroom: f64,
+}
+
+/// One setting's throughput while the benchmark VM runs one phase alone: the benchmark VM's
+/// compute per second, and each co-runner's, in phase 0 and phase 1.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PhaseRates {
+    pub config: String,
+    pub bench: [f64; 2],
+    pub co_runners: [Vec<f64>; 2],
+}
+
+/// The phase oracle ([`PhaseOracle`]) from each setting's per-phase throughput `rates`, the
+/// phases' shape and the VMs' solo throughputs (`solo[0]` the benchmark VM's). A pass
+/// through phase p under setting c lasts max(min_ns[p], work_ns[p] / its benchmark-VM
+/// rate), and the co-runners run at their rate of that phase meanwhile; the benchmark VM's
+/// speedup and the system's are the time-weighted means over one pass through both phases.
+/// As everywhere in the lab, only choices that keep the benchmark VM within 3 % of the
+/// setting `none` (every vCPU, no hold; scored by the same model) count. Exhaustive over
+/// pairs of settings: a few hundred per scenario.
+pub fn phase_oracle(
+    shape: &population::PhaseShape,
+    rates: &[PhaseRates],
+    solo: &[f64],
+) -> Option<PhaseOracle> {
+    let solo_bench = *solo.first().filter(|s| **s > 0.0)?;
+    let score = |a: &PhaseRates, b: &PhaseRates| -> Option<(f64, f64)> {
+        let t = [
+            phase_time(shape, 0, a.bench[0])?,
+            phase_time(shape, 1, b.bench[1])?,
+        ];
+        let total = t[0] + t[1];
+        let bench = (shape.work_ns[0] + shape.work_ns[1]) / total / solo_bench;
+        let co: f64 = (0..a.co_runners[0].len().min(b.co_runners[1].len()))
+            .map(|j| match solo.get(j + 1) {
+                Some(&s) if s > 0.0 => {
+                    (a.co_runners[0][j] * t[0] + b.co_runners[1][j] * t[1]) / total / s
+                }
+                _ => 0.0,
+            })
+            .sum();
+        Some((bench, bench + co))
+    };
+    let none = rates.iter().find(|r| r.config == "none")?;
+    let (none_bench, _) = score(none, none)?;
+    let floor = 0.97 * none_bench;
+    let mut best_static: Option<(&PhaseRates, f64)> = None;
+    let mut best: Option<(&PhaseRates, &PhaseRates, f64, f64)> = None;
+    for (i, a) in rates.iter().enumerate() {
+        for (k, b) in rates.iter().enumerate() {
+            let Some((bench, system)) = score(a, b) else {
+                continue;
+            };
+            if bench < floor {
+                continue;
+            }
+            if i == k && best_static.is_none_or(|(_, s)| system > s) {
+                best_static = Some((a, system));
+            }
+            if best.is_none_or(|(_, _, _, s)| system > s) {
+                best = Some((a, b, bench, system));
+            }
+        }
+    }
+    let (st, st_system) = best_static?;
+    let (a, b, bench, system) = best?;
+    Some(PhaseOracle {
+        configs: [a.config.clone(), b.config.clone()],
+        system_speedup: system,
+        bench_speedup: bench,
+        best_static: st.config.clone(),
+        best_static_system: st_system,
+        headroom: system / st_system.max(1e-12) - 1.0,
+    })
+}
+
+/// How long one pass through phase `p` lasts at a benchmark-VM rate of `rate`.
+fn phase_time(shape: &population::PhaseShape, p: usize, rate: f64) -> Option<f64> {
+    (rate > 0.0).then(|| (shape.work_ns[p] / rate).max(shape.min_ns[p]))
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -155,6 +255,9 @@ pub struct SetSummary {
     pub system_below_none: usize,
     /// Phase-changing scenarios: Gleaner's system speedup over the best static one, minus 1.
     pub phased_gain_over_best_static: Vec<(String, f64)>,
+    /// Phase-changing scenarios: the phase oracle's gain over the best single static
+    /// setting, the ceiling on any adaptive policy's ([`PhaseOracle::headroom`]).
+    pub phased_headroom: Vec<(String, f64)>,
     /// Spearman rank correlation, over every scenario's configurations, between a period
     /// signal and the benchmark VM's throughput (both relative to the scenario's `none`).
     pub correlation_util_vs_throughput: f64,
@@ -182,6 +285,12 @@ enum Job {
     Solo {
         scenario: usize,
         vm: usize,
+    },
+    /// A phase-changing scenario with the benchmark VM in one phase only.
+    Phase {
+        scenario: usize,
+        choice: GuestChoice,
+        phase: usize,
     },
 }
 
@@ -224,6 +333,15 @@ fn run_jobs(
                             },
                             Some(*vm),
                         )?,
+                        Job::Phase {
+                            scenario,
+                            choice,
+                            phase,
+                        } => scenarios[*scenario]
+                            .build_phase(*choice, *phase)
+                            .ok_or_else(|| {
+                                anyhow::anyhow!("a phase job for a scenario without phases")
+                            })??,
                     };
                     let (report, samples) = Sim::new(&scenario).run_keeping_samples();
                     Ok(Outcome { report, samples })
@@ -304,6 +422,20 @@ pub fn spearman(pairs: &[(f64, f64)]) -> f64 {
     }
 }
 
+/// The per-phase runs of a phase-changing scenario, in pairs (phase 0, phase 1) per static
+/// setting (`none` and every `static-*`): what [`phase_oracle`] needs. Empty for other
+/// kinds.
+fn phase_runs(s: &LabScenario) -> Vec<(GuestChoice, usize)> {
+    if !s.kind.is_phased() {
+        return Vec::new();
+    }
+    s.choices()
+        .into_iter()
+        .filter(|c| c.active_vcpus.is_some() || c.label() == "none")
+        .flat_map(|c| [(c, 0), (c, 1)])
+        .collect()
+}
+
 /// Run the lab and return its report (files are written by [`output`]).
 pub fn run_lab(args: &LabArgs, machine: Machine) -> anyhow::Result<LabReport> {
     let started = std::time::Instant::now();
@@ -330,12 +462,21 @@ pub fn run_lab(args: &LabArgs, machine: Machine) -> anyhow::Result<LabReport> {
         for vm in 0..s.vm_count() {
             jobs.push(Job::Solo { scenario: i, vm });
         }
+        for (choice, phase) in phase_runs(s) {
+            jobs.push(Job::Phase {
+                scenario: i,
+                choice,
+                phase,
+            });
+        }
     }
     // Longest first, so that the last jobs are short and both workers finish together.
     let mut order: Vec<usize> = (0..jobs.len()).collect();
     order.sort_by_key(|&j| {
         let s = match &jobs[j] {
-            Job::Config { scenario, .. } | Job::Solo { scenario, .. } => &scenarios[*scenario],
+            Job::Config { scenario, .. }
+            | Job::Solo { scenario, .. }
+            | Job::Phase { scenario, .. } => &scenarios[*scenario],
         };
         std::cmp::Reverse(s.duration_ns / s.grain_ns.max(1) * s.vcpus as u64)
     });
@@ -364,11 +505,35 @@ pub fn run_lab(args: &LabArgs, machine: Machine) -> anyhow::Result<LabReport> {
             .filter_map(|k| outcomes[k].as_ref())
             .map(|o| rate(&o.report, 0))
             .collect();
-        j += choices.len() + n_vms;
+        let phased = phase_runs(s);
+        let phase_start = j + choices.len() + n_vms;
+        let phase_outcomes: Vec<&Outcome> = (phase_start..phase_start + phased.len())
+            .filter_map(|k| outcomes[k].as_ref())
+            .collect();
+        j = phase_start + phased.len();
         anyhow::ensure!(
-            config_outcomes.len() == choices.len() && solo.len() == n_vms,
+            config_outcomes.len() == choices.len()
+                && solo.len() == n_vms
+                && phase_outcomes.len() == phased.len(),
             "lab results are incomplete"
         );
+        let phase_oracle = s.phase_shape().and_then(|shape| {
+            // Runs come in pairs per setting: phase 0, then phase 1.
+            let rates: Vec<PhaseRates> = phased
+                .chunks(2)
+                .zip(phase_outcomes.chunks(2))
+                .filter(|(c, o)| c.len() == 2 && o.len() == 2)
+                .map(|(c, o)| PhaseRates {
+                    config: c[0].0.label(),
+                    bench: [rate(&o[0].report, 0), rate(&o[1].report, 0)],
+                    co_runners: [
+                        (1..n_vms).map(|vm| rate(&o[0].report, vm)).collect(),
+                        (1..n_vms).map(|vm| rate(&o[1].report, vm)).collect(),
+                    ],
+                })
+                .collect();
+            phase_oracle(&shape, &rates, &solo)
+        });
         total_events += config_outcomes.iter().map(|o| o.report.events).sum::<u64>();
         let configs: Vec<ConfigResult> = choices
             .iter()
@@ -430,8 +595,10 @@ pub fn run_lab(args: &LabArgs, machine: Machine) -> anyhow::Result<LabReport> {
             regret_any: 1.0 - gleaner.system_speedup / best_any.system_speedup.max(1e-12),
             bench_vs_none: gleaner.bench_speedup / none.bench_speedup.max(1e-12) - 1.0,
             system_vs_none: gleaner.system_speedup / none.system_speedup.max(1e-12) - 1.0,
-            events: config_outcomes.iter().map(|o| o.report.events).sum(),
+            events: config_outcomes.iter().map(|o| o.report.events).sum::<u64>()
+                + phase_outcomes.iter().map(|o| o.report.events).sum::<u64>(),
             configs,
+            phase_oracle,
         });
     }
     let summaries = sets.iter().map(|&set| summarize(set, &results)).collect();
@@ -498,6 +665,14 @@ fn summarize(set: LabSet, results: &[ScenarioResult]) -> SetSummary {
                 )
             })
             .collect(),
+        phased_headroom: rs
+            .iter()
+            .filter_map(|r| {
+                r.phase_oracle
+                    .as_ref()
+                    .map(|o| (r.scenario.name.clone(), o.headroom))
+            })
+            .collect(),
         correlation_util_vs_throughput: spearman(&util_pairs),
         correlation_fallback_signal_vs_throughput: spearman(&signal_pairs),
     }
@@ -506,6 +681,69 @@ fn summarize(set: LabSet, results: &[ScenarioResult]) -> SetSummary {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn rates(config: &str, bench: [f64; 2], co: [f64; 2]) -> PhaseRates {
+        PhaseRates {
+            config: config.into(),
+            bench,
+            co_runners: [vec![co[0]], vec![co[1]]],
+        }
+    }
+
+    /// Two settings, each best in one phase: the oracle switches and gains what the hand
+    /// computation says; where one setting is best in both phases there is nothing to gain;
+    /// a pair that costs the benchmark VM more than 3 % against `none` never counts.
+    #[test]
+    fn the_phase_oracle_switches_where_each_phase_has_its_own_best_setting() {
+        let shape = population::PhaseShape {
+            rounds: [1, 1],
+            work_ns: [1.0, 1.0],
+            min_ns: [0.0, 0.0],
+        };
+        // Solo throughputs 1 (benchmark VM) and 1 (co-runner). `none`: 1.0 in both phases,
+        // co-runner 0.5. `small`: slower in phase 0, faster in phase 1, and leaves the
+        // co-runner more.
+        let r = [
+            rates("none", [1.0, 1.0], [0.5, 0.5]),
+            rates("static-2", [0.5, 2.0], [0.8, 0.8]),
+        ];
+        let o = phase_oracle(&shape, &r, &[1.0, 1.0]).unwrap();
+        // none/none: t = 1 + 1, bench 1, co 0.5: system 1.5. static-2 alone: t = 2 + 0.5,
+        // bench 2/2.5 = 0.8 < 0.97: excluded. none then static-2: t = 1 + 0.5, bench
+        // 2/1.5 = 1.333, co (0.5 x 1 + 0.8 x 0.5)/1.5 = 0.6: system 1.933.
+        assert_eq!(o.configs, ["none".to_string(), "static-2".to_string()]);
+        assert_eq!(o.best_static, "none");
+        assert!((o.system_speedup - (4.0 / 3.0 + 0.6)).abs() < 1e-9, "{o:?}");
+        assert!((o.headroom - ((4.0 / 3.0 + 0.6) / 1.5 - 1.0)).abs() < 1e-9);
+        // A setting best in both phases: the oracle is that setting, no headroom.
+        let r = [
+            rates("none", [1.0, 1.0], [0.5, 0.5]),
+            rates("static-2+retain", [1.2, 1.2], [0.6, 0.6]),
+        ];
+        let o = phase_oracle(&shape, &r, &[1.0, 1.0]).unwrap();
+        assert_eq!(
+            o.configs,
+            ["static-2+retain".to_string(), "static-2+retain".to_string()]
+        );
+        assert!(o.headroom.abs() < 1e-12);
+        // A phase's least duration (the sleepers of phase-threads) bounds a fast setting.
+        let shape = population::PhaseShape {
+            min_ns: [0.0, 2.0],
+            ..shape
+        };
+        let r = [
+            rates("none", [1.0, 1.0], [0.5, 0.5]),
+            rates("static-1", [1.0, 4.0], [0.9, 0.9]),
+        ];
+        let o = phase_oracle(&shape, &r, &[1.0, 1.0]).unwrap();
+        // static-1 in phase 1 finishes its work in 0.25 but the phase lasts 2: only the
+        // co-runner gains. none: t = 1 + 2, bench 2/3, system 2/3 + 0.5.
+        assert_eq!(o.configs[1], "static-1");
+        assert!((o.bench_speedup - 2.0 / 3.0).abs() < 1e-9);
+        // Without `none` or the solo run there is no floor to judge by.
+        assert!(phase_oracle(&shape, &r[1..], &[1.0, 1.0]).is_none());
+        assert!(phase_oracle(&shape, &r, &[0.0, 1.0]).is_none());
+    }
 
     #[test]
     fn quantiles_and_rank_correlation() {
@@ -563,6 +801,10 @@ mod tests {
                     )
                     .unwrap();
                 }
+                for (choice, phase) in phase_runs(&s) {
+                    s.build_phase(choice, phase).unwrap().unwrap();
+                }
+                assert_eq!(s.kind.is_phased(), s.phase_shape().is_some());
             }
         }
     }

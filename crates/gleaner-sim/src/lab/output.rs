@@ -83,11 +83,18 @@ pub fn summary(report: &LabReport) -> String {
         let gains: Vec<String> = s
             .phased_gain_over_best_static
             .iter()
-            .map(|(n, g)| format!("{n} {}", pct(*g)))
+            .map(|(n, g)| {
+                let ceiling = s
+                    .phased_headroom
+                    .iter()
+                    .find(|(m, _)| m == n)
+                    .map_or(String::new(), |(_, h)| format!(" (ceiling {})", pct(*h)));
+                format!("{n} {}{ceiling}", pct(*g))
+            })
             .collect();
         let _ = writeln!(
             out,
-            "\nphase-changing ({}), Gleaner vs best static: {}",
+            "\nphase-changing ({}), Gleaner vs best static (ceiling: what switching static settings at each phase change could gain at most): {}",
             s.set.name(),
             gains.join("; ")
         );

@@ -253,12 +253,15 @@ fn name(s: &str) -> String {
     s.to_string()
 }
 
-/// The benchmark workload: thread groups, queue capacities, barrier parties.
+/// The benchmark workload: thread groups, queue capacities, barrier parties. For a
+/// phase-changing kind, `only_phase` keeps one of its two phases, repeated (see
+/// [`LabScenario::build_phase`]).
 fn workload(
     kind: Kind,
     grain: Ns,
     n: usize,
     phase_ns: Ns,
+    only_phase: Option<usize>,
 ) -> (
     Vec<ThreadGroup>,
     BTreeMap<String, usize>,
@@ -358,17 +361,20 @@ fn workload(
         )],
         Kind::PhaseGrain => {
             // One loop = a fine phase then a coarse phase, each about `phase_ns` long.
+            let shape = phase_shape(kind, grain, n, phase_ns);
             let coarse = grain * 100;
-            let fine_rounds = (phase_ns / (grain + 40 * US)).max(1);
-            let coarse_rounds = (phase_ns / coarse).max(1);
             let mut program = Vec::new();
-            for _ in 0..fine_rounds {
-                program.push(c(jitter(grain)));
-                program.push(Op::Barrier(name("round")));
+            if only_phase != Some(1) {
+                for _ in 0..shape.rounds[0] {
+                    program.push(c(jitter(grain)));
+                    program.push(Op::Barrier(name("round")));
+                }
             }
-            for _ in 0..coarse_rounds {
-                program.push(c(jitter(coarse)));
-                program.push(Op::Barrier(name("round")));
+            if only_phase != Some(0) {
+                for _ in 0..shape.rounds[1] {
+                    program.push(c(jitter(coarse)));
+                    program.push(Op::Barrier(name("round")));
+                }
             }
             vec![group(n, program)]
         }
@@ -376,27 +382,82 @@ fn workload(
             // A quarter of the threads synchronize at the grain all the time; the others join
             // them for one phase and sleep through the next.
             let few = (n / 4).max(1);
-            let rounds = (phase_ns / (grain + 40 * US)).max(1);
+            let rounds = phase_shape(kind, grain, n, phase_ns).rounds[0];
             let mut program = Vec::new();
             for _ in 0..rounds {
                 program.push(c(jitter(grain)));
                 program.push(Op::Barrier(name("all")));
             }
-            barriers.insert(name("all"), n);
-            let mut sleepers = program.clone();
-            sleepers.push(Op::Sleep(Dist::Const(phase_ns)));
+            if only_phase != Some(1) {
+                barriers.insert(name("all"), n);
+            }
+            let mut sleepers = if only_phase == Some(1) {
+                Vec::new()
+            } else {
+                program.clone()
+            };
+            if only_phase != Some(0) {
+                sleepers.push(Op::Sleep(Dist::Const(phase_ns)));
+            }
             // The steady quarter also waits for the others' phase at the barrier, and then
             // keeps a private pace in their sleep: model it as its own fine loop.
-            let mut steady = program;
-            for _ in 0..rounds {
-                steady.push(c(jitter(grain)));
-                steady.push(Op::Barrier(name("few")));
+            let mut steady = if only_phase == Some(1) {
+                Vec::new()
+            } else {
+                program
+            };
+            if only_phase != Some(0) {
+                for _ in 0..rounds {
+                    steady.push(c(jitter(grain)));
+                    steady.push(Op::Barrier(name("few")));
+                }
             }
-            barriers.insert(name("few"), few);
+            if only_phase != Some(0) {
+                barriers.insert(name("few"), few);
+            }
             vec![group(few, steady), group(n - few, sleepers)]
         }
     };
     (threads, queues, barriers)
+}
+
+/// The two phases of a phase-changing workload, as its program builds them: each phase's
+/// barrier rounds, the benchmark VM's compute in one pass through the phase (threads × rounds
+/// × mean compute per round), and the least time the phase lasts whatever the setting (the
+/// few-thread phase of `phase-threads` ends when its sleepers wake, `phase_ns` after it
+/// began). What the phase oracle ([`crate::lab::phase_oracle`]) weighs the phases by.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PhaseShape {
+    pub rounds: [u64; 2],
+    pub work_ns: [f64; 2],
+    pub min_ns: [f64; 2],
+}
+
+fn phase_shape(kind: Kind, grain: Ns, n: usize, phase_ns: Ns) -> PhaseShape {
+    let fine_rounds = (phase_ns / (grain + 40 * US)).max(1);
+    match kind {
+        Kind::PhaseThreads => {
+            let few = (n / 4).max(1) as f64;
+            let per_thread = (fine_rounds * grain) as f64;
+            PhaseShape {
+                rounds: [fine_rounds, fine_rounds],
+                work_ns: [n as f64 * per_thread, few * per_thread],
+                min_ns: [0.0, phase_ns as f64],
+            }
+        }
+        _ => {
+            let coarse = grain * 100;
+            let coarse_rounds = (phase_ns / coarse).max(1);
+            PhaseShape {
+                rounds: [fine_rounds, coarse_rounds],
+                work_ns: [
+                    (n as u64 * fine_rounds * grain) as f64,
+                    (n as u64 * coarse_rounds * coarse) as f64,
+                ],
+                min_ns: [0.0, 0.0],
+            }
+        }
+    }
 }
 
 fn vm(name: &str, vcpus: usize, threads: Vec<ThreadGroup>) -> VmConfig {
@@ -456,18 +517,57 @@ impl LabScenario {
         choice: GuestChoice,
         only: Option<usize>,
     ) -> Result<Scenario, crate::ScenarioError> {
+        self.build_inner(choice, only, None)
+    }
+
+    /// A phase-changing scenario with the benchmark VM running one of its two phases over
+    /// and over (`phase` 0: fine grain or all threads; 1: coarse grain or a quarter of
+    /// them), for half its run: what each setting achieves in each phase, from which the
+    /// phase oracle is computed. `None` for kinds without phases.
+    pub fn build_phase(
+        &self,
+        choice: GuestChoice,
+        phase: usize,
+    ) -> Option<Result<Scenario, crate::ScenarioError>> {
+        (self.kind.is_phased() && phase < 2).then(|| self.build_inner(choice, None, Some(phase)))
+    }
+
+    /// The shape of the two phases ([`PhaseShape`]); `None` for kinds without phases.
+    pub fn phase_shape(&self) -> Option<PhaseShape> {
+        self.kind.is_phased().then(|| {
+            phase_shape(
+                self.kind,
+                self.grain_ns,
+                self.vcpus,
+                self.duration_ns / PHASES_PER_RUN,
+            )
+        })
+    }
+
+    fn build_inner(
+        &self,
+        choice: GuestChoice,
+        only: Option<usize>,
+        only_phase: Option<usize>,
+    ) -> Result<Scenario, crate::ScenarioError> {
+        let duration_ns = if only_phase.is_some() {
+            self.duration_ns / 2
+        } else {
+            self.duration_ns
+        };
         let base = format!(
             "name = \"{}\"\nseed = {}\n[sim]\nduration = \"{}ns\"\n[host]\npcpus = {}\npolicy = \"{}\"\n[[vm]]\nvcpus = 1\nworkload = {{ preset = \"matmul\" }}\n",
             self.name,
             self.seed,
-            self.duration_ns,
+            duration_ns,
             self.vcpus,
             self.host_policy.name()
         );
         let path = std::path::Path::new(&self.name);
         let mut s = Scenario::from_str(&base, path)?;
         let phase_ns = self.duration_ns / PHASES_PER_RUN;
-        let (threads, queues, barriers) = workload(self.kind, self.grain_ns, self.vcpus, phase_ns);
+        let (threads, queues, barriers) =
+            workload(self.kind, self.grain_ns, self.vcpus, phase_ns, only_phase);
         let mut bench = vm("bench", self.vcpus, threads);
         bench.queues = queues;
         bench.barriers = barriers;
@@ -480,7 +580,7 @@ impl LabScenario {
             vms = vec![vms.swap_remove(i)];
         }
         s.vms = vms;
-        s.sim.duration = Dur(self.duration_ns);
+        s.sim.duration = Dur(duration_ns);
         s.validated(path)
     }
 
