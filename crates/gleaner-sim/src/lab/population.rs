@@ -411,8 +411,6 @@ fn workload(
                     steady.push(c(jitter(grain)));
                     steady.push(Op::Barrier(name("few")));
                 }
-            }
-            if only_phase != Some(0) {
                 barriers.insert(name("few"), few);
             }
             vec![group(few, steady), group(n - few, sleepers)]
