@@ -1,29 +1,6 @@
 #!/usr/bin/env python3
-# quick interleaved own-time A/B: configs are NAME=ENV;ARGS (ARGS '' = bare)
-import json, os, subprocess, sys, time, statistics, random
-G = '/work/main/target/release/gleaner'
-W = sys.argv[1]  # workload command string
-rounds = int(sys.argv[2]); out = sys.argv[3]
-configs = []
-for spec in sys.argv[4:]:
-    name, rest = spec.split('=', 1)
-    env, args = rest.split(';', 1)
-    configs.append((name, env, args))
-stamp = '/tmp/x/stamp'
-res = {c[0]: [] for c in configs}
-for r in range(rounds):
-    order = configs if r % 2 == 0 else configs[::-1]
-    for name, env, args in order:
-        e = dict(os.environ)
-        for kv in filter(None, env.split(',')):
-            k, v = kv.split(':'); e[k] = v
-        inner = f's=$(date +%s%N); {W} >/dev/null 2>&1; e=$(date +%s%N); echo "$s $e" > {stamp}'
-        cmd = ['/bin/sh', '-c', inner] if args == 'bare' else [G, 'run', *args.split(), '--', '/bin/sh', '-c', inner]
-        subprocess.run(cmd, env=e, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
-        s, t = (int(x) for x in open(stamp).read().split())
-        res[name].append((t - s) / 1e9)
-    json.dump({'workload': W, 'load': open('/proc/loadavg').read(), 'res': res}, open(out, 'w'))
-base = configs[0][0]
-for name, *_ in configs:
-    ratios = [a / b for a, b in zip(res[name], res[base])]
-    print(f'{name:12} median {statistics.median(res[name]):.4f}s  ratio median {statistics.median(ratios):.4f} mean {statistics.mean(ratios):.4f} [{min(ratios):.3f},{max(ratios):.3f}] n={len(ratios)}')
+# Superseded by ../overhead-window-budget-2026-11-25/ab.py: the same protocol, with two more
+# optional keys (PRE, BIN). Kept so that the commands in README.md here still run as written.
+import os, runpy
+runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                            '../overhead-window-budget-2026-11-25/ab.py'), run_name='__main__')

@@ -425,16 +425,15 @@ mod tests {
         assert_eq!(active_mask([]), 0);
     }
 
-    /// Loads the real program where the machine allows it: root and kernel BTF. Elsewhere it
+    /// The real program loaded with this process as the workload, every CPU active and the
+    /// scheduler programs attached (loading leaves them detached until the first window),
+    /// where the machine allows it: root and kernel BTF. Elsewhere `None`, and test `name`
     /// prints why it skipped.
-    #[test]
-    fn loads_and_counts_idle_and_wakeups_where_bpf_is_available() {
+    fn sampler_for_this_process(name: &str) -> Option<KernelSampler> {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
-            eprintln!(
-                "loads_and_counts_idle_and_wakeups_where_bpf_is_available: skipped: needs root"
-            );
-            return;
+            eprintln!("{name}: skipped: needs root");
+            return None;
         }
         let nr = std::thread::available_parallelism()
             .map(|n| n.get())
@@ -442,19 +441,19 @@ mod tests {
         let mut k = match KernelSampler::load(Path::new("/sys"), None, nr) {
             Ok(k) => k,
             Err(why) => {
-                eprintln!(
-                    "loads_and_counts_idle_and_wakeups_where_bpf_is_available: skipped: {why}"
-                );
-                return;
+                eprintln!("{name}: skipped: {why}");
+                return None;
             }
         };
         k.set_workload(&[std::process::id()]);
         k.set_active(0..nr);
-        // Loading leaves the scheduler programs detached until the first window.
         k.set_scheduler_programs(true).unwrap();
-        let before: u64 = k.read().unwrap().iter().map(|c| c.events).sum();
-        // Ping-pong between two threads of this process: each hand-off is a wake-up of a
-        // workload thread the program must time.
+        Some(k)
+    }
+
+    /// `rounds` hand-offs between two threads of this process, `pause` after each: every
+    /// hand-off is a wake-up of a workload thread the program must time.
+    fn ping_pong(rounds: u32, pause: Option<std::time::Duration>) {
         let (tx, rx) = std::sync::mpsc::channel::<u32>();
         let (tx2, rx2) = std::sync::mpsc::channel::<u32>();
         let t = std::thread::spawn(move || {
@@ -464,13 +463,28 @@ mod tests {
                 }
             }
         });
-        for i in 0..200 {
+        for i in 0..rounds {
             tx.send(i).unwrap();
             rx2.recv().unwrap();
-            std::thread::sleep(std::time::Duration::from_micros(200));
+            if let Some(p) = pause {
+                std::thread::sleep(p);
+            }
         }
         drop(tx);
         t.join().unwrap();
+    }
+
+    /// Loads the real program where the machine allows it: root and kernel BTF. Elsewhere it
+    /// prints why it skipped.
+    #[test]
+    fn loads_and_counts_idle_and_wakeups_where_bpf_is_available() {
+        let Some(k) =
+            sampler_for_this_process("loads_and_counts_idle_and_wakeups_where_bpf_is_available")
+        else {
+            return;
+        };
+        let before: u64 = k.read().unwrap().iter().map(|c| c.events).sum();
+        ping_pong(200, Some(std::time::Duration::from_micros(200)));
         let after = k.read().unwrap();
         let events: u64 = after.iter().map(|c| c.events).sum();
         let wakes: u64 = after.iter().map(|c| c.wake.total_count()).sum();
@@ -490,44 +504,15 @@ mod tests {
     #[test]
     fn a_window_without_end_ends_itself_once_a_cpu_spent_its_event_budget() {
         const NAME: &str = "a_window_without_end_ends_itself_once_a_cpu_spent_its_event_budget";
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("{NAME}: skipped: needs root");
+        let Some(mut k) = sampler_for_this_process(NAME) else {
             return;
-        }
-        let nr = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1);
-        let mut k = match KernelSampler::load(Path::new("/sys"), None, nr) {
-            Ok(k) => k,
-            Err(why) => {
-                eprintln!("{NAME}: skipped: {why}");
-                return;
-            }
         };
-        k.set_workload(&[std::process::id()]);
-        k.set_active(0..nr);
-        k.set_scheduler_programs(true).unwrap();
         let start = gleaner_sys::clock::monotonic_ns();
         k.open_window(start, None);
         assert_eq!(k.window_cut_at(), None, "a fresh window runs to its end");
         let before = k.read().unwrap();
         // 20,000 hand-offs: at least 40,000 switches, ten times any CPU's budget.
-        let (tx, rx) = std::sync::mpsc::channel::<u32>();
-        let (tx2, rx2) = std::sync::mpsc::channel::<u32>();
-        let t = std::thread::spawn(move || {
-            for v in rx.iter() {
-                if tx2.send(v).is_err() {
-                    break;
-                }
-            }
-        });
-        for i in 0..20_000 {
-            tx.send(i).unwrap();
-            rx2.recv().unwrap();
-        }
-        drop(tx);
-        t.join().unwrap();
+        ping_pong(20_000, None);
         let after = k.read().unwrap();
         let cut = k
             .window_cut_at()
