@@ -313,13 +313,22 @@ impl KernelSampler {
     }
 
     pub fn open_window(&mut self, start_ns: u64, end_ns: Option<u64>) {
+        self.open_window_with_budget(start_ns, end_ns, crate::sampler::WINDOW_EVENTS);
+    }
+
+    /// [`Self::open_window`] with `cpu_events` scheduler events per CPU before the window
+    /// ends itself (`u64::MAX`: never). `gleaner probe --in-kernel` times every one of its
+    /// own wakes for the whole probe, while the switches of every process on a CPU count
+    /// against a budget: with one, its timing stopped after the first 2,000 switches of a
+    /// CPU (a test of it failed whenever other tests ran beside it).
+    pub fn open_window_with_budget(&mut self, start_ns: u64, end_ns: Option<u64>, cpu_events: u64) {
         if let Some(bss) = self.skel.maps.bss_data.as_deref_mut() {
             bss.window_start_ns = start_ns;
         }
         if let Some(data) = self.skel.maps.data_data.as_deref_mut() {
             data.window_end_ns = end_ns.unwrap_or(u64::MAX);
             self.given_end_ns = data.window_end_ns;
-            data.window_cpu_events = crate::sampler::WINDOW_EVENTS;
+            data.window_cpu_events = cpu_events;
             // Last: the programs test this flag first, and the window must be set by then.
             data.measuring = 1;
         }

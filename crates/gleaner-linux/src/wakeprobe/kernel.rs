@@ -51,7 +51,7 @@ impl KernelClock {
         sampler
             .set_scheduler_programs(true)
             .map_err(|e| e.to_string())?;
-        sampler.open_window(gleaner_sys::clock::monotonic_ns(), None);
+        sampler.open_window_with_budget(gleaner_sys::clock::monotonic_ns(), None, u64::MAX);
         Ok(Self { sampler })
     }
 
