@@ -91,10 +91,13 @@ pub struct PolicyConfig {
     /// first decision and its verdict. 0 keeps every period at full length.
     pub startup_periods: u32,
     /// Retention is worth a SCHED_IDLE thread's costs (a reschedule IPI per wake, no new-idle
-    /// balancing) only above this many idle periods per second per vCPU.
+    /// balancing) only above this many idle periods per second per vCPU, raised by steal;
+    /// where the sampler sees the wake-ups' idle ages, a quarter of it whatever the steal
+    /// (the hit ratio then weighs what a hold catches; `engine::hold::min_idle_rate`).
     pub min_idle_periods_per_sec: f64,
-    /// Turn retention on only where the mean idle period is at most this multiple of the
-    /// timeout: longer idle periods would mostly time out, burning CPU for nothing. A mean
+    /// Where the wake-ups' idle ages are not seen (procfs), turn retention on only where the
+    /// mean idle period is at most this multiple of the timeout: longer idle periods would
+    /// mostly time out, burning CPU for nothing. A mean
     /// hides the short idle periods a hold catches (a barrier's waits spread widely), and a
     /// break-even hold never costs more than twice the best choice whatever their lengths;
     /// a hold that does not pay is undone by its trial. 4 (was 2): on the policy lab's tuning
@@ -104,7 +107,9 @@ pub struct PolicyConfig {
     /// are already cheap because the hypervisor keeps polling a freshly halted vCPU (the
     /// daemon measures this window; 0 assumes every halt is dear, as in the paper).
     pub min_retain_idle_ns: u64,
-    /// Turn retention off when fewer than this fraction of held idle periods ended with work.
+    /// Turn retention off when fewer than this fraction of held idle periods ended with work;
+    /// where idle ages are seen, turn it on only when at least this fraction of the idle
+    /// periods would have.
     pub min_retention_hit_ratio: f64,
     /// Workload threads queue on one active vCPU while another has none for more than this
     /// fraction of a period: the guest must balance load, so neither consolidate nor hold (a

@@ -107,6 +107,25 @@ impl RetentionTimeout {
     }
 }
 
+/// Idle periods that must have been seen before the share a hold would catch, rather than
+/// their mean length, decides whether a hold pays ([`RetentionTimeout::for_sample`]).
+pub const MIN_IDLE_PERIODS_SEEN: u64 = 50;
+
+impl RetentionTimeout {
+    /// [`Self::for_workload`], except on a host that steals where the sampler saw when
+    /// wake-ups came into idle periods (`hits_seen`): there the hold stays the break-even
+    /// one. Shrinking it with steal is a guess at what a hold costs the other VMs; the
+    /// wake-ups say it (a hold that a wake-up ends costs the host no more than the halt and
+    /// wake-up it replaces, one that times out costs the hold), and the caller holds only
+    /// where most idle periods end within it.
+    pub fn for_sample(self, steal_fraction: f64, l_idle_ns: f64, hits_seen: bool) -> Self {
+        if hits_seen && steal_fraction >= UNSHARED_STEAL {
+            return self;
+        }
+        self.for_workload(steal_fraction, l_idle_ns)
+    }
+}
+
 impl Default for RetentionTimeout {
     /// Used only when no wake-cost measurement is available: the gap between the paper's
     /// Table 2 settings C and B (37 µs − 17 µs).
@@ -160,5 +179,18 @@ mod tests {
         // Any steal: the steal-adapted break-even hold.
         assert_eq!(t.for_workload(0.1, 35_000.0), t.adapted(0.1));
         assert_eq!(t.for_workload(0.0, f64::NAN), t);
+    }
+
+    #[test]
+    fn under_steal_a_hold_whose_hits_are_seen_stays_the_break_even_one() {
+        let t = RetentionTimeout { ns: 20_000 };
+        // fig7's dedup VM: 2-3 % steal, idle periods of 300 us on average.
+        assert_eq!(t.for_sample(0.03, 300_000.0, true), t);
+        assert_eq!(t.for_sample(0.03, 300_000.0, false), t.adapted(0.03));
+        // No steal: as for_workload, whatever was seen.
+        assert_eq!(
+            t.for_sample(0.0, 35_000.0, true),
+            t.for_workload(0.0, 35_000.0)
+        );
     }
 }

@@ -73,7 +73,8 @@ fn table2_wake_latencies_match_the_paper() {
 
 /// Whether the waker waited for a halted-vCPU wake-up, as the BPF sampler counts it: in a
 /// ping-pong across vCPUs every waker blocks right after its wake-up, so all of them; a
-/// thread's own timer has no waker, so none (see the sleepy workload below).
+/// thread's own timer has no waker that runs on, so all of those too (the sleepy workload
+/// below).
 #[test]
 fn halted_wake_ups_count_those_the_waker_waited_for() {
     // 2,000 round trips: long enough for several of the policy's periods.
@@ -147,7 +148,22 @@ fn policy_samples_split_wake_latency_by_wakee_state_and_count_progress() {
         "held wakes cost 6 µs"
     );
     assert_eq!(all.running.count, 0, "no thread wakes another here");
-    assert_eq!(all.halted_waited, 0, "a timer wake-up has no waker to wait");
+    assert_eq!(
+        all.halted_waited, all.halted.count,
+        "nobody runs on while a timer wake-up of a halted vCPU waits"
+    );
+    // Each vCPU runs one thread, so every wake-up is the first of its vCPU's idle period,
+    // and comes as the 5 µs sleep ends: a hold just over 5 µs would catch every one.
+    assert_eq!(
+        all.idle_age.count,
+        all.halted.count + all.polling.count,
+        "{all:?}"
+    );
+    assert_eq!(
+        all.idle_age.buckets[bucket(5_000)],
+        all.idle_age.count,
+        "every wake-up came 5 µs into its idle period"
+    );
     // Progress is the compute completed, in µs: 20 µs per iteration of each thread.
     let progress: u64 = samples
         .iter()

@@ -39,8 +39,12 @@ mod skel {
 use skel::{SamplerSkel, SamplerSkelBuilder};
 
 /// `struct cpu_stats` in sampler.bpf.c: 6 counters, 3×128 buckets, 3 counts, 3 sums, the
-/// halted wake-ups the waker waited for.
-const STATS_WORDS: usize = 6 + 3 * LATENCY_BUCKETS + 3 + 3 + 1;
+/// halted wake-ups the waker waited for, then the idle age at the wake-up: 128 buckets, a
+/// count and a sum.
+const STATS_WORDS: usize = IDLE_AGE_WORD + LATENCY_BUCKETS + 2;
+
+/// Where the idle-age histogram starts in `struct cpu_stats`.
+const IDLE_AGE_WORD: usize = 6 + 3 * LATENCY_BUCKETS + 3 + 3 + 1;
 
 /// Only CPU ids below this are scanned for idle peers (the active mask is one u64).
 const MASK_CPUS: usize = 64;
@@ -71,14 +75,20 @@ pub fn parse_cpu_stats(bytes: &[u8]) -> Option<CpuCounters> {
         .take(STATS_WORDS)
         .map(|c| u64::from_ne_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
         .collect();
-    let hist = |class: usize| {
-        let base = 6 + class * LATENCY_BUCKETS;
+    let histogram = |base: usize, count: usize, sum: usize| {
         let mut h = LatencyHistogram::default();
         h.buckets
             .copy_from_slice(&words[base..base + LATENCY_BUCKETS]);
-        h.count = words[6 + 3 * LATENCY_BUCKETS + class];
-        h.sum_ns = words[6 + 3 * LATENCY_BUCKETS + 3 + class];
+        h.count = words[count];
+        h.sum_ns = words[sum];
         h
+    };
+    let hist = |class: usize| {
+        histogram(
+            6 + class * LATENCY_BUCKETS,
+            6 + 3 * LATENCY_BUCKETS + class,
+            6 + 3 * LATENCY_BUCKETS + 3 + class,
+        )
     };
     Some(CpuCounters {
         idle_entries: words[0],
@@ -92,6 +102,11 @@ pub fn parse_cpu_stats(bytes: &[u8]) -> Option<CpuCounters> {
             polling: hist(1),
             halted: hist(2),
             halted_waited: words[6 + 3 * LATENCY_BUCKETS + 6],
+            idle_age: histogram(
+                IDLE_AGE_WORD,
+                IDLE_AGE_WORD + LATENCY_BUCKETS,
+                IDLE_AGE_WORD + LATENCY_BUCKETS + 1,
+            ),
         },
     })
 }
@@ -384,6 +399,8 @@ mod tests {
         w[counts..counts + 3].copy_from_slice(&[2, 5, 1]);
         w[counts + 3..counts + 6].copy_from_slice(&[9_000, 50_000, 70_000]);
         w[counts + 6] = 1; // the halted wake-up's waker waited for it
+        w[IDLE_AGE_WORD + 40] = 1; // the halted vCPU's idle age, bucket 40
+        w[IDLE_AGE_WORD + LATENCY_BUCKETS..].copy_from_slice(&[1, 1_500]);
         let c = parse_cpu_stats(&encode(&w)).unwrap();
         assert_eq!(
             (
@@ -410,6 +427,14 @@ mod tests {
             (1, 70_000)
         );
         assert_eq!(c.wake.halted_waited, 1);
+        assert_eq!(
+            (
+                c.wake.idle_age.buckets[40],
+                c.wake.idle_age.count,
+                c.wake.idle_age.sum_ns
+            ),
+            (1, 1, 1_500)
+        );
         assert_eq!(c.wake.total_count(), 8);
         // A value of another size (a stale build) is refused rather than misread.
         assert!(parse_cpu_stats(&encode(&w[..STATS_WORDS - 1])).is_none());
@@ -505,6 +530,16 @@ mod tests {
         assert!(switches >= 200, "{switches}");
         let work: u64 = after.iter().map(|c| c.work_ns).sum();
         assert!(work > 0);
+        // Every wake-up into an idle vCPU (the 200 us sleeps end in one) gives its vCPU's
+        // idle age, once per idle period: some, and never more than those wake-ups.
+        let into_idle: u64 = after
+            .iter()
+            .map(|c| c.wake.halted.count + c.wake.polling.count)
+            .sum();
+        let aged: u64 = after.iter().map(|c| c.wake.idle_age.count).sum();
+        eprintln!("{into_idle} wake-ups into an idle vCPU, {aged} idle ages");
+        assert!(into_idle > 0, "a 200 us sleep ends in an idle vCPU");
+        assert!(aged > 0 && aged <= into_idle, "{aged} of {into_idle}");
     }
 
     /// A window opened without an end (sized for a quiet workload) that meets a busy one

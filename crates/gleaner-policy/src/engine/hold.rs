@@ -5,11 +5,37 @@
 //! an `impl Gleaner` block with the engine's private state.
 
 use super::{us, EventKind, Gleaner, PolicyEvent, RetentionAction, RetentionTrial};
+use crate::config::PolicyConfig;
 use crate::judge::{Measured, Verdict};
 use crate::retention::RetentionTimeout;
-use crate::sample::{Characteristics, PeriodSample, VcpuSample};
+use crate::sample::{Characteristics, PeriodSample, VcpuSample, WakeLatencies};
 
 impl Gleaner {
+    /// Idle periods of the active vCPUs in this sample.
+    pub(super) fn active_idle_periods(&self, sample: &PeriodSample) -> u64 {
+        sample
+            .vcpus
+            .iter()
+            .filter(|v| self.active.contains(v.cpu))
+            .map(VcpuSample::idle_periods)
+            .sum()
+    }
+
+    /// The hold this sample asks for ([`RetentionTimeout::for_sample`]).
+    pub(super) fn hold_timeout(
+        &self,
+        sample: &PeriodSample,
+        c: &Characteristics,
+    ) -> RetentionTimeout {
+        let periods = self.active_idle_periods(sample);
+        let hits_seen = sample
+            .wake_latency
+            .as_ref()
+            .is_some_and(|w| hold_hit_ratio(w, periods, self.timeout).is_some());
+        self.timeout
+            .for_sample(c.steal_fraction, c.l_idle_ns, hits_seen)
+    }
+
     pub(super) fn retention_step(
         &mut self,
         sample: &PeriodSample,
@@ -21,8 +47,11 @@ impl Gleaner {
         let secs = sample.period_ns.max(1) as f64 / 1e9;
         let idle = self.is_idle();
         let crowded = c.runnable_wait_fraction > self.cfg.max_runnable_wait;
-        // Under steal every held microsecond is taken from another VM: demand more benefit.
-        let min_rate = self.cfg.min_idle_periods_per_sec * (1.0 + 10.0 * c.steal_fraction);
+        let hit = sample
+            .wake_latency
+            .as_ref()
+            .and_then(|w| hold_hit_ratio(w, self.active_idle_periods(sample), timeout));
+        let min_rate = min_idle_rate(&self.cfg, c.steal_fraction, hit.is_some());
 
         // Judge a trial first: it decides whether retention stays at all.
         let mut judged_off = Vec::new();
@@ -105,13 +134,20 @@ impl Gleaner {
                 && self.trial.is_none()
                 && self.period >= self.retention_blocked_until
                 && !halted_wakes_too_cheap
+                && hit.is_none_or(|h| h >= self.cfg.min_retention_hit_ratio)
                 && v.is_some_and(|v| {
                     worth_retaining(
                         v,
                         secs,
                         min_rate,
                         self.cfg.min_retain_idle_ns as f64,
-                        self.cfg.retain_idle_factor * timeout.ns as f64,
+                        // Where the lengths were seen, the share the hold catches decides,
+                        // not their mean.
+                        if hit.is_some() {
+                            f64::INFINITY
+                        } else {
+                            self.cfg.retain_idle_factor * timeout.ns as f64
+                        },
                     )
                 });
             if eligible {
@@ -161,6 +197,46 @@ impl Gleaner {
     }
 }
 
+/// The share of `idle_periods` that a hold of `timeout` would have ended with a wake-up (a
+/// hit): the wake-ups that came into an idle vCPU younger than the hold
+/// (`WakeLatencies::idle_age`, their vCPU's idle time at the waking), over all idle periods,
+/// since one that no wake-up of the workload ended (another process, a long sleep) is a hold
+/// that times out. `None` where too few idle periods were seen
+/// ([`crate::retention::MIN_IDLE_PERIODS_SEEN`]) or the wake-ups came without their idle
+/// ages (a sample of an older Gleaner).
+pub(crate) fn hold_hit_ratio(
+    w: &WakeLatencies,
+    idle_periods: u64,
+    timeout: RetentionTimeout,
+) -> Option<f64> {
+    let ages_missing = w.idle_age.count == 0 && w.halted.count + w.polling.count > 0;
+    (idle_periods >= crate::retention::MIN_IDLE_PERIODS_SEEN && !ages_missing)
+        .then(|| (w.idle_age.count_at_most(timeout.ns) / idle_periods as f64).min(1.0))
+}
+
+/// Idle periods per second and vCPU below which a hold is not worth a trial.
+///
+/// Without the wake-ups' idle ages the rate stands in for what a hold would catch, and steal
+/// raises it (every held microsecond is taken from another VM, and nothing says how many
+/// holds would time out). With them (`hits_seen`), the hit ratio says what a hold catches and
+/// what it wastes, and `gain::hold_gain_bound` whether the halted wake-ups it speeds up
+/// matter to the workload; the rate is then only a floor against acting on a trickle, a
+/// quarter of the configured one, whatever the steal. A consolidated vCPU has fewer idle
+/// periods than any vCPU of the full set: in the simulator's fig7 the dedup VM's 4-8 vCPUs
+/// had 1,000-2,500 a second each, every one of them held by the best static settings, and
+/// the full floor refused them all.
+pub(crate) fn min_idle_rate(cfg: &PolicyConfig, steal_fraction: f64, hits_seen: bool) -> f64 {
+    if hits_seen {
+        cfg.min_idle_periods_per_sec * SEEN_RATE_SHARE
+    } else {
+        cfg.min_idle_periods_per_sec * (1.0 + 10.0 * steal_fraction)
+    }
+}
+
+/// The share of `min_idle_periods_per_sec` that is the floor where the hit ratio is known
+/// ([`min_idle_rate`]).
+const SEEN_RATE_SHARE: f64 = 0.25;
+
 /// Retention pays on a vCPU with many idle periods that are mostly shorter than the hold and
 /// longer than the window in which a halted vCPU wakes cheaply anyway.
 fn worth_retaining(
@@ -204,6 +280,7 @@ fn retention_not_paying(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sample::LatencyHistogram;
 
     /// A vCPU held by yielding threads that a wake-up rarely ended is not paying; one held by
     /// in-kernel polling (no yield counters) is left to the trial's verdict, not stopped
@@ -232,5 +309,46 @@ mod tests {
             ..VcpuSample::default()
         };
         assert!(retention_not_paying(&quiet, 0.1, 100.0, 0.5).is_some());
+    }
+
+    #[test]
+    fn the_hit_ratio_counts_wake_ups_younger_than_the_hold_over_all_idle_periods() {
+        let hold = RetentionTimeout { ns: 20_000 };
+        let mut w = WakeLatencies::default();
+        // 60 idle periods ended by a wake-up 5 us in, 20 by one 80 us in; 20 more ended by
+        // nothing of the workload's.
+        for _ in 0..60 {
+            w.halted.record(90_000);
+            w.idle_age.record(5_000);
+        }
+        for _ in 0..20 {
+            w.halted.record(90_000);
+            w.idle_age.record(80_000);
+        }
+        assert_eq!(hold_hit_ratio(&w, 100, hold), Some(0.6));
+        // More wake-ups than idle periods (a window scaled to its period): at most all.
+        assert_eq!(hold_hit_ratio(&w, 50, hold), Some(1.0));
+        // Too few idle periods to say.
+        assert_eq!(hold_hit_ratio(&w, 49, hold), None);
+        // Wake-ups into idle vCPUs without their ages (an older Gleaner's sample): unknown,
+        // not "no hits".
+        let old = WakeLatencies {
+            idle_age: LatencyHistogram::default(),
+            ..w.clone()
+        };
+        assert_eq!(hold_hit_ratio(&old, 100, hold), None);
+        // No wake-up found an idle vCPU at all: none would have been caught.
+        assert_eq!(
+            hold_hit_ratio(&WakeLatencies::default(), 100, hold),
+            Some(0.0)
+        );
+    }
+
+    #[test]
+    fn the_idle_rate_floor_is_a_quarter_and_ignores_steal_where_hits_are_seen() {
+        let cfg = PolicyConfig::default();
+        assert_eq!(min_idle_rate(&cfg, 0.3, true), 500.0);
+        assert_eq!(min_idle_rate(&cfg, 0.0, false), 2_000.0);
+        assert_eq!(min_idle_rate(&cfg, 0.1, false), 4_000.0);
     }
 }

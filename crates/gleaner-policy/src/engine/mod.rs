@@ -25,6 +25,7 @@ use crate::retention::RetentionTimeout;
 use crate::sample::{progress_signal, Characteristics, PeriodSample, VcpuSample, WakeLatencies};
 
 mod hold;
+use hold::{hold_hit_ratio, min_idle_rate};
 
 /// What to do with one vCPU's idle time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -161,6 +162,10 @@ pub struct Gleaner {
     /// back off exponentially until a trial succeeds or the workload changes.
     consolidation_blocked_until: u64,
     consolidation_backoff: u32,
+    /// The idle vCPUs' ages at their wake-ups (`WakeLatencies::idle_age`) and the idle
+    /// periods, summed over the run where the sampler measures them: what `why_unchanged`
+    /// says of a whole run's holds.
+    idle_seen: Option<(WakeLatencies, u64)>,
 }
 
 /// Periods before the first retry after a rolled-back consolidation; doubled by each further
@@ -198,6 +203,7 @@ impl Gleaner {
             verdict: Verdict::default(),
             quiet_values: std::collections::VecDeque::new(),
             quiet_wakes: std::collections::VecDeque::new(),
+            idle_seen: None,
             workload_idle: false,
             max_step,
             consolidation_blocked_until: 0,
@@ -249,15 +255,28 @@ impl Gleaner {
             ));
         }
         if matches!(self.cfg.mode, Mode::Full | Mode::Retention) {
-            let timeout = self.timeout.for_workload(c.steal_fraction, c.l_idle_ns);
-            let min_rate = self.cfg.min_idle_periods_per_sec * (1.0 + 10.0 * c.steal_fraction);
+            let seen = self.idle_seen.as_ref();
+            let hits_seen =
+                seen.is_some_and(|(w, n)| hold_hit_ratio(w, *n, self.timeout).is_some());
+            let timeout = self
+                .timeout
+                .for_sample(c.steal_fraction, c.l_idle_ns, hits_seen);
+            let hit = seen.and_then(|(w, n)| hold_hit_ratio(w, *n, timeout));
+            let min_rate = min_idle_rate(&self.cfg, c.steal_fraction, hit.is_some());
             let max_idle = self.cfg.retain_idle_factor * timeout.ns as f64;
             if c.idle_periods_per_sec < min_rate {
                 why.push(format!(
                     "retention: {:.0} idle periods/s per vCPU, fewer than the {:.0} that pay for a held vCPU",
                     c.idle_periods_per_sec, min_rate
                 ));
-            } else if c.l_idle_ns > max_idle {
+            } else if let Some(hit) = hit.filter(|&h| h < self.cfg.min_retention_hit_ratio) {
+                why.push(format!(
+                    "retention: {:.0} % of the idle periods end within the hold ({}), fewer than the {:.0} % that pay for it",
+                    hit * 100.0,
+                    us(timeout.ns as f64),
+                    self.cfg.min_retention_hit_ratio * 100.0
+                ));
+            } else if hit.is_none() && c.l_idle_ns > max_idle {
                 why.push(format!("retention: idle periods of {} on average outlast the hold ({}): most holds would time out", us(c.l_idle_ns), us(timeout.ns as f64)));
             } else if c.l_idle_ns < self.cfg.min_retain_idle_ns as f64 {
                 why.push(format!(
@@ -362,6 +381,14 @@ impl Gleaner {
                 }
             }
         }
+        if let Some(w) = &sample.wake_latency {
+            let idle_periods = self.active_idle_periods(sample);
+            let (wakes, periods) = self
+                .idle_seen
+                .get_or_insert_with(|| (WakeLatencies::default(), 0));
+            wakes.merge(w);
+            *periods += idle_periods;
+        }
         match self.cfg.mode {
             Mode::AlwaysYield => {
                 let retention = self
@@ -386,7 +413,7 @@ impl Gleaner {
             }
             Mode::Retention => {}
         }
-        let timeout = self.timeout.for_workload(c.steal_fraction, c.l_idle_ns);
+        let timeout = self.hold_timeout(sample, &c);
         let retention = match self.cfg.mode {
             Mode::Full | Mode::Retention => {
                 self.retention_step(sample, &c, timeout, settling, &mut events)

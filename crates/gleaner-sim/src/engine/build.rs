@@ -130,6 +130,7 @@ impl Sim {
                 acct_since: 0,
                 acct_guest: 0,
                 idle_since: 0,
+                aged_idle_since: None,
                 poll_limit: 0,
                 retention: (cfg.guest == GuestPolicy::Hold).then_some(hold),
                 ipi_pending: false,

@@ -42,6 +42,8 @@ pub(super) struct Vcpu {
     /// 2 other (retention hold).
     pub(super) acct_guest: u8,
     pub(super) idle_since: Ns,
+    /// The idle period (its `idle_since`) whose age at its first wake-up was recorded.
+    pub(super) aged_idle_since: Option<Ns>,
     pub(super) poll_limit: Ns,
     /// Retention hold when the vCPU goes idle; None = halt (or poll).
     pub(super) retention: Option<Ns>,
@@ -96,8 +98,10 @@ impl Sim {
                 let th = &mut self.threads[t];
                 if let Some((at, state, by)) = th.woken.take() {
                     // As the BPF sampler counts it: the waker's vCPU went idle (or to a
-                    // retention hold) after the waking, so the waker waited for this wake-up.
-                    let waited = by.is_some_and(|u| u != v && self.vcpus[u].idle_since >= at);
+                    // retention hold) after the waking, so the waker waited for this wake-up;
+                    // or no thread woke it (a timer on its halted vCPU), and nobody runs on
+                    // while it waits.
+                    let waited = by.is_none_or(|u| u == v || self.vcpus[u].idle_since >= at);
                     let vm = &mut self.vms[th.vm];
                     let latency = self.now - at;
                     vm.latency.record(latency);

@@ -104,6 +104,17 @@ impl Sim {
             Waker::Thread(u) => Some(u),
             Waker::Timer(_) | Waker::Nobody => None,
         };
+        // The first wake-up into an idle period ends it; others queue behind it.
+        if state != WakeeState::Running
+            && self.vcpus[v].aged_idle_since != Some(self.vcpus[v].idle_since)
+        {
+            let since = self.vcpus[v].idle_since;
+            self.vcpus[v].aged_idle_since = Some(since);
+            self.vms[self.vcpus[v].vm]
+                .period_wake
+                .idle_age
+                .record(self.now - since);
+        }
         self.threads[t].woken = Some((self.now, state, by));
         self.enqueue_ready(t, v);
         self.kick(v, waker);
