@@ -55,6 +55,12 @@ pub fn gain_bound_of(w: &WakeLatencies, work: u64, break_even_ns: u64) -> f64 {
 /// policy lab's barrier, lock and timer scenarios on dedicated hosts gain 5-21 % from holds).
 pub fn hold_gain_bound(sample: &PeriodSample, break_even_ns: u64) -> Option<f64> {
     let w = sample.wake_latency.as_ref()?;
+    Some(hold_gain_bound_of(w, sample.work_ns(), break_even_ns))
+}
+
+/// [`hold_gain_bound`] of wake-ups `w` seen over `work` ns of the workload's run time (one
+/// period's, or a whole run's pooled, as `Gleaner::why_unchanged` reads them).
+pub fn hold_gain_bound_of(w: &WakeLatencies, work: u64, break_even_ns: u64) -> f64 {
     let nobody_waits = (w.halted_waited as f64) < MAX_WAITED_SHARE * w.halted.count as f64
         && w.running.count > w.halted.count;
     let count = if nobody_waits {
@@ -62,7 +68,7 @@ pub fn hold_gain_bound(sample: &PeriodSample, break_even_ns: u64) -> Option<f64>
     } else {
         w.halted.count
     };
-    Some(bound_for(w, count, sample.work_ns(), break_even_ns))
+    bound_for(w, count, work, break_even_ns)
 }
 
 /// Below this share of halted wake-ups with a waiting waker, nobody is taken to wait for

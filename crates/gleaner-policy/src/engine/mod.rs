@@ -165,7 +165,7 @@ pub struct Gleaner {
     /// The idle vCPUs' ages at their wake-ups (`WakeLatencies::idle_age`) and the idle
     /// periods, summed over the run where the sampler measures them: what `why_unchanged`
     /// says of a whole run's holds.
-    idle_seen: Option<(WakeLatencies, u64)>,
+    idle_seen: Option<(WakeLatencies, u64, u64)>,
 }
 
 /// Periods before the first retry after a rolled-back consolidation; doubled by each further
@@ -257,11 +257,14 @@ impl Gleaner {
         if matches!(self.cfg.mode, Mode::Full | Mode::Retention) {
             let seen = self.idle_seen.as_ref();
             let hits_seen =
-                seen.is_some_and(|(w, n)| hold_hit_ratio(w, *n, self.timeout).is_some());
+                seen.is_some_and(|(w, n, _)| hold_hit_ratio(w, *n, self.timeout).is_some());
             let timeout = self
                 .timeout
                 .for_sample(c.steal_fraction, c.l_idle_ns, hits_seen);
-            let hit = seen.and_then(|(w, n)| hold_hit_ratio(w, *n, timeout));
+            let hit = seen.and_then(|(w, n, _)| hold_hit_ratio(w, *n, timeout));
+            let gain = seen
+                .filter(|_| hit.is_some())
+                .map(|(w, _, work)| crate::gain::hold_gain_bound_of(w, *work, timeout.ns));
             let min_rate = min_idle_rate(&self.cfg, c.steal_fraction, hit.is_some());
             let max_idle = self.cfg.retain_idle_factor * timeout.ns as f64;
             if c.idle_periods_per_sec < min_rate {
@@ -283,6 +286,12 @@ impl Gleaner {
                     "retention: idle periods of {} are shorter than the {} in which the host still polls a halted vCPU: wake-ups are cheap already",
                     us(c.l_idle_ns),
                     us(self.cfg.min_retain_idle_ns as f64)
+                ));
+            } else if let Some(g) = gain.filter(|&g| g < crate::gain::MIN_CONSOLIDATION_GAIN) {
+                why.push(format!(
+                    "retention: the halted wake-ups a hold would speed up, and that delay the workload, cost {:.1} % of its run time, under the {:.0} % that pay for a hold",
+                    g * 100.0,
+                    crate::gain::MIN_CONSOLIDATION_GAIN * 100.0
                 ));
             }
         }
@@ -383,11 +392,12 @@ impl Gleaner {
         }
         if let Some(w) = &sample.wake_latency {
             let idle_periods = self.active_idle_periods(sample);
-            let (wakes, periods) = self
+            let (wakes, periods, work) = self
                 .idle_seen
-                .get_or_insert_with(|| (WakeLatencies::default(), 0));
+                .get_or_insert_with(|| (WakeLatencies::default(), 0, 0));
             wakes.merge(w);
             *periods += idle_periods;
+            *work += sample.work_ns();
         }
         match self.cfg.mode {
             Mode::AlwaysYield => {
