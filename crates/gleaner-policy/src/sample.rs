@@ -248,6 +248,12 @@ pub struct WakeLatencies {
     /// runs on while it waits. Zero in samples from an older Gleaner, which did not count it.
     #[serde(default)]
     pub halted_waited: u64,
+    /// Of the `halted_waited` wake-ups, those whose waker was a thread on another vCPU (not
+    /// a timer or other interrupt on the halted vCPU itself): hand-offs, which packing waker
+    /// and wakee onto one vCPU turns into a switch on that vCPU. Zero in samples from an
+    /// older Gleaner, which did not count it.
+    #[serde(default)]
+    pub halted_hand_offs: u64,
     /// Of the `polling` and `halted` wake-ups, how long the wakee's vCPU had been idle when
     /// the wake-up came: a hold of `h` would have caught those younger than `h`. The idle
     /// periods' own lengths cannot say it: a halted vCPU's idle period lasts until the host
@@ -271,6 +277,7 @@ impl WakeLatencies {
         self.polling.merge(&other.polling);
         self.halted.merge(&other.halted);
         self.halted_waited += other.halted_waited;
+        self.halted_hand_offs += other.halted_hand_offs;
         self.idle_age.merge(&other.idle_age);
     }
 
@@ -285,6 +292,7 @@ impl WakeLatencies {
             polling: self.polling.scaled(num, den),
             halted: self.halted.scaled(num, den),
             halted_waited: scale_count(self.halted_waited, num, den),
+            halted_hand_offs: scale_count(self.halted_hand_offs, num, den),
             idle_age: self.idle_age.scaled(num, den),
         }
     }

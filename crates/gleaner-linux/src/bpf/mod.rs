@@ -39,12 +39,14 @@ mod skel {
 use skel::{SamplerSkel, SamplerSkelBuilder};
 
 /// `struct cpu_stats` in sampler.bpf.c: 6 counters, 3×128 buckets, 3 counts, 3 sums, the
-/// halted wake-ups the waker waited for, then the idle age at the wake-up: 128 buckets, a
-/// count and a sum.
-const STATS_WORDS: usize = IDLE_AGE_WORD + LATENCY_BUCKETS + 2;
+/// halted wake-ups the waker waited for, the idle age at the wake-up (128 buckets, a count
+/// and a sum), then the hand-offs among the waited-for wake-ups.
+const STATS_WORDS: usize = HAND_OFFS_WORD + 1;
 
 /// Where the idle-age histogram starts in `struct cpu_stats`.
 const IDLE_AGE_WORD: usize = 6 + 3 * LATENCY_BUCKETS + 3 + 3 + 1;
+/// Where `halted_hand_offs` is: after the idle-age histogram, its count and its sum.
+const HAND_OFFS_WORD: usize = IDLE_AGE_WORD + LATENCY_BUCKETS + 2;
 
 /// Only CPU ids below this are scanned for idle peers (the active mask is one u64).
 const MASK_CPUS: usize = 64;
@@ -102,6 +104,7 @@ pub fn parse_cpu_stats(bytes: &[u8]) -> Option<CpuCounters> {
             polling: hist(1),
             halted: hist(2),
             halted_waited: words[6 + 3 * LATENCY_BUCKETS + 6],
+            halted_hand_offs: words[HAND_OFFS_WORD],
             idle_age: histogram(
                 IDLE_AGE_WORD,
                 IDLE_AGE_WORD + LATENCY_BUCKETS,
@@ -400,7 +403,8 @@ mod tests {
         w[counts + 3..counts + 6].copy_from_slice(&[9_000, 50_000, 70_000]);
         w[counts + 6] = 1; // the halted wake-up's waker waited for it
         w[IDLE_AGE_WORD + 40] = 1; // the halted vCPU's idle age, bucket 40
-        w[IDLE_AGE_WORD + LATENCY_BUCKETS..].copy_from_slice(&[1, 1_500]);
+        w[IDLE_AGE_WORD + LATENCY_BUCKETS..HAND_OFFS_WORD].copy_from_slice(&[1, 1_500]);
+        w[HAND_OFFS_WORD] = 1; // and its waker ran on another vCPU: a hand-off
         let c = parse_cpu_stats(&encode(&w)).unwrap();
         assert_eq!(
             (
@@ -426,7 +430,7 @@ mod tests {
             (c.wake.halted.buckets[16], c.wake.halted.sum_ns),
             (1, 70_000)
         );
-        assert_eq!(c.wake.halted_waited, 1);
+        assert_eq!((c.wake.halted_waited, c.wake.halted_hand_offs), (1, 1));
         assert_eq!(
             (
                 c.wake.idle_age.buckets[40],

@@ -107,6 +107,10 @@ struct cpu_stats {
 	u64 idle_age[NR_BUCKETS / 32][32];
 	u64 idle_age_count;
 	u64 idle_age_sum_ns;
+	/* Of the halted_waited wake-ups, those whose waker ran on another CPU (not an
+	 * interrupt on the halted vCPU itself): hand-offs, which packing the pair onto one
+	 * vCPU turns into a switch there (gleaner_policy::gain). */
+	u64 halted_hand_offs;
 };
 
 struct {
@@ -435,8 +439,11 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 						s->idle_age_sum_ns += age;
 					}
 				}
-				if (c == CLASS_HALTED && waker_waited(ni->waker_cpu, cpu, w))
+				if (c == CLASS_HALTED && waker_waited(ni->waker_cpu, cpu, w)) {
 					s->halted_waited++;
+					if (ni->waker_cpu != cpu)
+						s->halted_hand_offs++;
+				}
 			}
 			/* Only a wait longer than a hand-off counts: a wakee queued for a few
 			 * microseconds behind its waker on the same vCPU (wake-affine) is the

@@ -41,6 +41,7 @@ pub fn wake_delta(now: &WakeLatencies, before: &WakeLatencies) -> WakeLatencies 
         polling: sub(&now.polling, &before.polling),
         halted: sub(&now.halted, &before.halted),
         halted_waited: now.halted_waited.saturating_sub(before.halted_waited),
+        halted_hand_offs: now.halted_hand_offs.saturating_sub(before.halted_hand_offs),
         idle_age: sub(&now.idle_age, &before.idle_age),
     }
 }

@@ -111,6 +111,8 @@ impl Sim {
                         WakeeState::Halted => {
                             vm.period_wake.halted.record(latency);
                             vm.period_wake.halted_waited += u64::from(waited);
+                            vm.period_wake.halted_hand_offs +=
+                                u64::from(waited && by.is_some_and(|u| u != v));
                         }
                     }
                 }
