@@ -462,6 +462,21 @@ pub fn render(s: &Snapshot) -> String {
                 );
             }
         }
+        let mut f = Family::new(
+            &mut out,
+            "gleaner_wake_halted_hand_offs_total",
+            "counter",
+            "Of those, the ones whose waker was a thread on another vCPU (not a timer on the halted vCPU): hand-offs, which packing the pair onto one vCPU turns into a switch there.",
+        );
+        for t in &s.targets {
+            if let Some(w) = t.status.as_ref().and_then(|st| st.wake_latency.as_ref()) {
+                f.sample(
+                    "gleaner_wake_halted_hand_offs_total",
+                    &[("target", &t.name)],
+                    w.halted_hand_offs as f64,
+                );
+            }
+        }
     }
     per_target(
         &mut out,

@@ -364,9 +364,10 @@ pub fn wake_latency_report(s: &InstanceStatus) -> String {
     if w.halted.count > 0 {
         // Whether a hold could pay: a cheaper wake-up helps only where someone waits for it.
         out += &format!(
-            "    halted wake-ups whose waker's vCPU went idle before the wakee ran: {} ({:.0} %)\n",
+            "    halted wake-ups whose waker's vCPU went idle before the wakee ran: {} ({:.0} %), hand-offs from a thread on another vCPU: {}\n",
             w.halted_waited,
-            100.0 * w.halted_waited.min(w.halted.count) as f64 / w.halted.count as f64
+            100.0 * w.halted_waited.min(w.halted.count) as f64 / w.halted.count as f64,
+            w.halted_hand_offs
         );
     }
     out

@@ -319,6 +319,7 @@ fn wake_latency_is_a_histogram_per_target_and_vcpu_state() {
     }
     w.running.record(2_000);
     w.halted_waited = 2;
+    w.halted_hand_offs = 1;
     let st = InstanceStatus {
         wake_latency: Some(w),
         ..Default::default()
@@ -360,13 +361,17 @@ fn wake_latency_is_a_histogram_per_target_and_vcpu_state() {
     );
     assert!(
         text.contains("# TYPE gleaner_wake_halted_waited_total counter")
-            && text.contains(r#"gleaner_wake_halted_waited_total{target="db"} 2"#),
+            && text.contains(r#"gleaner_wake_halted_waited_total{target="db"} 2"#)
+            && text.contains("# TYPE gleaner_wake_halted_hand_offs_total counter")
+            && text.contains(r#"gleaner_wake_halted_hand_offs_total{target="db"} 1"#),
         "{text}"
     );
     // `gleaner status` shows the same share.
     let report = crate::status::wake_latency_report(snap.targets[0].status.as_ref().unwrap());
     assert!(
-        report.contains("waker's vCPU went idle before the wakee ran: 2 (67 %)"),
+        report.contains(
+            "waker's vCPU went idle before the wakee ran: 2 (67 %), hand-offs from a thread on another vCPU: 1"
+        ),
         "{report}"
     );
 }
