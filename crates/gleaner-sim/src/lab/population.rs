@@ -1,7 +1,7 @@
 //! The lab's population: scenarios generated from a grid of workload kind × synchronization
 //! granularity × VM size × host contention × host policy, in two disjoint sets.
 //!
-//! A full factorial grid (10 kinds × 3 grains × 3 sizes × 4 contentions) is 360 scenarios,
+//! A full factorial grid (11 kinds × 3 grains × 3 sizes × 4 contentions) is 396 scenarios,
 //! too many to simulate with every policy in minutes on two cores, so each set takes a
 //! Latin-square slice of it: every (kind, grain) pair once, with the VM size and the
 //! contention rotating so that every size and every contention level meets every kind.
@@ -85,9 +85,13 @@ pub enum Kind {
     /// Barrier rounds at the grain, with a quarter of the threads working in one phase and all
     /// of them in the next.
     PhaseThreads,
+    /// Barrier rounds at the grain, then as long a phase of independent compute joined at its
+    /// end: the bulk-synchronous pattern of a solver or a training loop, whose two phases
+    /// want opposite settings (packing for the first, every vCPU for the second).
+    PhaseCompute,
 }
 
-pub const KINDS: [Kind; 10] = [
+pub const KINDS: [Kind; 11] = [
     Kind::Pipeline,
     Kind::Barrier,
     Kind::Oltp,
@@ -98,6 +102,7 @@ pub const KINDS: [Kind; 10] = [
     Kind::TimerHeavy,
     Kind::PhaseGrain,
     Kind::PhaseThreads,
+    Kind::PhaseCompute,
 ];
 
 impl Kind {
@@ -113,10 +118,14 @@ impl Kind {
             Kind::TimerHeavy => "timer",
             Kind::PhaseGrain => "phase-grain",
             Kind::PhaseThreads => "phase-threads",
+            Kind::PhaseCompute => "phase-compute",
         }
     }
     pub fn is_phased(self) -> bool {
-        matches!(self, Kind::PhaseGrain | Kind::PhaseThreads)
+        matches!(
+            self,
+            Kind::PhaseGrain | Kind::PhaseThreads | Kind::PhaseCompute
+        )
     }
 }
 
@@ -415,6 +424,23 @@ fn workload(
             }
             vec![group(few, steady), group(n - few, sleepers)]
         }
+        Kind::PhaseCompute => {
+            let shape = phase_shape(kind, grain, n, phase_ns);
+            let mut program = Vec::new();
+            if only_phase != Some(1) {
+                for _ in 0..shape.rounds[0] {
+                    program.push(c(jitter(grain)));
+                    program.push(Op::Barrier(name("round")));
+                }
+            }
+            if only_phase != Some(0) {
+                for _ in 0..shape.rounds[1] {
+                    program.push(c(Dist::Const(COMPUTE_CHUNK_NS)));
+                }
+                program.push(Op::Barrier(name("round")));
+            }
+            vec![group(n, program)]
+        }
     };
     (threads, queues, barriers)
 }
@@ -431,9 +457,24 @@ pub struct PhaseShape {
     pub min_ns: [f64; 2],
 }
 
+/// The compute phase of `phase-compute` runs in chunks of this (no synchronization between
+/// them): one chunk is one scheduling slice's worth of work.
+const COMPUTE_CHUNK_NS: Ns = MS;
+
 fn phase_shape(kind: Kind, grain: Ns, n: usize, phase_ns: Ns) -> PhaseShape {
     let fine_rounds = (phase_ns / (grain + 40 * US)).max(1);
     match kind {
+        Kind::PhaseCompute => {
+            let chunks = (phase_ns / COMPUTE_CHUNK_NS).max(1);
+            PhaseShape {
+                rounds: [fine_rounds, chunks],
+                work_ns: [
+                    (n as u64 * fine_rounds * grain) as f64,
+                    (n as u64 * chunks * COMPUTE_CHUNK_NS) as f64,
+                ],
+                min_ns: [0.0, 0.0],
+            }
+        }
         Kind::PhaseThreads => {
             let few = (n / 4).max(1) as f64;
             let per_thread = (fine_rounds * grain) as f64;
@@ -635,5 +676,47 @@ impl LabScenario {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bulk-synchronous kind: its first phase synchronizes at every round, its second
+    /// not at all until the join, and both phases carry the same compute per thread (each
+    /// lasts about `phase_ns` unhindered).
+    #[test]
+    fn phase_compute_alternates_fine_rounds_with_unsynchronized_compute() {
+        let (grain, n, phase_ns) = (10 * US, 8, 2_000 * MS);
+        let (threads, queues, _) = workload(Kind::PhaseCompute, grain, n, phase_ns, None);
+        assert!(queues.is_empty());
+        assert_eq!(threads.len(), 1);
+        assert_eq!(threads[0].count, n);
+        let program = &threads[0].program;
+        let shape = phase_shape(Kind::PhaseCompute, grain, n, phase_ns);
+        let barriers = program
+            .iter()
+            .filter(|op| matches!(op, Op::Barrier(_)))
+            .count() as u64;
+        assert_eq!(
+            barriers,
+            shape.rounds[0] + 1,
+            "one per fine round, one join"
+        );
+        let chunks = program
+            .iter()
+            .filter(|op| matches!(op, Op::Compute(Dist::Const(COMPUTE_CHUNK_NS))))
+            .count() as u64;
+        assert_eq!(chunks, shape.rounds[1]);
+        assert_eq!(shape.rounds[1] * COMPUTE_CHUNK_NS, phase_ns);
+        // Each phase alone, as the phase oracle runs it.
+        let (only_fine, _, _) = workload(Kind::PhaseCompute, grain, n, phase_ns, Some(0));
+        let (only_compute, _, _) = workload(Kind::PhaseCompute, grain, n, phase_ns, Some(1));
+        assert_eq!(
+            only_fine[0].program.len() + only_compute[0].program.len(),
+            program.len()
+        );
+        assert!(Kind::PhaseCompute.is_phased());
     }
 }
