@@ -166,6 +166,29 @@ fn per_target(
     }
 }
 
+/// A counter with one sample per target whose sampler measures wake-ups (the BPF sampler);
+/// absent where none does.
+fn per_target_wakes(
+    out: &mut String,
+    s: &Snapshot,
+    name: &str,
+    help: &str,
+    value: impl Fn(&gleaner_policy::WakeLatencies) -> f64,
+) {
+    fn wakes(t: &TargetMetrics) -> Option<&gleaner_policy::WakeLatencies> {
+        t.status.as_ref().and_then(|st| st.wake_latency.as_ref())
+    }
+    if !s.targets.iter().any(|t| wakes(t).is_some()) {
+        return;
+    }
+    let mut f = Family::new(out, name, "counter", help);
+    for t in &s.targets {
+        if let Some(w) = wakes(t) {
+            f.sample(name, &[("target", &t.name)], value(w));
+        }
+    }
+}
+
 /// A gauge with one sample per vCPU of each target that has a status.
 fn per_vcpu(
     out: &mut String,
@@ -442,42 +465,20 @@ pub fn render(s: &Snapshot) -> String {
         "Wake-up latency of the target's threads, from sched_waking to running, by what the wakee's vCPU was doing when woken (running, polling, halted).",
         &wake_series,
     );
-    if s.targets.iter().any(|t| {
-        t.status
-            .as_ref()
-            .is_some_and(|st| st.wake_latency.is_some())
-    }) {
-        let mut f = Family::new(
-            &mut out,
-            "gleaner_wake_halted_waited_total",
-            "counter",
-            "Wake-ups of a halted vCPU whose waker's vCPU went idle before the wakee ran: the ones a held vCPU would have sped up for someone waiting.",
-        );
-        for t in &s.targets {
-            if let Some(w) = t.status.as_ref().and_then(|st| st.wake_latency.as_ref()) {
-                f.sample(
-                    "gleaner_wake_halted_waited_total",
-                    &[("target", &t.name)],
-                    w.halted_waited as f64,
-                );
-            }
-        }
-        let mut f = Family::new(
-            &mut out,
-            "gleaner_wake_halted_hand_offs_total",
-            "counter",
-            "Of those, the ones whose waker was a thread on another vCPU (not a timer on the halted vCPU): hand-offs, which packing the pair onto one vCPU turns into a switch there.",
-        );
-        for t in &s.targets {
-            if let Some(w) = t.status.as_ref().and_then(|st| st.wake_latency.as_ref()) {
-                f.sample(
-                    "gleaner_wake_halted_hand_offs_total",
-                    &[("target", &t.name)],
-                    w.halted_hand_offs as f64,
-                );
-            }
-        }
-    }
+    per_target_wakes(
+        &mut out,
+        s,
+        "gleaner_wake_halted_waited_total",
+        "Wake-ups of a halted vCPU whose waker's vCPU went idle before the wakee ran: the ones a held vCPU would have sped up for someone waiting.",
+        |w| w.halted_waited as f64,
+    );
+    per_target_wakes(
+        &mut out,
+        s,
+        "gleaner_wake_halted_hand_offs_total",
+        "Of those, the ones whose waker was a thread on another vCPU (not a timer on the halted vCPU): hand-offs, which packing the pair onto one vCPU turns into a switch there.",
+        |w| w.halted_hand_offs as f64,
+    );
     per_target(
         &mut out,
         s,

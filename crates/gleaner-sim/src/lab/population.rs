@@ -261,6 +261,12 @@ fn jitter(grain: Ns) -> Dist {
 fn name(s: &str) -> String {
     s.to_string()
 }
+/// `rounds` rounds of compute about `grain` long, each ending at `barrier`.
+fn barrier_rounds(grain: Ns, rounds: u64, barrier: &str) -> Vec<Op> {
+    (0..rounds)
+        .flat_map(|_| [c(jitter(grain)), Op::Barrier(name(barrier))])
+        .collect()
+}
 
 /// The benchmark workload: thread groups, queue capacities, barrier parties. For a
 /// phase-changing kind, `only_phase` keeps one of its two phases, repeated (see
@@ -374,16 +380,10 @@ fn workload(
             let coarse = grain * 100;
             let mut program = Vec::new();
             if only_phase != Some(1) {
-                for _ in 0..shape.rounds[0] {
-                    program.push(c(jitter(grain)));
-                    program.push(Op::Barrier(name("round")));
-                }
+                program.extend(barrier_rounds(grain, shape.rounds[0], "round"));
             }
             if only_phase != Some(0) {
-                for _ in 0..shape.rounds[1] {
-                    program.push(c(jitter(coarse)));
-                    program.push(Op::Barrier(name("round")));
-                }
+                program.extend(barrier_rounds(coarse, shape.rounds[1], "round"));
             }
             vec![group(n, program)]
         }
@@ -392,11 +392,7 @@ fn workload(
             // them for one phase and sleep through the next.
             let few = (n / 4).max(1);
             let rounds = phase_shape(kind, grain, n, phase_ns).rounds[0];
-            let mut program = Vec::new();
-            for _ in 0..rounds {
-                program.push(c(jitter(grain)));
-                program.push(Op::Barrier(name("all")));
-            }
+            let program = barrier_rounds(grain, rounds, "all");
             if only_phase != Some(1) {
                 barriers.insert(name("all"), n);
             }
@@ -416,10 +412,7 @@ fn workload(
                 program
             };
             if only_phase != Some(0) {
-                for _ in 0..rounds {
-                    steady.push(c(jitter(grain)));
-                    steady.push(Op::Barrier(name("few")));
-                }
+                steady.extend(barrier_rounds(grain, rounds, "few"));
                 barriers.insert(name("few"), few);
             }
             vec![group(few, steady), group(n - few, sleepers)]
@@ -428,10 +421,7 @@ fn workload(
             let shape = phase_shape(kind, grain, n, phase_ns);
             let mut program = Vec::new();
             if only_phase != Some(1) {
-                for _ in 0..shape.rounds[0] {
-                    program.push(c(jitter(grain)));
-                    program.push(Op::Barrier(name("round")));
-                }
+                program.extend(barrier_rounds(grain, shape.rounds[0], "round"));
             }
             if only_phase != Some(0) {
                 for _ in 0..shape.rounds[1] {
