@@ -454,17 +454,6 @@ const COMPUTE_CHUNK_NS: Ns = MS;
 fn phase_shape(kind: Kind, grain: Ns, n: usize, phase_ns: Ns) -> PhaseShape {
     let fine_rounds = (phase_ns / (grain + 40 * US)).max(1);
     match kind {
-        Kind::PhaseCompute => {
-            let chunks = (phase_ns / COMPUTE_CHUNK_NS).max(1);
-            PhaseShape {
-                rounds: [fine_rounds, chunks],
-                work_ns: [
-                    (n as u64 * fine_rounds * grain) as f64,
-                    (n as u64 * chunks * COMPUTE_CHUNK_NS) as f64,
-                ],
-                min_ns: [0.0, 0.0],
-            }
-        }
         Kind::PhaseThreads => {
             let few = (n / 4).max(1) as f64;
             let per_thread = (fine_rounds * grain) as f64;
@@ -475,13 +464,19 @@ fn phase_shape(kind: Kind, grain: Ns, n: usize, phase_ns: Ns) -> PhaseShape {
             }
         }
         _ => {
-            let coarse = grain * 100;
-            let coarse_rounds = (phase_ns / coarse).max(1);
+            // The second phase: coarse barrier rounds (phase-grain) or compute chunks
+            // (phase-compute), each `each` long.
+            let each = if kind == Kind::PhaseCompute {
+                COMPUTE_CHUNK_NS
+            } else {
+                grain * 100
+            };
+            let second = (phase_ns / each).max(1);
             PhaseShape {
-                rounds: [fine_rounds, coarse_rounds],
+                rounds: [fine_rounds, second],
                 work_ns: [
                     (n as u64 * fine_rounds * grain) as f64,
-                    (n as u64 * coarse_rounds * coarse) as f64,
+                    (n as u64 * second * each) as f64,
                 ],
                 min_ns: [0.0, 0.0],
             }
