@@ -21,6 +21,7 @@
 //! 6. the result says how it was obtained, for `gleaner status`.
 
 use gleaner_linux::wakeprobe::{QuickCalibration, Setting};
+use gleaner_policy::gain::POLLED_HALT_RATIO;
 use gleaner_policy::retention::{RetentionTimeout, MIN_TIMEOUT_NS};
 use serde::{Deserialize, Serialize};
 
@@ -61,7 +62,9 @@ enum Judged {
 }
 
 fn judge(c: &QuickCalibration) -> Judged {
-    if c.halted_p50_ns as f64 <= 1.5 * c.busy_p50_ns as f64 {
+    // A "halted" wake-up within this factor of a busy one never paid for a halt (the policy
+    // reads live wake-ups by the same rule: `gleaner_policy::gain`).
+    if c.halted_p50_ns as f64 <= POLLED_HALT_RATIO * c.busy_p50_ns as f64 {
         return Judged::NoHalt;
     }
     let hold_ns = RetentionTimeout::from_wake_costs(c.halted_p50_ns, c.busy_p50_ns).ns;

@@ -68,9 +68,9 @@ fn host_polls_halted(w: &WakeLatencies, break_even_ns: u64) -> bool {
     }
 }
 
-/// Halted wake-ups within this factor of running ones cost about the same: the rule the
-/// retention calibration (`gleaner_daemon::calibration`) uses to tell a probe run that never
-/// saw a real halt.
+/// Halted wake-ups within this factor of running ones cost about the same: the rule by which
+/// the retention calibration (`gleaner_daemon::calibration`) also tells a probe run that
+/// never saw a real halt.
 pub const POLLED_HALT_RATIO: f64 = 1.5;
 
 /// What holding the idle vCPUs could gain at most in this period, as a fraction of the
