@@ -24,7 +24,7 @@ from pathlib import Path
 from . import parse, proc, report
 from .cleanup import CleanupStack
 from .configs import Config, interleave
-from .haltpoll import HALT_POLL_NS, PARAM_PATH, HaltpollError, HaltpollStatus, ParamOverride, restore_stale
+from .haltpoll import HALT_POLL_NS, JOURNAL_DIR, PARAM_PATH, HaltpollError, HaltpollStatus, ParamOverride, restore_stale
 from .idle import IdleEntryReader, IdleSourceError
 from .mariadb import MariaDBError
 from .preflight import LOAD_THRESHOLD, load_check, read_loadavg
@@ -42,6 +42,10 @@ class Options:
     haltpoll: HaltpollStatus
     haltpoll_anyway: bool = False
     haltpoll_param: Path = PARAM_PATH  # tests point this at a fake file
+    # Where the override records the value to restore, and where a start looks for records a
+    # killed run left. A test points it at its own directory: with the real one, a record of
+    # the real parameter would be restored onto the machine by a test's suite start.
+    haltpoll_journal: Path = JOURNAL_DIR
 
 
 def log(message: str) -> None:
@@ -100,7 +104,13 @@ def source_commit() -> str:
 
 
 def measure_once(
-    workload: Workload, config: Config, rep: int, ctx: RunContext, scratch: Path, haltpoll_param: Path = PARAM_PATH
+    workload: Workload,
+    config: Config,
+    rep: int,
+    ctx: RunContext,
+    scratch: Path,
+    haltpoll_param: Path = PARAM_PATH,
+    haltpoll_journal: Path = JOURNAL_DIR,
 ) -> dict:
     """One run of `workload` under `config`; failures become records, not exceptions."""
     timeline_path = scratch / f"timeline-{workload.name}-{config.name}-{rep}.jsonl" if config.records_timeline else None
@@ -112,7 +122,7 @@ def measure_once(
 
     try:
         if config.sets_haltpoll:
-            with ParamOverride(haltpoll_param, str(HALT_POLL_NS), ctx.stack):
+            with ParamOverride(haltpoll_param, str(HALT_POLL_NS), ctx.stack, haltpoll_journal):
                 measurement = workload.measure(ctx, wrap)
         else:
             measurement = workload.measure(ctx, wrap)
@@ -190,7 +200,7 @@ def write_outputs(results: dict, stem: Path, with_plots: bool) -> list[Path]:
 def run_suite(options: Options, stack: CleanupStack) -> list[Path]:
     """Runs the whole suite; returns the output files."""
     suite = options.suite
-    for line in restore_stale():
+    for line in restore_stale(options.haltpoll_journal):
         log(f"restored {line}, left by a harness run that was killed")
     started = datetime.datetime.now()
     started_monotonic = time.monotonic()
@@ -247,7 +257,7 @@ def run_suite(options: Options, stack: CleanupStack) -> list[Path]:
             return
         for rep, config in interleave(configs, options.reps):
             done += 1
-            run = measure_once(workload, config, rep, ctx, scratch, options.haltpoll_param)
+            run = measure_once(workload, config, rep, ctx, scratch, options.haltpoll_param, options.haltpoll_journal)
             record["runs"].append(run)
             outcome = (f"{run['value']:.4g} {workload.unit} in {run['wall_s']:.1f} s" if run["ok"]
                        else f"FAILED: {run['error']}")

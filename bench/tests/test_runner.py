@@ -76,12 +76,21 @@ def test_suite_end_to_end(tmp_path, fake_gleaner):
         haltpoll=HaltpollStatus(True, False, "none", "cpuidle driver is 'none'"),
         haltpoll_anyway=True,
         haltpoll_param=param,
+        haltpoll_journal=tmp_path / "journal",
     )
+    # A record a killed run left in the test's own journal is restored at the suite's start;
+    # the machine's journal (/run/gleaner-bench) is never read or written by a test.
+    (tmp_path / "journal").mkdir()
+    (tmp_path / "journal" / "stale.json").write_text(
+        json.dumps({"path": str(param), "old_value": "50000", "pid": 2**22 + 1})
+    )
+    param.write_text("123\n")
     stack = CleanupStack()
     written = runner.run_suite(options, stack)
 
     assert stack.pending() == []
     assert param.read_text().strip() == "50000"
+    assert list((tmp_path / "journal").iterdir()) == [], "every record of the run was removed"
     names = {path.name for path in written}
     stem = written[0].stem
     assert {f"{stem}.json", f"{stem}.md", f"{stem}-speedup.png", f"{stem}-wake-latency-cdf.png",
