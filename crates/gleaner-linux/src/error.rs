@@ -168,6 +168,28 @@ pub(crate) fn read_file(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).map_err(|e| Error::io(path, e))
 }
 
+/// Reads a file line by line up to (not including) the first line for which `stop` holds.
+/// For kernel files printed as they are read (seq_file), the rest is then never printed.
+pub(crate) fn read_file_until(path: &Path, stop: impl Fn(&str) -> bool) -> Result<String> {
+    use std::io::BufRead;
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut reader = std::io::BufReader::with_capacity(16 * 1024, file);
+    let mut text = String::new();
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if reader
+            .read_line(&mut line)
+            .map_err(|e| Error::io(path, e))?
+            == 0
+            || stop(&line)
+        {
+            return Ok(text);
+        }
+        text.push_str(&line);
+    }
+}
+
 /// Writes `content` in one `write(2)`, as kernel control files expect. The file is created
 /// if missing so fake trees in tests behave like the kernel's always-present files.
 pub(crate) fn write_file(path: &Path, content: &str) -> Result<()> {

@@ -18,7 +18,7 @@ use perf_event::events::Tracepoint;
 use perf_event::{Builder, Counter};
 use serde::Serialize;
 
-use crate::procfs::ProcFs;
+use crate::procfs::{ProcFs, TimerListCpu};
 use crate::sysfs::SysFs;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -90,6 +90,12 @@ impl IdleEntryCounter {
     /// Cumulative counts, one per CPU given to `open`, in that order. A read that fails
     /// (a file gone since `open`) counts 0 for that CPU.
     pub fn read(&mut self) -> Vec<u64> {
+        self.read_with(None)
+    }
+
+    /// Like [`IdleEntryCounter::read`], taking the timer-list source's counts from
+    /// `timer_list` when the caller has just read it for something else.
+    pub fn read_with(&mut self, timer_list: Option<&[TimerListCpu]>) -> Vec<u64> {
         match self.source {
             IdleEntrySource::Cpuidle => self
                 .cpus
@@ -103,7 +109,10 @@ impl IdleEntryCounter {
                 .map(|c| c.read().unwrap_or(0) / 2)
                 .collect(),
             IdleEntrySource::TimerList => {
-                let m = self.timer_list_calls().unwrap_or_default();
+                let m = match timer_list {
+                    Some(t) => t.iter().map(|c| (c.cpu, c.idle_calls)).collect(),
+                    None => self.timer_list_calls().unwrap_or_default(),
+                };
                 self.cpus
                     .iter()
                     .map(|c| m.iter().find(|(k, _)| k == c).map_or(0, |(_, v)| *v))
@@ -163,6 +172,17 @@ mod tests {
         let mut c = IdleEntryCounter::open(&dir.path().join("nosys"), dir.path(), &[0, 1]);
         assert_eq!(c.source(), IdleEntrySource::TimerList);
         assert_eq!(c.read(), vec![3350, 2647]);
+        // A timer list the caller already read is used instead of reading the file again.
+        std::fs::remove_file(dir.path().join("timer_list")).unwrap();
+        let read = [TimerListCpu {
+            cpu: 1,
+            idle_calls: 9,
+            idle_sleeps: 0,
+            idle_sleeptime_ns: 0,
+            iowait_sleeptime_ns: 0,
+        }];
+        assert_eq!(c.read_with(Some(&read)), vec![0, 9]);
+        assert_eq!(c.read(), vec![0, 0], "the file is gone");
         // A CPU the file does not list: the source is not used.
         let c = IdleEntryCounter::open(&dir.path().join("nosys"), dir.path(), &[0, 2]);
         assert_eq!(c.source(), IdleEntrySource::Unavailable);

@@ -343,3 +343,40 @@ proptest! {
         let _ = parse_task_status(path, &STATUS[..cut.min(STATUS.len())]);
     }
 }
+
+#[test]
+fn task_schedstat_reads_run_wait_and_timeslices() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = proc100(dir.path());
+    let task = dir.path().join("7/task/8");
+    fs::create_dir_all(&task).unwrap();
+    assert!(p.task_schedstat(7, 8).unwrap_err().is_not_found());
+    fs::write(task.join("schedstat"), "163594545 8178418 513\n").unwrap();
+    assert_eq!(
+        p.task_schedstat(7, 8).unwrap(),
+        TaskSchedstat {
+            run_ns: 163_594_545,
+            wait_ns: 8_178_418,
+            timeslices: 513
+        }
+    );
+    for bad in ["1 2\n", "1 x 3\n", ""] {
+        fs::write(task.join("schedstat"), bad).unwrap();
+        let err = p.task_schedstat(7, 8).unwrap_err();
+        assert!(matches!(err, Error::Parse { .. }), "{bad:?}: {err}");
+        assert!(err.to_string().contains("schedstat"), "{err}");
+    }
+}
+
+#[test]
+fn timer_list_stops_reading_at_the_tick_devices() {
+    // What follows the tick devices is never parsed, however malformed.
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!("{TIMER_LIST}cpu: x\n  .idle_calls : garbage\n");
+    fs::write(dir.path().join("timer_list"), text).unwrap();
+    let cpus = proc100(dir.path()).timer_list().unwrap().unwrap();
+    assert_eq!(
+        cpus.iter().map(|c| c.idle_calls).collect::<Vec<_>>(),
+        [7063, 5251]
+    );
+}

@@ -255,3 +255,36 @@ fn a_window_stands_for_later_periods_only_at_the_same_pace() {
     let idle_b = Pace::of(&[vcpu(0, 150_000, 2)], PERIOD);
     assert!(idle_a.resembles(&idle_b));
 }
+
+#[test]
+fn switches_come_from_schedstat_or_else_status_and_new_or_reused_threads_add_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let task = |tid: u32| dir.path().join(format!("5/task/{tid}"));
+    let schedstat = |tid: u32, n: u64| {
+        std::fs::create_dir_all(task(tid)).unwrap();
+        std::fs::write(task(tid).join("schedstat"), format!("1 2 {n}\n")).unwrap();
+    };
+    let mut s = Sampler::new(
+        ProcFs::new(dir.path()),
+        "/nonexistent-sys",
+        Cpuset::first_n(1),
+    );
+    schedstat(6, 100);
+    schedstat(7, 50);
+    // First sight: the threads are counted but their past switches are not.
+    assert_eq!(s.switch_delta(&[(5, 6), (5, 7)]), (0, 2));
+    schedstat(6, 130);
+    schedstat(7, 10); // tid 7 exited and was reused by a thread with fewer switches
+    schedstat(8, 40); // a new thread
+    assert_eq!(s.switch_delta(&[(5, 6), (5, 7), (5, 8)]), (30, 3));
+    assert!(!s.no_schedstat);
+    // A kernel without schedstat: `status` counts switches out.
+    std::fs::remove_file(task(6).join("schedstat")).unwrap();
+    std::fs::write(
+        task(6).join("status"),
+        "Tgid:\t5\nCpus_allowed_list:\t0\nvoluntary_ctxt_switches:\t150\nnonvoluntary_ctxt_switches:\t5\n",
+    )
+    .unwrap();
+    assert_eq!(s.switch_delta(&[(5, 6), (5, 9)]), (25, 1), "tid 9 is gone");
+    assert!(s.no_schedstat);
+}
