@@ -58,7 +58,10 @@ fn procfs_budget_thins_reads_when_over_budget_and_recovers_when_cheap() {
         (b.switch_stride(), b.runnable_window(), b.runnable_every()),
         (1, 32, 1)
     );
-    // 2 ms of sampling per 100 ms period is 2 %: four times over a 0.5 % budget.
+    // 2 ms of sampling per 100 ms period is 2 %: four times over a 0.5 % budget, two
+    // halvings at once.
+    b.account(2_000_000, period);
+    assert_eq!(b.level(), 2);
     for _ in 0..20 {
         b.account(2_000_000, period);
     }
