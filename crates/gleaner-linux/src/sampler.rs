@@ -846,7 +846,7 @@ impl Sampler {
         let stat = self.procfs.stat()?;
         // One read of `/proc/timer_list` serves idle time and, where it is their source,
         // idle entries: printing it is most of the procfs sampler's own cost on a guest
-        // without a cpuidle driver (38 % of it, perf, ping-pong on the `none` guest).
+        // without a cpuidle driver (a third of it in perf's samples of a ping-pong there).
         let timer = if self.precise_idle {
             self.procfs.timer_list().ok().flatten()
         } else {
