@@ -110,7 +110,7 @@ impl IdleEntryCounter {
                 .collect(),
             IdleEntrySource::TimerList => {
                 let m = match timer_list {
-                    Some(t) => t.iter().map(|c| (c.cpu, c.idle_calls)).collect(),
+                    Some(t) => calls_of(t),
                     None => self.timer_list_calls().unwrap_or_default(),
                 };
                 self.cpus
@@ -136,9 +136,13 @@ impl IdleEntryCounter {
 
     /// `(cpu, idle_calls)` pairs from `/proc/timer_list`; `None` when it cannot be read.
     fn timer_list_calls(&self) -> Option<Vec<(usize, u64)>> {
-        let cpus = self.proc.timer_list().ok().flatten()?;
-        Some(cpus.iter().map(|c| (c.cpu, c.idle_calls)).collect())
+        Some(calls_of(&self.proc.timer_list().ok().flatten()?))
     }
+}
+
+/// `(cpu, idle_calls)` pairs of a parsed `/proc/timer_list`.
+fn calls_of(timer_list: &[TimerListCpu]) -> Vec<(usize, u64)> {
+    timer_list.iter().map(|c| (c.cpu, c.idle_calls)).collect()
 }
 
 /// One system-wide counter of the tracepoint per CPU, enabled at once.
