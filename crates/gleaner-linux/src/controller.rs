@@ -914,7 +914,7 @@ const MAX_PERIOD_STRETCH: u32 = 10;
 /// spike into the next periods' length on top of the debt that repays it. Averaged over
 /// sixteen cycles, the first period's read (18 ms with 1,000 threads) kept the periods of a
 /// 20 s run stretched (Gleaner at 0.19–0.22 % of a CPU, against its 0.5 %); the rule before
-/// (the end-of-period work only, averaged over four) let it run at 0.50–0.53 %.
+/// (the end-of-period work only, averaged over four) let it run at 0.49–0.53 %.
 #[derive(Debug, Clone)]
 pub struct OwnCpuBudget {
     base: Duration,
