@@ -277,6 +277,12 @@ pub struct GuestConfig {
     /// Retention hold for `hold`, `retention` and `gleaner`; default: the break-even hold
     /// derived from the cost model (wake on a halted vCPU minus wake on a busy one, §4.1).
     pub retention_timeout: Option<Dur>,
+    /// The guest has a cpuidle POLL state (the `haltpoll` driver), so retention holds by
+    /// in-kernel polling, as the daemon does on such a guest (PM QoS): a held vCPU notices
+    /// work without an IPI (`poll_wake`), and it polls until the policy lifts the hold (the
+    /// daemon's PM QoS hold has no timeout of its own). Without one (the default) retention
+    /// is a yielding thread, woken by an IPI, and ends at its timeout.
+    pub retention_polls: bool,
     /// cpuidle-haltpoll parameters (Linux defaults).
     pub halt_poll_max: Dur,
     pub halt_poll_grow_start: Dur,
@@ -292,6 +298,7 @@ impl Default for GuestConfig {
             slice: Dur(3 * MS),
             balance_interval: Dur(4 * MS),
             retention_timeout: None,
+            retention_polls: false,
             halt_poll_max: Dur(200 * US),
             halt_poll_grow_start: Dur(50 * US),
             halt_poll_grow: 2,

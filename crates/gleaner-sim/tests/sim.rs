@@ -351,6 +351,39 @@ fn gleaner_retention_holds_vcpus_through_short_sleeps() {
 }
 
 #[test]
+fn a_guest_with_a_poll_state_holds_by_polling_without_ipis() {
+    // Setting C with 20 µs of work per hand-off, a fixed hold on both vCPUs (guest `hold`):
+    // on a guest without a POLL state the waker's IPI reaches the yielding thread (ipi +
+    // guest switch, 17 µs); with one (`retention_polls`, PM QoS polling in the daemon) the
+    // held vCPU sees the queued thread itself: poll_wake + guest switch, 7 µs, as haltpoll's,
+    // and no IPI at all.
+    let yielding = shipped(
+        "table2-c.toml",
+        &[
+            ("vm.0.workload.iterations", int(500)),
+            ("vm.0.workload.work", toml::Value::String("20us".into())),
+        ],
+    );
+    let mut yielding = yielding;
+    yielding.vms[0].guest = gleaner_sim::scenario::GuestPolicy::Hold;
+    let mut polling = yielding.clone();
+    polling.guest.retention_polls = true;
+    let (r_yield, r_poll) = (simulate(&yielding), simulate(&polling));
+    let (a, b) = (vm(&r_yield, "pingpong"), vm(&r_poll, "pingpong"));
+    let ipis =
+        |v: &gleaner_sim::report::VmReport| v.vcpus.iter().map(|c| c.ipis_received).sum::<u64>();
+    assert!(
+        ipis(a) > 900,
+        "yielding holds are woken by IPIs: {}",
+        ipis(a)
+    );
+    assert_eq!(ipis(b), 0, "polling holds need none");
+    assert_eq!(b.wake_latency.p50_ns, 7_000);
+    assert!(a.wake_latency.p50_ns > b.wake_latency.p50_ns);
+    assert!(b.run_time_ns < a.run_time_ns);
+}
+
+#[test]
 fn gleaner_consolidates_a_fine_grained_pipeline() {
     // dedup on 8 dedicated vCPUs: l_comp and g_comp are tens of µs against idle periods of
     // similar length, so Gleaner deactivates vCPUs one at a time.

@@ -92,6 +92,7 @@ impl Sim {
                 poll_shrink: s.guest.halt_poll_shrink,
                 policy_period: s.guest.policy_period.0,
                 host_balance_interval: s.host.balance_interval.0,
+                retention_polls: s.guest.retention_polls,
             },
             events: 0,
             ticks: vec![TickSlot::default(); s.host.pcpus],

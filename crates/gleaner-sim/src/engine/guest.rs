@@ -163,6 +163,13 @@ impl Sim {
         }
         let vc = &mut self.vcpus[v];
         if let Some(hold) = vc.retention {
+            // Held by polling (PM QoS), a vCPU polls until work comes or the policy lifts
+            // the hold at a period's end: no hold outlasts a period.
+            let hold = if self.g.retention_polls {
+                self.g.policy_period
+            } else {
+                hold
+            };
             self.set_act(v, Activity::Retaining, hold);
         } else if policy == GuestPolicy::Haltpoll && vc.poll_limit > 0 {
             vc.c.idle_entries += 1;

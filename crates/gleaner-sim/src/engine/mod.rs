@@ -179,6 +179,8 @@ struct GuestParams {
     poll_shrink: u64,
     policy_period: Ns,
     host_balance_interval: Ns,
+    /// `GuestConfig::retention_polls`.
+    retention_polls: bool,
 }
 
 pub struct Sim {

@@ -131,6 +131,14 @@ impl Sim {
                     self.leave_idle(v, extra);
                 }
             }
+            // A vCPU held by in-kernel polling sees the queued thread by itself, no IPI.
+            Activity::Retaining if self.g.retention_polls => {
+                if self.executing(v) {
+                    self.pause(v);
+                    let extra = self.costs.poll_wake;
+                    self.leave_idle(v, extra);
+                }
+            }
             Activity::Retaining => match waker {
                 // The vCPU's own timer interrupts the yielding thread locally.
                 Waker::Timer(u) if u == v => {

@@ -254,13 +254,11 @@ pub struct SetSummary {
     /// Scenarios where Gleaner's system speedup is below `none`'s.
     pub system_below_none: usize,
     /// Against the guest's own `haltpoll` (not in the static set: it needs a cpuidle POLL
-    /// state, and where a guest has one Gleaner holds by polling too, while in the simulator
-    /// it always holds with a yielding thread, as on a guest without one): scenarios where
-    /// `haltpoll`'s system speedup is more than 3 % above Gleaner's, where Gleaner's is more
-    /// than 3 % above `haltpoll`'s, and the scenario where Gleaner is furthest behind.
-    pub haltpoll_ahead_over_3pct: usize,
-    pub gleaner_ahead_of_haltpoll_over_3pct: usize,
-    pub worst_behind_haltpoll: (String, f64),
+    /// state, which the static settings' guest has not): `gleaner`, which holds with a
+    /// yielding thread as on a guest without one, and `gleaner@poll`, Gleaner on a guest with
+    /// a POLL state, holding by polling as the daemon does there.
+    pub vs_haltpoll: VsHaltpoll,
+    pub vs_haltpoll_polling: VsHaltpoll,
     /// Phase-changing scenarios: Gleaner's system speedup over the best static one, minus 1.
     pub phased_gain_over_best_static: Vec<(String, f64)>,
     /// Phase-changing scenarios: the phase oracle's gain over the best single static
@@ -271,6 +269,47 @@ pub struct SetSummary {
     pub correlation_util_vs_throughput: f64,
     /// The same for Gleaner's signal without an application progress count.
     pub correlation_fallback_signal_vs_throughput: f64,
+}
+
+/// One Gleaner configuration against `haltpoll`, over a set's scenarios.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct VsHaltpoll {
+    /// Scenarios where `haltpoll`'s system speedup is more than 3 % above Gleaner's.
+    pub haltpoll_ahead_over_3pct: usize,
+    /// Scenarios where Gleaner's is more than 3 % above `haltpoll`'s.
+    pub gleaner_ahead_over_3pct: usize,
+    /// The scenario where Gleaner is furthest behind, and its system speedup over
+    /// `haltpoll`'s minus 1.
+    pub furthest_behind: (String, f64),
+}
+
+impl VsHaltpoll {
+    fn of(results: &[&ScenarioResult], gleaner: &str) -> Self {
+        let gaps: Vec<(String, f64)> = results
+            .iter()
+            .filter_map(|r| {
+                let sys = |label: &str| {
+                    r.configs
+                        .iter()
+                        .find(|c| c.config == label)
+                        .map(|c| c.system_speedup)
+                };
+                Some((
+                    r.scenario.name.clone(),
+                    sys(gleaner)? / sys("haltpoll")?.max(1e-12) - 1.0,
+                ))
+            })
+            .collect();
+        Self {
+            haltpoll_ahead_over_3pct: gaps.iter().filter(|(_, g)| *g < -0.03).count(),
+            gleaner_ahead_over_3pct: gaps.iter().filter(|(_, g)| *g > 0.03).count(),
+            furthest_behind: gaps
+                .iter()
+                .min_by(|a, b| a.1.total_cmp(&b.1))
+                .cloned()
+                .unwrap_or_default(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -338,6 +377,7 @@ fn run_jobs(
                                 guest: GuestPolicy::None,
                                 active_vcpus: None,
                                 app_progress: false,
+                                retention_polls: false,
                             },
                             Some(*vm),
                         )?,
@@ -626,17 +666,6 @@ fn summarize(set: LabSet, results: &[ScenarioResult]) -> SetSummary {
     let worst = rs.iter().max_by(|a, b| a.regret.total_cmp(&b.regret));
     let mut util_pairs = Vec::new();
     let mut signal_pairs = Vec::new();
-    // Gleaner's system speedup over `haltpoll`'s, minus 1, per scenario.
-    let vs_haltpoll: Vec<(String, f64)> = rs
-        .iter()
-        .filter_map(|r| {
-            let h = r.configs.iter().find(|c| c.config == "haltpoll")?;
-            Some((
-                r.scenario.name.clone(),
-                r.gleaner_system / h.system_speedup.max(1e-12) - 1.0,
-            ))
-        })
-        .collect();
     for r in &rs {
         let Some(none) = r.configs.iter().find(|c| c.config == "none") else {
             continue;
@@ -674,13 +703,8 @@ fn summarize(set: LabSet, results: &[ScenarioResult]) -> SetSummary {
         worst_regret_scenario: worst.map_or(String::new(), |r| r.scenario.name.clone()),
         bench_loss_over_3pct: rs.iter().filter(|r| r.bench_vs_none < -0.03).count(),
         system_below_none: rs.iter().filter(|r| r.system_vs_none < -1e-9).count(),
-        haltpoll_ahead_over_3pct: vs_haltpoll.iter().filter(|(_, g)| *g < -0.03).count(),
-        gleaner_ahead_of_haltpoll_over_3pct: vs_haltpoll.iter().filter(|(_, g)| *g > 0.03).count(),
-        worst_behind_haltpoll: vs_haltpoll
-            .iter()
-            .min_by(|a, b| a.1.total_cmp(&b.1))
-            .cloned()
-            .unwrap_or_default(),
+        vs_haltpoll: VsHaltpoll::of(&rs, "gleaner"),
+        vs_haltpoll_polling: VsHaltpoll::of(&rs, "gleaner@poll"),
         phased_gain_over_best_static: rs
             .iter()
             .filter(|r| r.scenario.kind.is_phased())
@@ -822,6 +846,7 @@ mod tests {
                             guest: GuestPolicy::None,
                             active_vcpus: None,
                             app_progress: false,
+                            retention_polls: false,
                         },
                         Some(vm),
                     )

@@ -231,6 +231,9 @@ pub struct GuestChoice {
     pub active_vcpus: Option<usize>,
     /// The application reports progress to the policy (`vm.app_progress`).
     pub app_progress: bool,
+    /// The guest has a cpuidle POLL state, so retention holds by polling
+    /// (`GuestConfig::retention_polls`): Gleaner as it runs on a guest where `haltpoll` could.
+    pub retention_polls: bool,
 }
 
 impl GuestChoice {
@@ -239,6 +242,7 @@ impl GuestChoice {
             (Some(k), GuestPolicy::Hold) => format!("static-{k}+retain"),
             (Some(k), _) => format!("static-{k}"),
             (None, g) if self.app_progress => format!("{}+progress", g.name()),
+            (None, g) if self.retention_polls => format!("{}@poll", g.name()),
             (None, g) => g.name().to_string(),
         }
     }
@@ -598,6 +602,7 @@ impl LabScenario {
         bench.guest = choice.guest;
         bench.active_vcpus = choice.active_vcpus;
         bench.app_progress = choice.app_progress;
+        s.guest.retention_polls = choice.retention_polls;
         let mut vms = vec![bench];
         vms.extend(co_runners(self.contention, self.vcpus));
         if let Some(i) = only {
@@ -640,12 +645,22 @@ impl LabScenario {
             guest,
             active_vcpus: None,
             app_progress: false,
+            retention_polls: false,
         })
         .collect();
         out.push(GuestChoice {
             guest: GuestPolicy::Gleaner,
             active_vcpus: None,
             app_progress: true,
+            retention_polls: false,
+        });
+        // Gleaner on a guest with a POLL state, where `haltpoll` is the fixed setting it
+        // must beat (not a static setting: the others run on a guest without one).
+        out.push(GuestChoice {
+            guest: GuestPolicy::Gleaner,
+            active_vcpus: None,
+            app_progress: false,
+            retention_polls: true,
         });
         for k in self.static_counts() {
             for guest in [GuestPolicy::None, GuestPolicy::Hold] {
@@ -657,6 +672,7 @@ impl LabScenario {
                     guest,
                     active_vcpus: Some(k),
                     app_progress: false,
+                    retention_polls: false,
                 });
             }
         }
