@@ -290,18 +290,24 @@ fn coscheduling_removes_lock_holder_preemption() {
     );
 }
 
-#[test]
-fn haltpoll_polls_away_short_idle_periods() {
-    // Setting C with 20 µs of work per hand-off: vCPU idle periods are ~60 µs, under the
-    // 200 µs haltpoll maximum, so after the first wake the poll limit grows to 50–100 µs and
-    // later wakes find the vCPU polling: poll_wake + guest_switch = 7 µs, no halts.
-    let none = shipped(
+/// Table 2's setting C (a ping-pong across two vCPUs) with 20 µs of work per hand-off: vCPU
+/// idle periods of ~60 µs, where polling or holding pays.
+fn table2_c_20us() -> Scenario {
+    shipped(
         "table2-c.toml",
         &[
             ("vm.0.workload.iterations", int(500)),
             ("vm.0.workload.work", toml::Value::String("20us".into())),
         ],
-    );
+    )
+}
+
+#[test]
+fn haltpoll_polls_away_short_idle_periods() {
+    // Setting C with 20 µs of work per hand-off: vCPU idle periods are ~60 µs, under the
+    // 200 µs haltpoll maximum, so after the first wake the poll limit grows to 50–100 µs and
+    // later wakes find the vCPU polling: poll_wake + guest_switch = 7 µs, no halts.
+    let none = table2_c_20us();
     let mut poll = none.clone();
     poll.vms[0].guest = gleaner_sim::scenario::GuestPolicy::Haltpoll;
     let (r_none, r_poll) = (simulate(&none), simulate(&poll));
@@ -357,14 +363,7 @@ fn a_guest_with_a_poll_state_holds_by_polling_without_ipis() {
     // guest switch, 17 µs); with one (`retention_polls`, PM QoS polling in the daemon) the
     // held vCPU sees the queued thread itself: poll_wake + guest switch, 7 µs, as haltpoll's,
     // and no IPI at all.
-    let yielding = shipped(
-        "table2-c.toml",
-        &[
-            ("vm.0.workload.iterations", int(500)),
-            ("vm.0.workload.work", toml::Value::String("20us".into())),
-        ],
-    );
-    let mut yielding = yielding;
+    let mut yielding = table2_c_20us();
     yielding.vms[0].guest = gleaner_sim::scenario::GuestPolicy::Hold;
     let mut polling = yielding.clone();
     polling.guest.retention_polls = true;
