@@ -20,7 +20,9 @@ Three parts, each recording the commit, cpuidle driver, kernel and load average:
   ping-pong's ~100,000+ context switches per second. Target: ≤ 0.5 %. Run for each sampler.
   Gleaner's start-up calibration (wake costs measured once per boot and cached in its state
   directory) runs first, on the quiet machine, and is reported apart: left to the first
-  measured run it fell on 1,000 busy threads, took 2–3 s there and added 0.1–0.2 % to that run.
+  measured run it fell on 1,000 busy threads, took 2–3 s there and added
+  about 0.1 % to that run (BPF sampler: 0.46–0.53 % in 8 runs without the warm-up, 0.31–0.42 % in
+  10 with it, two batches 20 minutes apart on the `none` guest, 2026-11-26).
 * **bpf-cost** — the BPF programs' own run time: `kernel.bpf_stats_enabled=1` for the run
   (restored after, also on failure), run_time_ns and run_cnt summed over the gleaner process's
   BPF program fds (/proc/PID/fdinfo), reported per event and per 100,000 events.
