@@ -92,7 +92,7 @@ impl Drop for CallerPinned {
 /// The two futex words and the wake timestamp shared by waker and wakee.
 ///
 /// Round `i`: the wakee sets `armed = i + 1` and blocks on `seq == i`; the waker waits for
-/// `armed`, sleeps the gap, stamps `wake_ts` and bumps `seq` with a `FUTEX_WAKE`. Waiting for
+/// `armed`, lets the gap pass, stamps `wake_ts` and bumps `seq` with a `FUTEX_WAKE`. Waiting for
 /// `armed` first makes the gap the time the wakee stays blocked, however slow its last wake was.
 struct Handshake {
     seq: AtomicU32,
@@ -127,6 +127,7 @@ pub(super) fn run_point(
     let _pinned = CallerPinned::pin(waker_cpu)?;
     // Safety net for the futex waits: never reached in a healthy run, it only bounds a hang.
     let wait_limit_ns = 1_000_000_000 + 2 * gap_ns;
+    let gap = Gap::for_setting(setting, gap_ns);
     let (wakee, waker) = std::thread::scope(|s| {
         let hs = &hs;
         let wakee = std::thread::Builder::new()
@@ -141,7 +142,7 @@ pub(super) fn run_point(
             .name("gleaner-waker".into())
             .spawn_scoped(s, move || {
                 let _finished = finished_tx; // dropped on return: wakes the loop below
-                waker_side(hs, waker_cpu, rounds, gap_ns, wait_limit_ns)
+                waker_side(hs, waker_cpu, rounds, gap, wait_limit_ns)
             }) {
             Ok(handle) => handle,
             Err(source) => {
@@ -234,11 +235,48 @@ fn wakee_side(
     Ok(result)
 }
 
+/// How the waker lets the gap pass before it wakes the wakee.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Gap {
+    /// Sleeping: the waker's vCPU may idle through the gap, which is nothing to the wakee
+    /// when it waits on another vCPU.
+    Sleep(u64),
+    /// Spinning on the clock, for setting A (waker and wakee on one vCPU): Table 2's A is a
+    /// wake that costs "only a context switch between the threads inside the guest OS". A
+    /// sleeping waker would leave that vCPU with nothing to run, so it would halt through every
+    /// gap and each wake would come right after the vCPU's return from the hypervisor; on the
+    /// `none` guest that made A's in-kernel p50 3.1 µs against 2.1 µs for a ping-pong confined
+    /// to one vCPU, whose vCPU never idles (`bench/wake_latency_check.py`, 2026-11-26).
+    Spin(u64),
+}
+
+impl Gap {
+    pub(super) fn for_setting(setting: Setting, gap_ns: u64) -> Self {
+        if setting == Setting::SameVcpu {
+            Gap::Spin(gap_ns)
+        } else {
+            Gap::Sleep(gap_ns)
+        }
+    }
+
+    pub(super) fn pass(self) {
+        match self {
+            Gap::Sleep(ns) => sleep_ns(ns),
+            Gap::Spin(ns) => {
+                let until = now_ns().saturating_add(ns);
+                while now_ns() < until {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+    }
+}
+
 fn waker_side(
     hs: &Handshake,
     cpu: usize,
     rounds: u32,
-    gap_ns: u64,
+    gap: Gap,
     wait_limit_ns: u64,
 ) -> Result<(), ProbeError> {
     let fail = |e| {
@@ -267,7 +305,7 @@ fn waker_side(
             }
             futex_wait(&hs.armed, armed, wait_limit_ns);
         }
-        sleep_ns(gap_ns);
+        gap.pass();
         hs.wake_ts.store(now_ns(), Ordering::Relaxed);
         hs.seq.store(i + 1, Ordering::Release);
         futex_wake(&hs.seq);

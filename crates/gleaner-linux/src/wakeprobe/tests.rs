@@ -119,6 +119,28 @@ fn timeout_comes_from_the_largest_gap_with_b_and_c() {
     assert!(derive_timeout(&points[..1]).is_none());
 }
 
+/// Setting A keeps its vCPU running through the gap (Table 2's A is a context switch and no
+/// more); the other settings' waker sleeps, its vCPU being none of the wakee's business.
+#[test]
+fn only_the_same_vcpu_setting_spins_through_the_gap() {
+    use super::point::Gap;
+    assert_eq!(Gap::for_setting(Setting::SameVcpu, 7), Gap::Spin(7));
+    for s in [Setting::BusyYield, Setting::BusyPoll, Setting::Halted] {
+        assert_eq!(Gap::for_setting(s, 7), Gap::Sleep(7), "{s:?}");
+    }
+    let cpu_for = |gap: Gap| {
+        let before = gleaner_sys::clock::own_thread_cpu_ns();
+        gap.pass();
+        gleaner_sys::clock::own_thread_cpu_ns() - before
+    };
+    let gap_ns = 3_000_000;
+    let spun = cpu_for(Gap::Spin(gap_ns));
+    // On a busy machine a spinning thread may be preempted for part of the gap.
+    assert!(spun >= gap_ns / 3, "spinning {gap_ns} ns used {spun} ns of CPU");
+    let slept = cpu_for(Gap::Sleep(gap_ns));
+    assert!(slept < gap_ns / 3, "sleeping {gap_ns} ns used {slept} ns of CPU");
+}
+
 #[test]
 fn caller_affinity_is_restored_after_a_point() {
     let before = thread_affinity(0).unwrap();
