@@ -136,9 +136,15 @@ fn only_the_same_vcpu_setting_spins_through_the_gap() {
     let gap_ns = 3_000_000;
     let spun = cpu_for(Gap::Spin(gap_ns));
     // On a busy machine a spinning thread may be preempted for part of the gap.
-    assert!(spun >= gap_ns / 3, "spinning {gap_ns} ns used {spun} ns of CPU");
+    assert!(
+        spun >= gap_ns / 3,
+        "spinning {gap_ns} ns used {spun} ns of CPU"
+    );
     let slept = cpu_for(Gap::Sleep(gap_ns));
-    assert!(slept < gap_ns / 3, "sleeping {gap_ns} ns used {slept} ns of CPU");
+    assert!(
+        slept < gap_ns / 3,
+        "sleeping {gap_ns} ns used {slept} ns of CPU"
+    );
 }
 
 #[test]
