@@ -17,13 +17,12 @@ use crate::sample::{PeriodSample, WakeLatencies};
 pub const MIN_CONSOLIDATION_GAIN: f64 = 0.10;
 
 /// Where the bound is at least this, twice what a trial needs to pay for its risk, the
-/// evidence for packing is strong enough that the paper's grain condition
-/// (`g_comp <= eta x l_idle`) may be missed by [`NEAR_MISS_SLACK`]: it compares means of
-/// quantities that move by more than that from one period to the next.
+/// evidence for packing is strong enough that the paper's two conditions may be missed by
+/// [`NEAR_MISS_SLACK`]: they compare means of quantities that move by more than that from
+/// one period to the next.
 pub const STRONG_CONSOLIDATION_GAIN: f64 = 2.0 * MIN_CONSOLIDATION_GAIN;
 
-/// How far past its limit (as a factor) the grain condition may be where the gain bound is
-/// strong.
+/// How far past its limit (as a factor) a condition may be where the gain bound is strong.
 pub const NEAR_MISS_SLACK: f64 = 1.25;
 
 /// Wake-ups of the busy kind counted before their median is trusted as the busy cost.

