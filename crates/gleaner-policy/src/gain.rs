@@ -16,15 +16,6 @@ use crate::sample::{PeriodSample, WakeLatencies};
 /// every one where consolidation paid at least 14 % (phase-grain-100us-4v).
 pub const MIN_CONSOLIDATION_GAIN: f64 = 0.10;
 
-/// Where the bound is at least this, twice what a trial needs to pay for its risk, the
-/// evidence for packing is strong enough that the paper's two conditions may be missed by
-/// [`NEAR_MISS_SLACK`]: they compare means of quantities that move by more than that from
-/// one period to the next.
-pub const STRONG_CONSOLIDATION_GAIN: f64 = 2.0 * MIN_CONSOLIDATION_GAIN;
-
-/// How far past its limit (as a factor) a condition may be where the gain bound is strong.
-pub const NEAR_MISS_SLACK: f64 = 1.25;
-
 /// Wake-ups of the busy kind counted before their median is trusted as the busy cost.
 const MIN_BUSY_WAKES: u64 = 20;
 

@@ -788,29 +788,19 @@ impl Gleaner {
         if c.runnable_wait_fraction > self.cfg.max_runnable_wait {
             return;
         }
-        let gain = self.pooled_gain_bound(sample, self.cfg.retention_timeout.ns);
-        if gain.is_some_and(|g| g < crate::gain::MIN_CONSOLIDATION_GAIN) {
+        if self
+            .pooled_gain_bound(sample, self.cfg.retention_timeout.ns)
+            .is_some_and(|g| g < crate::gain::MIN_CONSOLIDATION_GAIN)
+        {
             return;
         }
-        // Where the wake-ups measured cost the workload a large share of its run time, a
-        // condition missed by less than its own noise does not stop the trial (the judge
-        // still undoes a loss). In a ping-pong across two vCPUs each vCPU computes while the
-        // other idles, so g_comp and l_idle are the same hand-off seen from both sides and
-        // (2) is a coin toss: on the `none` guest one run in sixteen waited 23 periods
-        // (g_comp 7.7 us against l_idle 6.6-7.7 us) with 10,000 halted wake-ups a period,
-        // half of them waited for, while the others consolidated in the second or third.
-        let slack = if gain.is_some_and(|g| g >= crate::gain::STRONG_CONSOLIDATION_GAIN) {
-            crate::gain::NEAR_MISS_SLACK
-        } else {
-            1.0
-        };
         // Steal means the host is oversubscribed: a held or lightly used vCPU costs other VMs,
         // so consolidation is favoured by relaxing the load factor toward 1.
         let rho = (self.rho * (1.0 + c.steal_fraction)).min(1.0);
         let room = rho * (n - 1) as f64 * c.l_idle_ns;
-        let cond1 = c.l_comp_ns <= slack * room;
+        let cond1 = c.l_comp_ns <= room;
         let grain = (self.eta * c.l_idle_ns).min(self.cfg.min_time_slice_ns as f64);
-        let cond2 = c.g_comp_ns <= slack * grain;
+        let cond2 = c.g_comp_ns <= grain;
         if !(cond1 && cond2) {
             return;
         }
