@@ -69,6 +69,15 @@ pub fn sleep_ns(ns: u64) {
     }
 }
 
+/// Busy-waits `ns` nanoseconds on the monotonic clock, keeping the CPU running (where
+/// [`sleep_ns`] would let it idle, and a vCPU halt).
+pub fn spin_ns(ns: u64) {
+    let until = monotonic_ns().saturating_add(ns);
+    while monotonic_ns() < until {
+        std::hint::spin_loop();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use gleaner_policy::Cpuset;
 use gleaner_sys::affinity::{pin_current_thread, set_current_thread_affinity, thread_affinity};
-use gleaner_sys::clock::{monotonic_ns as now_ns, sleep_ns};
+use gleaner_sys::clock::{monotonic_ns as now_ns, sleep_ns, spin_ns};
 use gleaner_sys::futex;
 
 use super::{open_poll, LatencyStats, ProbeConfig, ProbeError, ProbePoint, Setting};
@@ -262,12 +262,7 @@ impl Gap {
     pub(super) fn pass(self) {
         match self {
             Gap::Sleep(ns) => sleep_ns(ns),
-            Gap::Spin(ns) => {
-                let until = now_ns().saturating_add(ns);
-                while now_ns() < until {
-                    std::hint::spin_loop();
-                }
-            }
+            Gap::Spin(ns) => spin_ns(ns),
         }
     }
 }
