@@ -184,8 +184,18 @@ struct WindowCounts {
     /// The workload's run time inside the window, as the programs counted it.
     work_ns: u64,
     crowded_ns: u64,
+    /// How many waits `crowded_ns` adds up.
+    crowded_waits: u64,
     wake: WakeLatencies,
 }
+
+/// Crowded waits a window must have seen before its crowded time is scaled up to stand for
+/// whole periods. One wait of a millisecond in a 5 ms window, scaled, reads as 18 % of every
+/// period the window stands for: a ping-pong's start-up window once saw one such wait, and
+/// its 18 % (over `max_runnable_wait`, 10 %) kept Gleaner from consolidating it for the ten
+/// periods that reused the window, 0.5 s of a 3 s run (1 run in 24 on the `none` guest,
+/// 2026-11-26). A count of k events estimates a rate within about 1/sqrt(k).
+pub(crate) const MIN_SCALED_CROWDED_WAITS: u64 = 3;
 
 impl WindowCounts {
     /// Its counts as if measured over a period of `period_ns` in which the workload ran
@@ -195,8 +205,15 @@ impl WindowCounts {
     /// without switching meanwhile) read the ping-pong's g_comp as 20–29 µs instead of the
     /// window's 9–10, failed the consolidation's grain condition, and Gleaner held both vCPUs
     /// by polling instead (x0.6 of one vCPU) in 1 to 4 runs of 10. Idle-peer queueing and
-    /// wake-ups are rates in time and scale with it.
-    fn scaled_to(&self, period_ns: u64, period_work_ns: u64) -> (u64, u64, WakeLatencies) {
+    /// wake-ups are rates in time and scale with it, except idle-peer queueing seen in fewer
+    /// than [`MIN_SCALED_CROWDED_WAITS`] waits: the window's own period (`in_window`) keeps
+    /// what was measured, unscaled, and the periods it stands for get none.
+    fn scaled_to(
+        &self,
+        period_ns: u64,
+        period_work_ns: u64,
+        in_window: bool,
+    ) -> (u64, u64, WakeLatencies) {
         let covered = self.covered_ns.max(1) as u128;
         let scale = |x: u64| (x as u128 * period_ns as u128 / covered) as u64;
         let switches = if self.work_ns > 0 {
@@ -204,9 +221,16 @@ impl WindowCounts {
         } else {
             scale(self.switches)
         };
+        let crowded = if self.crowded_waits >= MIN_SCALED_CROWDED_WAITS {
+            scale(self.crowded_ns)
+        } else if in_window {
+            self.crowded_ns
+        } else {
+            0
+        };
         (
             switches,
-            scale(self.crowded_ns),
+            crowded,
             self.wake.scaled(period_ns, self.covered_ns.max(1)),
         )
     }
@@ -712,7 +736,8 @@ impl Sampler {
         let mut vcpus = Vec::with_capacity(self.cpus.len());
         let mut spare = Vec::with_capacity(self.cpus.len());
         let mut wake = WakeLatencies::default();
-        let (mut switches, mut crowded_ns, mut events) = (0u64, 0u64, 0u64);
+        let (mut switches, mut crowded_ns, mut crowded_waits, mut events) =
+            (0u64, 0u64, 0u64, 0u64);
         for (i, cpu) in self.cpus.iter().enumerate() {
             let d = kernel_delta(&self.kernel_prev, &prev_counters, cpu);
             let r1 = snap.retention.get(&cpu).copied().unwrap_or_default();
@@ -721,6 +746,7 @@ impl Sampler {
             wake.merge(&d.wake);
             switches += d.work_switches;
             crowded_ns += d.crowded_wait_ns;
+            crowded_waits += d.crowded_waits;
             events += d.events;
             spare.push(
                 snap.cpus[i]
@@ -749,7 +775,7 @@ impl Sampler {
             // No window this period: the last one's rates stand for it, and size the next.
             Some(last) => {
                 work_between(&prev, &snap, &spare, period_ns, &mut vcpus);
-                (switches, crowded_ns, wake) = last.scaled_to(period_ns, total_work(&vcpus));
+                (switches, crowded_ns, wake) = last.scaled_to(period_ns, total_work(&vcpus), false);
                 Window::next_len(last.events, last.covered_ns, period_ns)
             }
             None => {
@@ -762,6 +788,7 @@ impl Sampler {
                         switches,
                         work_ns: total_work(&vcpus),
                         crowded_ns,
+                        crowded_waits,
                         wake: wake.clone(),
                     });
                     work_between(&prev, &snap, &spare, period_ns, &mut vcpus);
@@ -769,7 +796,9 @@ impl Sampler {
                     (switches, crowded_ns, wake) = self
                         .last_window
                         .as_ref()
-                        .map_or_else(Default::default, |w| w.scaled_to(period_ns, period_work));
+                        .map_or_else(Default::default, |w| {
+                            w.scaled_to(period_ns, period_work, true)
+                        });
                 }
                 Window::next_len(events, covered_ns, period_ns)
             }

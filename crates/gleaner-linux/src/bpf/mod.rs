@@ -40,13 +40,15 @@ use skel::{SamplerSkel, SamplerSkelBuilder};
 
 /// `struct cpu_stats` in sampler.bpf.c: 6 counters, 3×128 buckets, 3 counts, 3 sums, the
 /// halted wake-ups the waker waited for, the idle age at the wake-up (128 buckets, a count
-/// and a sum), then the hand-offs among the waited-for wake-ups.
-const STATS_WORDS: usize = HAND_OFFS_WORD + 1;
+/// and a sum), the hand-offs among the waited-for wake-ups, then the number of crowded waits.
+const STATS_WORDS: usize = CROWDED_WAITS_WORD + 1;
 
 /// Where the idle-age histogram starts in `struct cpu_stats`.
 const IDLE_AGE_WORD: usize = 6 + 3 * LATENCY_BUCKETS + 3 + 3 + 1;
 /// Where `halted_hand_offs` is: after the idle-age histogram, its count and its sum.
 const HAND_OFFS_WORD: usize = IDLE_AGE_WORD + LATENCY_BUCKETS + 2;
+/// Where `crowded_waits` is: last.
+const CROWDED_WAITS_WORD: usize = HAND_OFFS_WORD + 1;
 
 /// Only CPU ids below this are scanned for idle peers (the active mask is one u64).
 const MASK_CPUS: usize = 64;
@@ -60,6 +62,8 @@ pub struct CpuCounters {
     pub work_switches: u64,
     /// Time workload threads spent queued while another active vCPU was idle.
     pub crowded_wait_ns: u64,
+    /// How many waits `crowded_wait_ns` adds up (each longer than 1 ms).
+    pub crowded_waits: u64,
     /// Tracepoint invocations on this vCPU (for the program's cost per event).
     pub events: u64,
     /// Wake-ups of workload threads that ran on this vCPU, by its state at the waking moment.
@@ -98,6 +102,7 @@ pub fn parse_cpu_stats(bytes: &[u8]) -> Option<CpuCounters> {
         work_ns: words[2],
         work_switches: words[3],
         crowded_wait_ns: words[4],
+        crowded_waits: words[CROWDED_WAITS_WORD],
         events: words[5],
         wake: WakeLatencies {
             running: hist(0),
@@ -405,7 +410,9 @@ mod tests {
         w[IDLE_AGE_WORD + 40] = 1; // the halted vCPU's idle age, bucket 40
         w[IDLE_AGE_WORD + LATENCY_BUCKETS..HAND_OFFS_WORD].copy_from_slice(&[1, 1_500]);
         w[HAND_OFFS_WORD] = 1; // and its waker ran on another vCPU: a hand-off
+        w[CROWDED_WAITS_WORD] = 2; // the 7 ns of crowded wait came from two waits
         let c = parse_cpu_stats(&encode(&w)).unwrap();
+        assert_eq!(c.crowded_waits, 2);
         assert_eq!(
             (
                 c.idle_entries,

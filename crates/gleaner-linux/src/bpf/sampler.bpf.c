@@ -17,7 +17,7 @@
  * decided once per task and generation (`workload_gen`), not looked up by tgid on every event;
  * task fields are read by direct CO-RE loads, not bpf_probe_read calls.
  *
- * Layout contract with src/bpf/mod.rs: struct cpu_stats is 527 u64s in this order.
+ * Layout contract with src/bpf/mod.rs: struct cpu_stats is 528 u64s in this order.
  */
 #include "vmlinux_min.h"
 #include <bpf/bpf_helpers.h>
@@ -111,6 +111,9 @@ struct cpu_stats {
 	 * interrupt on the halted vCPU itself): hand-offs, which packing the pair onto one
 	 * vCPU turns into a switch there (gleaner_policy::gain). */
 	u64 halted_hand_offs;
+	/* How many waits `crowded_wait_ns` adds up: a rate scaled up from a short window to
+	 * whole periods needs more than one wait behind it (src/sampler.rs, WindowCounts). */
+	u64 crowded_waits;
 };
 
 struct {
@@ -452,8 +455,13 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 			 * waking (its enqueue follows within microseconds, which a 1 ms
 			 * threshold cannot tell apart), a preempted or new one from then. */
 			u64 since = w ? w : q;
-			if (now > since + CROWDED_MIN_WAIT_NS)
-				s->crowded_wait_ns += idle_peer_overlap(cpu, now, now - since);
+			if (now > since + CROWDED_MIN_WAIT_NS) {
+				u64 overlap = idle_peer_overlap(cpu, now, now - since);
+				if (overlap) {
+					s->crowded_wait_ns += overlap;
+					s->crowded_waits++;
+				}
+			}
 		}
 		ni->waking_ns = 0;
 		ni->queued_ns = 0;

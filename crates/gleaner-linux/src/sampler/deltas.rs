@@ -20,6 +20,7 @@ pub fn kernel_delta(now: &[CpuCounters], before: &[CpuCounters], cpu: usize) -> 
         work_ns: a.work_ns.saturating_sub(b.work_ns),
         work_switches: a.work_switches.saturating_sub(b.work_switches),
         crowded_wait_ns: a.crowded_wait_ns.saturating_sub(b.crowded_wait_ns),
+        crowded_waits: a.crowded_waits.saturating_sub(b.crowded_waits),
         events: a.events.saturating_sub(b.events),
         wake: wake_delta(&a.wake, &b.wake),
     }
