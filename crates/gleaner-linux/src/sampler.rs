@@ -159,6 +159,9 @@ pub struct Sampler {
     slices_unread: u32,
     /// Idle-entry counts for procfs; `None` with the BPF sampler, which counts them itself.
     entries: Option<IdleEntryCounter>,
+    /// Where the BPF sampler takes idle entries and time from the cpuidle driver's counters
+    /// ([`KernelSampler::idle_in_windows_only`]): the sysfs they are read from.
+    cpuidle: Option<SysFs>,
     precise_idle: bool,
     rotate: usize,
     prev: Option<Snapshot>,
@@ -278,6 +281,7 @@ impl Sampler {
             switch_rate: 0,
             slices_unread: 0,
             entries,
+            cpuidle: None,
             precise_idle,
             rotate: 0,
             prev: None,
@@ -326,7 +330,15 @@ impl Sampler {
         prepared: PreparedSampler,
     ) -> Self {
         match prepared.kernel {
-            Some(kernel) => Self::with(procfs, cpus, None, Some(kernel)),
+            Some(kernel) => {
+                let cpuidle = kernel
+                    .idle_in_windows_only()
+                    .then(|| SysFs::new(sys_root.into()));
+                Self {
+                    cpuidle,
+                    ..Self::with(procfs, cpus, None, Some(kernel))
+                }
+            }
             None => Self::new(procfs, sys_root, cpus),
         }
     }
@@ -668,17 +680,29 @@ impl Sampler {
         let stat = self.procfs.stat()?;
         let now_retention: HashMap<usize, RetentionCounters> = retention.iter().copied().collect();
         let prev_counters = std::mem::replace(&mut self.kernel_prev, counters);
-        // Per vCPU: (idle, entries: from the program), steal and busy time from /proc/stat.
+        // Per vCPU: idle time and entries from the cpuidle driver where the program counts
+        // them only in windows (else 0 here: the program's counts are used), steal and busy
+        // time from /proc/stat.
         let cpus: Vec<(u64, u64, u64, u64)> = self
             .cpus
             .iter()
             .map(|c| {
-                stat.per_cpu
-                    .iter()
-                    .find(|p| p.cpu == c)
-                    .map_or((0, 0, 0, 0), |p| {
-                        (0, 0, p.times.steal_ns, p.times.busy_ns())
-                    })
+                let idle = self
+                    .cpuidle
+                    .as_ref()
+                    .and_then(|sys| sys.cpuidle_totals(c).ok().flatten())
+                    .unwrap_or_default();
+                stat.per_cpu.iter().find(|p| p.cpu == c).map_or(
+                    (idle.idle_ns, idle.entries, 0, 0),
+                    |p| {
+                        (
+                            idle.idle_ns,
+                            idle.entries,
+                            p.times.steal_ns,
+                            p.times.busy_ns(),
+                        )
+                    },
+                )
             })
             .collect();
         // Outside its measurement windows the program does not follow switches, so the
@@ -754,14 +778,22 @@ impl Sampler {
                     .saturating_sub(prev.cpus[i].3)
                     .saturating_sub(yield_ns),
             );
+            let (idle_ns, idle_entries) = if self.cpuidle.is_some() {
+                (
+                    snap.cpus[i].0.saturating_sub(prev.cpus[i].0),
+                    snap.cpus[i].1.saturating_sub(prev.cpus[i].1),
+                )
+            } else {
+                (d.idle_ns, d.idle_entries)
+            };
             vcpus.push(VcpuSample {
                 cpu,
                 work_ns: d.work_ns.min(period_ns),
                 yield_ns,
-                idle_ns: d.idle_ns.min(period_ns),
+                idle_ns: idle_ns.min(period_ns),
                 steal_ns: snap.cpus[i].2.saturating_sub(prev.cpus[i].2),
                 yield_preemptions: r1.preemptions.saturating_sub(r0.preemptions),
-                idle_entries: d.idle_entries,
+                idle_entries,
             });
         }
         // The totals (status, metrics) keep what was observed; the period's sample, like its
@@ -998,7 +1030,20 @@ pub(crate) fn load_kernel_sampler(
         .or(online)
         .and_then(|p| p.iter().max())
         .map_or(1, |m| m + 1);
-    KernelSampler::load(sys_root, poll_state_index(&sysfs, first), nr_cpus)
+    // Where the cpuidle driver counts every online CPU's idle entries and time, those are
+    // read instead of traced (see sampler.bpf.c, `idle_attached_ns`).
+    let idle_counted_elsewhere = sysfs.online_cpus().is_ok_and(|cpus| {
+        !cpus.is_empty()
+            && cpus
+                .iter()
+                .all(|c| matches!(sysfs.cpuidle_totals(c), Ok(Some(_))))
+    });
+    KernelSampler::load(
+        sys_root,
+        poll_state_index(&sysfs, first),
+        nr_cpus,
+        idle_counted_elsewhere,
+    )
 }
 
 fn poll_state_index(sysfs: &SysFs, cpu: usize) -> Option<usize> {

@@ -73,6 +73,13 @@ impl From<PmQosLatency> for String {
     }
 }
 
+/// One CPU's idle entries and idle time over all its cpuidle states, since boot.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CpuidleTotals {
+    pub entries: u64,
+    pub idle_ns: u64,
+}
+
 impl SysFs {
     pub fn new(root: impl Into<PathBuf>) -> Self {
         Self { root: root.into() }
@@ -125,6 +132,22 @@ impl SysFs {
         for (_, d) in self.cpuidle_state_dirs(cpu)? {
             let usage: u64 = read_num(&d.join("usage"), "usage")?;
             total = Some(total.unwrap_or(0u64).saturating_add(usage));
+        }
+        Ok(total)
+    }
+
+    /// Idle entries and idle time of `cpu`, each summed over its states (`usage`, and `time`
+    /// in µs, returned in ns); `None` when the CPU has no cpuidle states. The kernel keeps
+    /// these whether or not anyone traces idle, so reading them costs the workload nothing
+    /// (the BPF sampler's `cpu_idle` program runs on the wakee's critical path).
+    pub fn cpuidle_totals(&self, cpu: usize) -> Result<Option<CpuidleTotals>> {
+        let mut total: Option<CpuidleTotals> = None;
+        for (_, d) in self.cpuidle_state_dirs(cpu)? {
+            let usage: u64 = read_num(&d.join("usage"), "usage")?;
+            let time_us: u64 = read_num(&d.join("time"), "time")?;
+            let t = total.get_or_insert_with(CpuidleTotals::default);
+            t.entries = t.entries.saturating_add(usage);
+            t.idle_ns = t.idle_ns.saturating_add(time_us.saturating_mul(1_000));
         }
         Ok(total)
     }
@@ -308,6 +331,7 @@ mod tests {
         // cpuidle driver: either way the reader answers.
         for cpu in online.iter() {
             s.cpuidle_usage(cpu).unwrap();
+            s.cpuidle_totals(cpu).unwrap();
         }
         s.cpuidle_driver().unwrap();
         s.haltpoll_params().unwrap();
@@ -332,6 +356,14 @@ mod tests {
         let s = SysFs::new(r);
         assert_eq!(s.cpuidle_usage(0).unwrap(), Some(3 * 42));
         assert_eq!(
+            s.cpuidle_totals(0).unwrap(),
+            Some(CpuidleTotals {
+                entries: 3 * 42,
+                idle_ns: 3 * 1_000_000
+            })
+        );
+        assert_eq!(s.cpuidle_totals(1).unwrap(), None);
+        assert_eq!(
             (0..2)
                 .map(|i| s.cpuidle_state_name(0, i).unwrap())
                 .collect::<Vec<_>>(),
@@ -340,6 +372,9 @@ mod tests {
         assert!(s.cpuidle_state_name(0, 2).unwrap_err().is_not_found());
         put(r, "devices/system/cpu/cpu0/cpuidle/state1/usage", "lots\n");
         assert!(matches!(s.cpuidle_usage(0), Err(Error::Parse { .. })));
+        put(r, "devices/system/cpu/cpu0/cpuidle/state1/usage", "42\n");
+        put(r, "devices/system/cpu/cpu0/cpuidle/state0/time", "\n");
+        assert!(matches!(s.cpuidle_totals(0), Err(Error::Parse { .. })));
     }
 
     #[test]

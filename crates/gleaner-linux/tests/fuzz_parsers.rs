@@ -191,6 +191,21 @@ const TARGETS: &[Target] = &[
         run: poll_retention,
     },
     Target {
+        name: "cpuidle_time",
+        path: "sys/devices/system/cpu/cpu0/cpuidle/state0/time",
+        run: |r| {
+            // The state's usage is sane, so the fuzzed time is what gets parsed.
+            let usage = r.join("sys/devices/system/cpu/cpu0/cpuidle/state0/usage");
+            if !usage.exists() {
+                put(&usage, b"1\n");
+            }
+            SysFs::new(r.join("sys"))
+                .cpuidle_totals(0)
+                .map(drop)
+                .map_err(msg)
+        },
+    },
+    Target {
         name: "cpuidle_usage",
         path: "sys/devices/system/cpu/cpu0/cpuidle/state0/usage",
         run: |r| {

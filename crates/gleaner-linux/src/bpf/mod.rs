@@ -144,6 +144,11 @@ pub struct KernelSampler {
     /// The end the current window was opened with (`u64::MAX`: none), to tell whether the
     /// programs ended it early ([`KernelSampler::window_cut_at`]).
     given_end_ns: u64,
+    /// Whether `cpu_idle` is attached only with the scheduler programs (idle entries and
+    /// time then come from the cpuidle driver's counters, not from [`CpuCounters`]).
+    idle_in_windows_only: bool,
+    /// The CPU ids `refresh_idle_state` runs on after `cpu_idle` is attached again.
+    nr_cpus: usize,
 }
 
 /// Sends libbpf's messages to the debug log: a failed load is reported once, by the caller,
@@ -194,10 +199,14 @@ fn kernel_too_old() -> Option<String> {
 impl KernelSampler {
     /// Loads and attaches the program. `poll_state` is the cpuidle state index that polls
     /// (`POLL`), if the driver has one; `sys_root` is where kernel BTF is looked for.
+    /// `idle_counted_elsewhere`: the caller reads idle entries and time from the cpuidle
+    /// driver, so `cpu_idle` is attached only inside measurement windows (see sampler.bpf.c;
+    /// if the kernel cannot run `refresh_idle_state` on a given CPU, it stays attached).
     pub fn load(
         sys_root: &Path,
         poll_state: Option<usize>,
         nr_cpus: usize,
+        idle_counted_elsewhere: bool,
     ) -> Result<Self, Unavailable> {
         if let Some(why) = kernel_too_old() {
             return Err(Unavailable(why));
@@ -237,13 +246,22 @@ impl KernelSampler {
         // (`set_scheduler_programs`): attaching a program to a tracepoint that had none
         // patches kernel text on every CPU (IPIs, each a vCPU exit), and nothing measured
         // before the first sample is used.
+        // Where idle is counted elsewhere, cpu_idle comes and goes with the windows, which
+        // needs each CPU's idle record refreshed when it comes back: tried once here.
+        let idle_in_windows_only =
+            idle_counted_elsewhere && refresh_idle_state_on(&skel, 0).is_ok();
+        if idle_counted_elsewhere && !idle_in_windows_only {
+            tracing::debug!("cannot run a BPF program on a chosen CPU: cpu_idle stays attached");
+        }
         let links = &mut skel.links;
-        links.on_cpu_idle = Some(
-            skel.progs
-                .on_cpu_idle
-                .attach()
-                .map_err(|e| why("attach", e))?,
-        );
+        if !idle_in_windows_only {
+            links.on_cpu_idle = Some(
+                skel.progs
+                    .on_cpu_idle
+                    .attach()
+                    .map_err(|e| why("attach", e))?,
+            );
+        }
         links.on_wakeup_new = Some(
             skel.progs
                 .on_wakeup_new
@@ -256,7 +274,15 @@ impl KernelSampler {
             skel,
             tgids: HashSet::new(),
             given_end_ns: u64::MAX,
+            idle_in_windows_only,
+            nr_cpus,
         })
+    }
+
+    /// Whether idle entries and time must come from elsewhere: `cpu_idle` counts only
+    /// inside measurement windows (see [`KernelSampler::load`]).
+    pub fn idle_in_windows_only(&self) -> bool {
+        self.idle_in_windows_only
     }
 
     /// Makes `workload_tgids` hold exactly `pids` (plus children the kernel side added on
@@ -323,9 +349,25 @@ impl KernelSampler {
         if !on {
             links.on_switch = None;
             links.on_waking = None;
+            if self.idle_in_windows_only {
+                links.on_cpu_idle = None;
+            }
             return Ok(());
         }
         let why = |e: libbpf_rs::Error| Unavailable(format!("cannot attach the BPF sampler: {e}"));
+        if self.idle_in_windows_only && links.on_cpu_idle.is_none() {
+            // The time first: an idle period entered before it was not seen to begin.
+            if let Some(bss) = self.skel.maps.bss_data.as_deref_mut() {
+                bss.idle_attached_ns = gleaner_sys::clock::monotonic_ns();
+            }
+            let links = &mut self.skel.links;
+            links.on_cpu_idle = Some(self.skel.progs.on_cpu_idle.attach().map_err(why)?);
+            for cpu in 0..self.nr_cpus {
+                // An offline CPU cannot run it, and has no idle record to refresh.
+                let _ = refresh_idle_state_on(&self.skel, cpu);
+            }
+        }
+        let links = &mut self.skel.links;
         if links.on_switch.is_none() {
             links.on_switch = Some(self.skel.progs.on_switch.attach().map_err(why)?);
         }
@@ -386,6 +428,20 @@ impl KernelSampler {
             })
             .collect()
     }
+}
+
+/// `BPF_F_TEST_RUN_ON_CPU` of linux/bpf.h: run the program on the CPU given.
+const BPF_F_TEST_RUN_ON_CPU: u32 = 1;
+
+/// Runs `refresh_idle_state` on `cpu` (BPF_PROG_TEST_RUN with BPF_F_TEST_RUN_ON_CPU: the
+/// kernel sends that CPU an IPI and waits for it).
+fn refresh_idle_state_on(skel: &SamplerSkel<'static>, cpu: usize) -> libbpf_rs::Result<()> {
+    let input = libbpf_rs::ProgramInput {
+        cpu: cpu as u32,
+        flags: BPF_F_TEST_RUN_ON_CPU,
+        ..Default::default()
+    };
+    skel.progs.refresh_idle_state.test_run(input).map(drop)
 }
 
 #[cfg(test)]
@@ -475,6 +531,12 @@ mod tests {
     /// where the machine allows it: root and kernel BTF. Elsewhere `None`, and test `name`
     /// prints why it skipped.
     fn sampler_for_this_process(name: &str) -> Option<KernelSampler> {
+        sampler_counting_idle(name, false)
+    }
+
+    /// [`sampler_for_this_process`], with `cpu_idle` attached only with the scheduler
+    /// programs where `idle_counted_elsewhere` (as on a machine with a cpuidle driver).
+    fn sampler_counting_idle(name: &str, idle_counted_elsewhere: bool) -> Option<KernelSampler> {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             eprintln!("{name}: skipped: needs root");
@@ -483,7 +545,7 @@ mod tests {
         let nr = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1);
-        let mut k = match KernelSampler::load(Path::new("/sys"), None, nr) {
+        let mut k = match KernelSampler::load(Path::new("/sys"), None, nr, idle_counted_elsewhere) {
             Ok(k) => k,
             Err(why) => {
                 eprintln!("{name}: skipped: {why}");
@@ -529,7 +591,10 @@ mod tests {
             return;
         };
         let before: u64 = k.read().unwrap().iter().map(|c| c.events).sum();
+        let stat = crate::procfs::ProcFs::new("/proc");
+        let cpu_before = stat.stat().unwrap().total;
         ping_pong(200, Some(std::time::Duration::from_micros(200)));
+        let busy = stat.stat().unwrap().total.busy_fraction_since(&cpu_before);
         let after = k.read().unwrap();
         let events: u64 = after.iter().map(|c| c.events).sum();
         let wakes: u64 = after.iter().map(|c| c.wake.total_count()).sum();
@@ -549,8 +614,148 @@ mod tests {
             .sum();
         let aged: u64 = after.iter().map(|c| c.wake.idle_age.count).sum();
         eprintln!("{into_idle} wake-ups into an idle vCPU, {aged} idle ages");
+        // Other programs keeping every CPU busy (a build beside the tests) leave no vCPU
+        // idle for the sleeps to end in.
+        if busy > 0.9 && into_idle == 0 {
+            eprintln!(
+                "loads_and_counts_idle_and_wakeups_where_bpf_is_available: idle checks skipped: the CPUs were {:.0} % busy with other work",
+                busy * 100.0
+            );
+            return;
+        }
         assert!(into_idle > 0, "a 200 us sleep ends in an idle vCPU");
         assert!(aged > 0 && aged <= into_idle, "{aged} of {into_idle}");
+    }
+
+    /// Where idle is counted from the cpuidle driver, `cpu_idle` comes and goes with the
+    /// windows. When it comes back, each CPU's idle record is refreshed: a vCPU idle since
+    /// before is idle from the attach on, not since an entry recorded in an earlier window
+    /// (whose age, 20 ms and more here, would tell a hold that it missed a long idle period),
+    /// and wake-ups into idle vCPUs are still seen as such. Between windows it counts nothing.
+    #[test]
+    fn cpu_idle_attached_with_the_windows_still_classifies_wakeups_into_idle_vcpus() {
+        const NAME: &str =
+            "cpu_idle_attached_with_the_windows_still_classifies_wakeups_into_idle_vcpus";
+        let Some(mut k) = sampler_counting_idle(NAME, true) else {
+            return;
+        };
+        assert!(
+            k.idle_in_windows_only(),
+            "this kernel runs a program on a chosen CPU (5.10 and later)"
+        );
+        let pause = Some(std::time::Duration::from_micros(200));
+        let sleep = std::time::Duration::from_millis(20);
+        let stat = crate::procfs::ProcFs::new("/proc");
+        let (mut into_idle, mut oldest_ns, mut busy) = (0u64, 0u64, 0f64);
+        // Detached, then attached again: twice, the vCPUs idle before each attach.
+        for _ in 0..2 {
+            k.set_scheduler_programs(false).unwrap();
+            let before = k.read().unwrap();
+            std::thread::sleep(sleep);
+            ping_pong(20, pause);
+            std::thread::sleep(sleep);
+            let between = k.read().unwrap();
+            let idle_between: u64 = between
+                .iter()
+                .zip(&before)
+                .map(|(a, b)| a.idle_entries - b.idle_entries)
+                .sum();
+            assert_eq!(idle_between, 0, "cpu_idle counts nothing while detached");
+            let cpu_before = stat.stat().unwrap().total;
+            k.set_scheduler_programs(true).unwrap();
+            ping_pong(100, pause);
+            busy = busy.max(stat.stat().unwrap().total.busy_fraction_since(&cpu_before));
+            let after = k.read().unwrap();
+            for (a, b) in after.iter().zip(&between) {
+                into_idle += (a.wake.halted.count + a.wake.polling.count)
+                    - (b.wake.halted.count + b.wake.polling.count);
+                let mut aged = a.wake.idle_age.buckets.iter().zip(&b.wake.idle_age.buckets);
+                if let Some(top) = aged.rposition(|(x, y)| x > y) {
+                    oldest_ns = oldest_ns.max(LatencyHistogram::bucket_floor_ns(top));
+                }
+            }
+        }
+        eprintln!(
+            "{NAME}: {into_idle} wake-ups into an idle vCPU in two windows, the oldest idle age {} us",
+            oldest_ns / 1000
+        );
+        if busy > 0.9 && into_idle == 0 {
+            eprintln!(
+                "{NAME}: skipped: the CPUs were {:.0} % busy with other work",
+                busy * 100.0
+            );
+            return;
+        }
+        assert!(into_idle > 0, "200 us sleeps end in idle vCPUs");
+        assert!(
+            oldest_ns < sleep.as_nanos() as u64 / 2,
+            "an idle age of {oldest_ns} ns: an idle record older than the attach"
+        );
+    }
+
+    /// Pins the calling thread to `cpu`.
+    fn pin_to(cpu: usize) {
+        let mut set = nix::sched::CpuSet::new();
+        set.set(cpu).unwrap();
+        nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).unwrap();
+    }
+
+    /// The case the attach's own IPIs do not fix: vCPU 1 idle when `cpu_idle` was detached,
+    /// then busy with a spinning thread when it comes back. A wake-up landing there finds it
+    /// running; without the refresh, its last record (idle, entered before the detach) would
+    /// call it halted, with an idle age of 20 ms and more.
+    #[test]
+    fn a_vcpu_busy_when_cpu_idle_comes_back_is_not_taken_for_idle() {
+        const NAME: &str = "a_vcpu_busy_when_cpu_idle_comes_back_is_not_taken_for_idle";
+        if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+            eprintln!("{NAME}: skipped: needs two CPUs");
+            return;
+        }
+        let Some(mut k) = sampler_counting_idle(NAME, true) else {
+            return;
+        };
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        pin_to(0);
+        let (wake_tx, wake_rx) = std::sync::mpsc::channel::<()>();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        // The sleeper: on vCPU 1, blocked until woken.
+        let sleeper = std::thread::spawn(move || {
+            pin_to(1);
+            for () in wake_rx.iter() {
+                let _ = done_tx.send(());
+            }
+        });
+        // Attached while vCPU 1 idles: its record ends "idle".
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        k.set_scheduler_programs(false).unwrap();
+        let spin = Arc::new(AtomicBool::new(true));
+        let spinning = spin.clone();
+        let spinner = std::thread::spawn(move || {
+            pin_to(1);
+            while spinning.load(Ordering::Relaxed) {
+                std::hint::spin_loop();
+            }
+        });
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        k.set_scheduler_programs(true).unwrap();
+        let before = k.read().unwrap();
+        for _ in 0..5 {
+            wake_tx.send(()).unwrap();
+            done_rx.recv().unwrap();
+        }
+        let after = k.read().unwrap();
+        spin.store(false, Ordering::Relaxed);
+        spinner.join().unwrap();
+        drop(wake_tx);
+        sleeper.join().unwrap();
+        let (a, b) = (&after[1], &before[1]);
+        let running = a.wake.running.count - b.wake.running.count;
+        let idle = (a.wake.halted.count + a.wake.polling.count)
+            - (b.wake.halted.count + b.wake.polling.count);
+        eprintln!("{NAME}: wake-ups on the busy vCPU 1: {running} running, {idle} idle");
+        assert_eq!(idle, 0, "vCPU 1 ran the spinner all along");
+        assert!(running >= 1, "the sleeper's wake-ups were timed");
     }
 
     /// A window opened without an end (sized for a quiet workload) that meets a busy one
