@@ -45,7 +45,7 @@ use crate::error::Result;
 use crate::idle_entries::{IdleEntryCounter, IdleEntrySource};
 use crate::procfs::ProcFs;
 use crate::retention::RetentionCounters;
-use crate::sysfs::SysFs;
+use crate::sysfs::{CpuidleCounters, CpuidleTotals, SysFs};
 
 /// Which sampler to run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -160,8 +160,8 @@ pub struct Sampler {
     /// Idle-entry counts for procfs; `None` with the BPF sampler, which counts them itself.
     entries: Option<IdleEntryCounter>,
     /// Where the BPF sampler takes idle entries and time from the cpuidle driver's counters
-    /// ([`KernelSampler::idle_in_windows_only`]): the sysfs they are read from.
-    cpuidle: Option<SysFs>,
+    /// ([`KernelSampler::idle_in_windows_only`]): those of `cpus`, kept open.
+    cpuidle: Option<CpuidleCounters>,
     precise_idle: bool,
     rotate: usize,
     prev: Option<Snapshot>,
@@ -330,10 +330,21 @@ impl Sampler {
         prepared: PreparedSampler,
     ) -> Self {
         match prepared.kernel {
-            Some(kernel) => {
-                let cpuidle = kernel
-                    .idle_in_windows_only()
-                    .then(|| SysFs::new(sys_root.into()));
+            Some(mut kernel) => {
+                let list: Vec<usize> = cpus.iter().collect();
+                let mut cpuidle = None;
+                if kernel.idle_in_windows_only() {
+                    match CpuidleCounters::open(&SysFs::new(sys_root.into()), &list) {
+                        Ok(Some(c)) => cpuidle = Some(c),
+                        // The workload's CPUs lack the counters the loader saw: the program
+                        // counts idle itself, as where there is no cpuidle driver.
+                        Ok(None) => kernel.count_idle_always(),
+                        Err(e) => {
+                            tracing::debug!("{e}");
+                            kernel.count_idle_always();
+                        }
+                    }
+                }
                 Self {
                     cpuidle,
                     ..Self::with(procfs, cpus, None, Some(kernel))
@@ -683,15 +694,27 @@ impl Sampler {
         // Per vCPU: idle time and entries from the cpuidle driver where the program counts
         // them only in windows (else 0 here: the program's counts are used), steal and busy
         // time from /proc/stat.
+        let idle = match self.cpuidle.as_ref().map(CpuidleCounters::read) {
+            Some(Ok(totals)) => totals,
+            Some(Err(e)) => {
+                // A failed read repeats the last one: this period's idle reads as none, and
+                // the next one's covers both.
+                tracing::warn!("{e}");
+                self.prev.as_ref().map_or_else(Vec::new, |p| {
+                    p.cpus
+                        .iter()
+                        .map(|&(idle_ns, entries, _, _)| CpuidleTotals { entries, idle_ns })
+                        .collect()
+                })
+            }
+            None => Vec::new(),
+        };
         let cpus: Vec<(u64, u64, u64, u64)> = self
             .cpus
             .iter()
-            .map(|c| {
-                let idle = self
-                    .cpuidle
-                    .as_ref()
-                    .and_then(|sys| sys.cpuidle_totals(c).ok().flatten())
-                    .unwrap_or_default();
+            .enumerate()
+            .map(|(i, c)| {
+                let idle = idle.get(i).copied().unwrap_or_default();
                 stat.per_cpu.iter().find(|p| p.cpu == c).map_or(
                     (idle.idle_ns, idle.entries, 0, 0),
                     |p| {

@@ -279,6 +279,22 @@ impl KernelSampler {
         })
     }
 
+    /// Makes `cpu_idle` count idle all the time from now on (attached now if it is not),
+    /// for a caller that cannot read the cpuidle driver's counters after all. Counts before
+    /// the attach are missing, as from any program attached late.
+    pub fn count_idle_always(&mut self) {
+        if !self.idle_in_windows_only {
+            return;
+        }
+        self.idle_in_windows_only = false;
+        if self.skel.links.on_cpu_idle.is_none() {
+            match self.skel.progs.on_cpu_idle.attach() {
+                Ok(link) => self.skel.links.on_cpu_idle = Some(link),
+                Err(e) => tracing::warn!("cannot attach the BPF sampler's cpu_idle program: {e}; idle time is not measured"),
+            }
+        }
+    }
+
     /// Whether idle entries and time must come from elsewhere: `cpu_idle` counts only
     /// inside measurement windows (see [`KernelSampler::load`]).
     pub fn idle_in_windows_only(&self) -> bool {
