@@ -250,7 +250,22 @@ impl Sampler {
         let sys_root = sys_root.into();
         let list: Vec<usize> = cpus.iter().collect();
         let entries = IdleEntryCounter::open(&sys_root, procfs.root(), &list);
-        Self::with(procfs, cpus, Some(entries), None)
+        // Where the cpuidle driver counts idle, its counters give idle time and entries
+        // exactly for 8 µs a period; `/proc/timer_list`, the other exact source of idle time,
+        // is printed whole on each read.
+        let cpuidle = if entries.source() == IdleEntrySource::Cpuidle {
+            CpuidleCounters::open(&SysFs::new(&sys_root), &list)
+                .ok()
+                .flatten()
+        } else {
+            None
+        };
+        let me = Self::with(procfs, cpus, Some(entries), None);
+        Self {
+            precise_idle: me.precise_idle && cpuidle.is_none(),
+            cpuidle,
+            ..me
+        }
     }
 
     fn with(
@@ -694,21 +709,7 @@ impl Sampler {
         // Per vCPU: idle time and entries from the cpuidle driver where the program counts
         // them only in windows (else 0 here: the program's counts are used), steal and busy
         // time from /proc/stat.
-        let idle = match self.cpuidle.as_ref().map(CpuidleCounters::read) {
-            Some(Ok(totals)) => totals,
-            Some(Err(e)) => {
-                // A failed read repeats the last one: this period's idle reads as none, and
-                // the next one's covers both.
-                tracing::warn!("{e}");
-                self.prev.as_ref().map_or_else(Vec::new, |p| {
-                    p.cpus
-                        .iter()
-                        .map(|&(idle_ns, entries, _, _)| CpuidleTotals { entries, idle_ns })
-                        .collect()
-                })
-            }
-            None => Vec::new(),
-        };
+        let idle = self.read_cpuidle().unwrap_or_default();
         let cpus: Vec<(u64, u64, u64, u64)> = self
             .cpus
             .iter()
@@ -922,12 +923,31 @@ impl Sampler {
         }))
     }
 
+    /// Each CPU's cpuidle totals, where they are read (`None` elsewhere). A failed read
+    /// repeats the last one: this period's idle reads as none, and the next one's covers both
+    /// (a value from another source would make the next difference meaningless).
+    fn read_cpuidle(&self) -> Option<Vec<CpuidleTotals>> {
+        match self.cpuidle.as_ref()?.read() {
+            Ok(totals) => Some(totals),
+            Err(e) => {
+                tracing::warn!("{e}");
+                Some(self.prev.as_ref().map_or_else(Vec::new, |p| {
+                    p.cpus
+                        .iter()
+                        .map(|&(idle_ns, entries, _, _)| CpuidleTotals { entries, idle_ns })
+                        .collect()
+                }))
+            }
+        }
+    }
+
     fn snapshot(
         &mut self,
         work: &WorkloadView,
         retention: &[(usize, RetentionCounters)],
     ) -> Result<Snapshot> {
         let stat = self.procfs.stat()?;
+        let cpuidle = self.read_cpuidle();
         // One read of `/proc/timer_list` serves idle time and, where it is their source,
         // idle entries: printing it is most of the procfs sampler's own cost on a guest
         // without a cpuidle driver (38 % of `perf -p`'s samples of Gleaner during a ping-pong there).
@@ -936,11 +956,10 @@ impl Sampler {
         } else {
             None
         };
-        let entries = self
-            .entries
-            .as_mut()
-            .map(|e| e.read_with(timer.as_deref()))
-            .unwrap_or_default();
+        let entries = match (&cpuidle, self.entries.as_mut()) {
+            (Some(_), _) | (None, None) => Vec::new(),
+            (None, Some(e)) => e.read_with(timer.as_deref()),
+        };
         let mut cpus = Vec::with_capacity(self.cpus.len());
         for (i, cpu) in self.cpus.iter().enumerate() {
             let times = stat
@@ -949,17 +968,21 @@ impl Sampler {
                 .find(|c| c.cpu == cpu)
                 .map(|c| c.times)
                 .unwrap_or_default();
-            let idle = timer
-                .as_ref()
-                .and_then(|t| t.iter().find(|c| c.cpu == cpu))
-                .map(|c| c.idle_sleeptime_ns + c.iowait_sleeptime_ns)
-                .unwrap_or(times.idle_ns + times.iowait_ns);
-            cpus.push((
-                idle,
-                entries.get(i).copied().unwrap_or(0),
-                times.steal_ns,
-                times.busy_ns(),
-            ));
+            let (idle, entries) = match &cpuidle {
+                Some(totals) => {
+                    let t = totals.get(i).copied().unwrap_or_default();
+                    (t.idle_ns, t.entries)
+                }
+                None => (
+                    timer
+                        .as_ref()
+                        .and_then(|t| t.iter().find(|c| c.cpu == cpu))
+                        .map(|c| c.idle_sleeptime_ns + c.iowait_sleeptime_ns)
+                        .unwrap_or(times.idle_ns + times.iowait_ns),
+                    entries.get(i).copied().unwrap_or(0),
+                ),
+            };
+            cpus.push((idle, entries, times.steal_ns, times.busy_ns()));
         }
         // The per-CPU figures, when the back end has them, make the total unnecessary.
         let work_total_ns = match (work.total_work_ns, &work.percpu_work_ns) {

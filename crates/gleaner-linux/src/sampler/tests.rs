@@ -325,3 +325,55 @@ fn switches_come_from_schedstat_or_else_status_and_new_or_reused_threads_add_not
     assert_eq!(s.switch_delta(&[(5, 6), (5, 9)]), (25, 1), "tid 9 is gone");
     assert!(s.no_schedstat);
 }
+
+/// Where the cpuidle driver counts idle, the procfs sampler takes idle time and entries from
+/// its counters (exact, and cheap to read), not from `/proc/stat`'s 10 ms ticks.
+#[test]
+fn the_procfs_sampler_reads_idle_from_the_cpuidle_counters_where_there_are_some() {
+    let proc_dir = tempfile::tempdir().unwrap();
+    let sys_dir = tempfile::tempdir().unwrap();
+    let stat = |idle_ticks: u64| {
+        std::fs::write(
+            proc_dir.path().join("stat"),
+            format!(
+                "cpu  0 0 0 {} 0 0 0 0 0 0\ncpu0 0 0 0 {idle_ticks} 0 0 0 0 0 0\ncpu1 0 0 0 {idle_ticks} 0 0 0 0 0 0\nctxt 1\nprocs_running 1\nprocs_blocked 0\n",
+                2 * idle_ticks
+            ),
+        )
+        .unwrap();
+    };
+    let cpuidle = |cpu: usize, state: usize, usage: u64, time_us: u64| {
+        let d = sys_dir
+            .path()
+            .join(format!("devices/system/cpu/cpu{cpu}/cpuidle/state{state}"));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("usage"), format!("{usage}\n")).unwrap();
+        std::fs::write(d.join("time"), format!("{time_us}\n")).unwrap();
+    };
+    stat(100);
+    for cpu in 0..2 {
+        cpuidle(cpu, 0, 10, 1_000);
+        cpuidle(cpu, 1, 20, 50_000);
+    }
+    let mut s = Sampler::new(
+        ProcFs::new(proc_dir.path()),
+        sys_dir.path(),
+        Cpuset::first_n(2),
+    );
+    assert_eq!(s.idle_source(), IdleEntrySource::Cpuidle);
+    let view = WorkloadView::default();
+    assert!(s.sample_procfs(0, &view, &[]).unwrap().is_none());
+    // 100 ms later: /proc/stat says 30 ms idle on each CPU (3 ticks), the driver 42 ms in
+    // 7 entries on CPU 0 and 10 ms in 1 on CPU 1.
+    stat(103);
+    cpuidle(0, 0, 15, 3_000);
+    cpuidle(0, 1, 22, 90_000);
+    cpuidle(1, 1, 21, 60_000);
+    let sample = s.sample_procfs(100_000_000, &view, &[]).unwrap().unwrap();
+    let idle: Vec<(u64, u64)> = sample
+        .vcpus
+        .iter()
+        .map(|v| (v.idle_ns, v.idle_entries))
+        .collect();
+    assert_eq!(idle, vec![(42_000_000, 7), (10_000_000, 1)]);
+}
