@@ -4,9 +4,11 @@
 //! depending on the machine and privileges, and this module is where those choices are made
 //! once, explicitly:
 //!
-//! * idle time per vCPU: `/proc/timer_list` `idle_sleeptime` + `iowait_sleeptime` (root,
-//!   nanoseconds) when readable, else `/proc/stat` idle ticks;
-//! * idle entries per vCPU: the best [`IdleEntryCounter`] source;
+//! * idle time and idle entries per vCPU: the cpuidle driver's counters where it has them
+//!   ([`CpuidleCounters`]: exact, kept open, 8 µs a period); elsewhere idle time from
+//!   `/proc/timer_list` `idle_sleeptime` + `iowait_sleeptime` (root, nanoseconds) when
+//!   readable, else `/proc/stat` idle ticks, and idle entries from the best
+//!   [`IdleEntryCounter`] source;
 //! * steal per vCPU: `/proc/stat`;
 //! * workload time per vCPU: the cgroup v1 `cpuacct.usage_percpu` when the placement has it,
 //!   else the workload's processes' CPU clocks (nanosecond precise) spread over the vCPUs in
@@ -24,7 +26,9 @@
 //! Two samplers stand behind [`Sampler`], chosen once at start ([`SamplerPreference`]):
 //!
 //! * **bpf** (default where it loads, see [`crate::bpf`]): idle entries and idle time per
-//!   vCPU from `power:cpu_idle`, workload run time and context switches per vCPU from
+//!   vCPU from the cpuidle counters where there are some (then `power:cpu_idle` is attached
+//!   only inside measurement windows, to classify wake-ups), else from `power:cpu_idle`,
+//!   workload run time and context switches per vCPU from
 //!   `sched_switch`, the queued time of workload threads while another active vCPU idles, and
 //!   every wake-up of a workload thread timed from `sched_waking` to its switch-in, split by
 //!   the state of the vCPU it ran on ([`WakeLatencies`]). A period's read is one map lookup
