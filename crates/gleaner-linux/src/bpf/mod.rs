@@ -574,6 +574,20 @@ mod tests {
         Some(k)
     }
 
+    /// Whether other programs kept every CPU busy (`busy`: the machine's busy fraction, from
+    /// `/proc/stat`) so that no vCPU was idle for a wake-up to land in (a build beside the
+    /// tests): then test `name`'s idle checks say so and are skipped.
+    fn busy_elsewhere(name: &str, busy: f64, into_idle: u64) -> bool {
+        let skip = busy > 0.9 && into_idle == 0;
+        if skip {
+            eprintln!(
+                "{name}: idle checks skipped: the CPUs were {:.0} % busy with other work",
+                busy * 100.0
+            );
+        }
+        skip
+    }
+
     /// `rounds` hand-offs between two threads of this process, `pause` after each: every
     /// hand-off is a wake-up of a workload thread the program must time.
     fn ping_pong(rounds: u32, pause: Option<std::time::Duration>) {
@@ -630,13 +644,11 @@ mod tests {
             .sum();
         let aged: u64 = after.iter().map(|c| c.wake.idle_age.count).sum();
         eprintln!("{into_idle} wake-ups into an idle vCPU, {aged} idle ages");
-        // Other programs keeping every CPU busy (a build beside the tests) leave no vCPU
-        // idle for the sleeps to end in.
-        if busy > 0.9 && into_idle == 0 {
-            eprintln!(
-                "loads_and_counts_idle_and_wakeups_where_bpf_is_available: idle checks skipped: the CPUs were {:.0} % busy with other work",
-                busy * 100.0
-            );
+        if busy_elsewhere(
+            "loads_and_counts_idle_and_wakeups_where_bpf_is_available",
+            busy,
+            into_idle,
+        ) {
             return;
         }
         assert!(into_idle > 0, "a 200 us sleep ends in an idle vCPU");
@@ -695,11 +707,7 @@ mod tests {
             "{NAME}: {into_idle} wake-ups into an idle vCPU in two windows, the oldest idle age {} us",
             oldest_ns / 1000
         );
-        if busy > 0.9 && into_idle == 0 {
-            eprintln!(
-                "{NAME}: skipped: the CPUs were {:.0} % busy with other work",
-                busy * 100.0
-            );
+        if busy_elsewhere(NAME, busy, into_idle) {
             return;
         }
         assert!(into_idle > 0, "200 us sleeps end in idle vCPUs");
