@@ -163,8 +163,9 @@ pub struct Sampler {
     slices_unread: u32,
     /// Idle-entry counts for procfs; `None` with the BPF sampler, which counts them itself.
     entries: Option<IdleEntryCounter>,
-    /// Where the BPF sampler takes idle entries and time from the cpuidle driver's counters
-    /// ([`KernelSampler::idle_in_windows_only`]): those of `cpus`, kept open.
+    /// Where the cpuidle driver counts idle: its counters for `cpus`, kept open, from which
+    /// either sampler then takes idle time and entries (the BPF one with `cpu_idle` attached
+    /// only in windows, [`KernelSampler::idle_in_windows_only`]).
     cpuidle: Option<CpuidleCounters>,
     precise_idle: bool,
     rotate: usize,
@@ -525,12 +526,16 @@ impl Sampler {
     /// Where idle entries come from, as `status` names it.
     pub fn idle_source_name(&self) -> String {
         match &self.entries {
+            _ if self.cpuidle.is_some() => "cpuidle".into(),
             Some(e) => format!("{:?}", e.source()).to_lowercase(),
             None => "bpf".into(),
         }
     }
 
     pub fn idle_source(&self) -> IdleEntrySource {
+        if self.cpuidle.is_some() {
+            return IdleEntrySource::Cpuidle;
+        }
         self.entries
             .as_ref()
             .map(|e| e.source())
