@@ -260,7 +260,11 @@ fn without_root_the_affinity_back_end_runs_and_says_what_is_off() {
     );
 }
 
-/// A stall (here SIGSTOP for a second; in production a paused or migrated VM, or a forward
+/// How long `a_stall_is_counted_its_period_discarded_and_the_loop_carries_on` stops Gleaner:
+/// longer than its longest period (50 ms × 3 idle × 10 own-CPU stretch).
+const STALL_MS: u64 = 1_700;
+
+/// A stall (here SIGSTOP for 1.7 s; in production a paused or migrated VM, or a forward
 /// step of the monotonic clock) is counted and its period discarded, not fed to the policy,
 /// and the loop goes back to its normal schedule afterwards.
 #[test]
@@ -272,7 +276,7 @@ fn a_stall_is_counted_its_period_discarded_and_the_loop_carries_on() {
     let (gp, work) = (m.gleaner_pid, m.workload_pid);
     let before = m.status();
     signal(gp, libc::SIGSTOP);
-    std::thread::sleep(Duration::from_millis(1200));
+    std::thread::sleep(Duration::from_millis(STALL_MS));
     signal(gp, libc::SIGCONT);
     let resumed = wait_until(Duration::from_secs(5), || {
         let s = m.status();
@@ -286,17 +290,21 @@ fn a_stall_is_counted_its_period_discarded_and_the_loop_carries_on() {
         resumed,
         "no discarded period, or no periods after the stall: {after}\n{err}"
     );
-    // 1.2 s at 50 ms periods, counted in whole periods of the schedule in effect: 24 while
-    // the workload is busy, but this one (`sleep`) is idle, and an idle workload's periods
-    // are stretched threefold (the controller's IDLE_STRETCH), so 8 or 9 of 150 ms. A fresh
-    // clone's CI counted 9 against a bound of "above 10" that held only while the first
-    // periods still ran at the busy rate. At least the 1 s the next assertion checks, in the
-    // longest periods: 1000 / 150 = 6.
+    // The stall is counted in whole periods of the schedule in effect: 50 ms while the
+    // workload is busy, three times that for this idle one (the controller's IDLE_STRETCH),
+    // and up to ten times more where Gleaner's own work outgrows its 0.5 % of a period
+    // (MAX_PERIOD_STRETCH: a 50 ms period allows 250 µs, and re-attaching the BPF programs
+    // for a window under the other tests' load costs more; CI counted 3 and a run beside the
+    // other tests 5, where 24 is the unstretched count). So the stall lasts longer than the
+    // longest period, 1.5 s, and at least one is counted.
     assert!(
-        after["missed_periods"].as_u64() >= Some(1000 / (50 * 3)),
+        after["missed_periods"].as_u64() >= Some(1),
         "the stall was not counted: {after}"
     );
-    assert!(after["max_late_ms"].as_f64() > Some(1000.0), "{after}");
+    assert!(
+        after["max_late_ms"].as_f64() > Some(STALL_MS as f64 - 100.0),
+        "{after}"
+    );
     for key in ["rollbacks", "major_changes"] {
         assert_eq!(
             after[key], before[key],
