@@ -83,9 +83,10 @@ pub struct CpuidleTotals {
 }
 
 /// Every given CPU's cpuidle `usage` and `time` files, opened once and read again each period
-/// with `pread` at offset 0 (sysfs regenerates the value on each read at 0): 8 µs a period
-/// for two CPUs of two states here, against 55 µs opening and closing them and 60 µs more
-/// listing the state directories. The BPF sampler reads these every period.
+/// with `pread` at offset 0 (sysfs regenerates the value on each read at 0). Timed from a
+/// Python loop on the haltpoll guest (two CPUs of two states): 8 µs a period, against 55 µs
+/// opening and closing the eight files and 60 µs more listing the state directories. Either
+/// sampler reads these every period where the driver has them.
 #[derive(Debug)]
 pub struct CpuidleCounters {
     /// Per CPU, per state: `(usage, time)` files and their paths (for errors).
