@@ -1088,10 +1088,8 @@ pub(crate) fn load_kernel_sampler(
     // Where the cpuidle driver counts every online CPU's idle entries and time, those are
     // read instead of traced (see sampler.bpf.c, `idle_attached_ns`).
     let idle_counted_elsewhere = sysfs.online_cpus().is_ok_and(|cpus| {
-        !cpus.is_empty()
-            && cpus
-                .iter()
-                .all(|c| matches!(sysfs.cpuidle_totals(c), Ok(Some(_))))
+        let cpus: Vec<usize> = cpus.iter().collect();
+        !cpus.is_empty() && matches!(CpuidleCounters::open(&sysfs, &cpus), Ok(Some(_)))
     });
     KernelSampler::load(
         sys_root,

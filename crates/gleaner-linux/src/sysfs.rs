@@ -86,7 +86,9 @@ pub struct CpuidleTotals {
 /// with `pread` at offset 0 (sysfs regenerates the value on each read at 0). Timed from a
 /// Python loop on the haltpoll guest (two CPUs of two states): 8 µs a period, against 55 µs
 /// opening and closing the eight files and 60 µs more listing the state directories. Either
-/// sampler reads these every period where the driver has them.
+/// sampler reads these every period where the driver has them: the kernel keeps them whether
+/// or not anyone traces idle, so reading them costs the workload nothing (the BPF sampler's
+/// `cpu_idle` program runs on the wakee's critical path).
 #[derive(Debug)]
 pub struct CpuidleCounters {
     /// Per CPU, per state: `(usage, time)` files and their paths (for errors).
@@ -193,22 +195,6 @@ impl SysFs {
         for (_, d) in self.cpuidle_state_dirs(cpu)? {
             let usage: u64 = read_num(&d.join("usage"), "usage")?;
             total = Some(total.unwrap_or(0u64).saturating_add(usage));
-        }
-        Ok(total)
-    }
-
-    /// Idle entries and idle time of `cpu`, each summed over its states (`usage`, and `time`
-    /// in µs, returned in ns); `None` when the CPU has no cpuidle states. The kernel keeps
-    /// these whether or not anyone traces idle, so reading them costs the workload nothing
-    /// (the BPF sampler's `cpu_idle` program runs on the wakee's critical path).
-    pub fn cpuidle_totals(&self, cpu: usize) -> Result<Option<CpuidleTotals>> {
-        let mut total: Option<CpuidleTotals> = None;
-        for (_, d) in self.cpuidle_state_dirs(cpu)? {
-            let usage: u64 = read_num(&d.join("usage"), "usage")?;
-            let time_us: u64 = read_num(&d.join("time"), "time")?;
-            let t = total.get_or_insert_with(CpuidleTotals::default);
-            t.entries = t.entries.saturating_add(usage);
-            t.idle_ns = t.idle_ns.saturating_add(time_us.saturating_mul(1_000));
         }
         Ok(total)
     }
@@ -392,7 +378,9 @@ mod tests {
         // cpuidle driver: either way the reader answers.
         for cpu in online.iter() {
             s.cpuidle_usage(cpu).unwrap();
-            s.cpuidle_totals(cpu).unwrap();
+            if let Some(c) = CpuidleCounters::open(&s, &[cpu]).unwrap() {
+                c.read().unwrap();
+            }
         }
         s.cpuidle_driver().unwrap();
         s.haltpoll_params().unwrap();
@@ -416,16 +404,16 @@ mod tests {
         }
         let s = SysFs::new(r);
         assert_eq!(s.cpuidle_usage(0).unwrap(), Some(3 * 42));
+        let open = CpuidleCounters::open(&s, &[0]).unwrap().unwrap();
         assert_eq!(
-            s.cpuidle_totals(0).unwrap(),
-            Some(CpuidleTotals {
+            open.read().unwrap(),
+            vec![CpuidleTotals {
                 entries: 3 * 42,
                 idle_ns: 3 * 1_000_000
-            })
+            }]
         );
-        assert_eq!(s.cpuidle_totals(1).unwrap(), None);
+        assert!(CpuidleCounters::open(&s, &[1]).unwrap().is_none());
         // Kept open, the files are read again: a later value is seen.
-        let open = CpuidleCounters::open(&s, &[0]).unwrap().unwrap();
         put(r, "devices/system/cpu/cpu0/cpuidle/state0/usage", "50\n");
         assert_eq!(
             open.read().unwrap(),
@@ -446,7 +434,7 @@ mod tests {
         assert!(matches!(s.cpuidle_usage(0), Err(Error::Parse { .. })));
         put(r, "devices/system/cpu/cpu0/cpuidle/state1/usage", "42\n");
         put(r, "devices/system/cpu/cpu0/cpuidle/state0/time", "\n");
-        assert!(matches!(s.cpuidle_totals(0), Err(Error::Parse { .. })));
+        assert!(matches!(open.read(), Err(Error::Parse { .. })));
     }
 
     #[test]

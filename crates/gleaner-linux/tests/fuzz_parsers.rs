@@ -23,7 +23,7 @@ use gleaner_linux::journal::{stale_journals, Journal};
 use gleaner_linux::pmqos::{OriginalHook, PollRetention};
 use gleaner_linux::procfs::{parse_mountinfo, parse_pressure, parse_proc_cgroup};
 use gleaner_linux::status::read_statuses;
-use gleaner_linux::sysfs::PmQosLatency;
+use gleaner_linux::sysfs::{CpuidleCounters, PmQosLatency};
 use gleaner_linux::wakeprobe::machine_facts;
 use gleaner_linux::{ProcFs, SysFs};
 use gleaner_policy::Cpuset;
@@ -199,8 +199,8 @@ const TARGETS: &[Target] = &[
             if !usage.exists() {
                 put(&usage, b"1\n");
             }
-            SysFs::new(r.join("sys"))
-                .cpuidle_totals(0)
+            CpuidleCounters::open(&SysFs::new(r.join("sys")), &[0])
+                .and_then(|c| c.map(|c| c.read()).transpose())
                 .map(drop)
                 .map_err(msg)
         },
