@@ -71,7 +71,12 @@ u32 workload_gen = 1;
  * keeps idle entries and time per CPU (sysfs `usage` and `time`), userspace reads them there
  * and attaches cpu_idle with the scheduler programs, only to classify the wake-ups of a
  * window; where there is no driver, this program is the only exact count of idle and stays
- * attached (`idle_attached_ns` stays 0).
+ * attached (`idle_attached_ns` stays 0). The kernel's own per-CPU records (tick_cpu_sched's
+ * idle time, the idle task's switches in runqueues) would serve too, read once a period by a
+ * program run with BPF_PROG_TEST_RUN, but not on kernels built without CONFIG_KALLSYMS_ALL, as
+ * this project's guests are: the verifier then cannot resolve a per-CPU variable ("ldimm64
+ * failed to find the address for kernel symbol 'runqueues'"), and one program that names
+ * one fails the whole object's load (tried 2026-11-27).
  */
 u32 measuring = 1;
 u64 window_start_ns = 0;
