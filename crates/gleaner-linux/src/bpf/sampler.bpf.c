@@ -79,7 +79,7 @@ u32 workload_gen = 1;
  * one fails the whole object's load (tried 2026-11-27). A route without per-CPU symbols, not
  * built: the hrtimer whose function is tick_nohz_handler (a text symbol, which kallsyms does
  * list) is each CPU's tick_sched.sched_timer, and timer:hrtimer_start showed both CPUs' within
- * 300 ms of an idle machine, their idle_sleeptime equal to /proc/timer_list's (bpftrace); the
+ * 300 ms of an idle machine, their idle_sleeptime agreeing with /proc/timer_list's (bpftrace); the
  * idle task's switches, though, are no count of idle entries: 65.3 M against cpuidle's 56.3 M
  * on CPU 0 since boot, as an idle visit can end before any idle state is entered.
  */
