@@ -74,7 +74,18 @@ CONFIGS: tuple[Config, ...] = (
         (),
         sets_haltpoll=True,
     ),
+    # The yardstick for every paired ratio: on the haltpoll guest 24 interleaved rounds of the
+    # fine pipeline put one bare run at x0.954 [0.913, 0.987] of another
+    # (results/presence-fine-pipeline-2026-11-27), as far as any Gleaner configuration.
+    Config(
+        "control",
+        "the command as is again, last in each round: how far two identical runs drift apart here",
+        (),
+    ),
 )
+
+#: Configurations that are not settings a user could choose: never the best fixed setting.
+CONTROLS = ("control",)
 
 CONFIG_NAMES = tuple(config.name for config in CONFIGS)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import statistics
 
+from .configs import CONTROLS
 from .stats import PairedRatio, Speedup, Summary, format_value, paired_ratio, speedup, summarise
 
 #: Issue 16's targets for `gleaner run` on a real guest: never more than 3 % below running the
@@ -42,9 +43,10 @@ def config_paired(workload: dict, config: str, against: str = "baseline") -> Pai
 
 
 def best_static(workload: dict, configs: list[str]) -> str | None:
-    """The fixed setting (every configuration but `gleaner`, `baseline` included) with the best
-    median."""
-    medians = {c: s.median for c in configs if c != "gleaner" and (s := config_summary(workload, c))}
+    """The fixed setting (every configuration but `gleaner` and the control, `baseline` included)
+    with the best median."""
+    medians = {c: s.median for c in configs
+               if c != "gleaner" and c not in CONTROLS and (s := config_summary(workload, c))}
     if not medians:
         return None
     pick = max if workload["higher_is_better"] else min
@@ -115,11 +117,15 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def _gleaner_against_static(results: dict, configs: list[str]) -> list[str]:
-    others = [c for c in configs if c != "gleaner"]
+    others = [c for c in configs if c != "gleaner" and c not in CONTROLS]
+    control = "control" in configs
     lines = ["Gleaner against each fixed setting, paired by repetition: median of the per-repetition "
              "ratios (>1: Gleaner better) [95 % bootstrap interval of that median]; the targets are "
              f"×{BASELINE_MARGIN:.2f} of baseline and ×{BEST_STATIC_MARGIN:.2f} of the best fixed setting "
              "(by median, baseline included).", ""]
+    if control:
+        lines[0] += (" The control column is the same command as baseline run again, against baseline: "
+                     "a Gleaner ratio no further from ×1.00 than it is within what identical runs give here.")
     rows = []
     for workload in results["workloads"]:
         if workload.get("error"):
@@ -134,8 +140,12 @@ def _gleaner_against_static(results: dict, configs: list[str]) -> list[str]:
             checks.append(f"best ({best}): {target_check(config_paired(workload, 'gleaner', best), BEST_STATIC_MARGIN)}")
         elif best == "baseline":
             checks.append("best: baseline")
+        if control:
+            r = config_paired(workload, "control")
+            cells.append(f"×{r.median:.2f} [{r.low:.2f}, {r.high:.2f}]" if r else "–")
         rows.append([workload["name"]] + cells + ["; ".join(checks)])
-    return lines + _table(["gleaner vs"] + others + ["targets"], rows) + [""]
+    header = ["gleaner vs"] + others + (["control vs baseline"] if control else []) + ["targets"]
+    return lines + _table(header, rows) + [""]
 
 
 def markdown(results: dict) -> str:

@@ -29,7 +29,8 @@ def test_select_keeps_canonical_order_and_requires_baseline():
         select_configs(["gleaner"])
     with pytest.raises(ValueError, match="unknown configuration"):
         select_configs(["baseline", "turbo"])
-    assert len(select_configs(None)) == 7
+    assert len(select_configs(None)) == 8
+    assert select_configs(None)[-1].name == "control"  # last in each round, after everything
 
 
 def test_wrap_builds_each_command_line():

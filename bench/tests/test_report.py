@@ -120,3 +120,21 @@ def test_best_static_includes_baseline_and_follows_the_metric_direction(results)
     timed = results["workloads"][1]
     timed["runs"].append(run("one-vcpu", 0, 3.0))
     assert report.best_static(timed, ["baseline", "one-vcpu"]) == "baseline"
+
+
+def test_the_control_is_a_yardstick_not_a_setting(results):
+    workload = results["workloads"][0]
+    # The same command as baseline, run again: 90/100 and 121/110 in reps 0 and 2.
+    workload["runs"] += [run("control", 0, 90.0), run("control", 1, 118.0), run("control", 2, 121.0)]
+    workload["runs"].append(run("one-vcpu", 0, 50.0))
+    assert report.best_static(workload, ["baseline", "one-vcpu", "control", "gleaner"]) == "baseline"
+    workload["runs"].append(run("control", 3, 900.0))  # the best median, yet never "best"
+    assert report.best_static(workload, ["baseline", "control"]) == "baseline"
+    results["configs"].append({"name": "control", "description": "as is again", "status": "ran", "reason": ""})
+    for entry in results["workloads"][:2]:
+        entry["summary"] = report.summarise_workload(entry, ["baseline", "gleaner", "control"])
+    text = report.markdown(results)
+    assert "| gleaner vs | baseline | control vs baseline | targets |" in text
+    # Control against baseline, paired by repetition: 0.90, 118/120, 1.10; Gleaner as before.
+    assert "| sysbench-threads | ×1.50 [1.50, 1.50] | ×0.98 [0.90, 1.10] | baseline: met; best: baseline |" in text
+    assert "The control column is the same command as baseline run again" in text
