@@ -118,12 +118,12 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 def _gleaner_against_static(results: dict, configs: list[str]) -> list[str]:
     others = [c for c in configs if c != "gleaner" and c not in CONTROLS]
-    control = "control" in configs
+    controls = [c for c in configs if c in CONTROLS]
     lines = ["Gleaner against each fixed setting, paired by repetition: median of the per-repetition "
              "ratios (>1: Gleaner better) [95 % bootstrap interval of that median]; the targets are "
              f"×{BASELINE_MARGIN:.2f} of baseline and ×{BEST_STATIC_MARGIN:.2f} of the best fixed setting "
              "(by median, baseline included).", ""]
-    if control:
+    if controls:
         lines[0] += (" The control column is the same command as baseline run again, against baseline: "
                      "a Gleaner ratio no further from ×1.00 than it is within what identical runs give here.")
     rows = []
@@ -140,11 +140,11 @@ def _gleaner_against_static(results: dict, configs: list[str]) -> list[str]:
             checks.append(f"best ({best}): {target_check(config_paired(workload, 'gleaner', best), BEST_STATIC_MARGIN)}")
         elif best == "baseline":
             checks.append("best: baseline")
-        if control:
-            r = config_paired(workload, "control")
+        for c in controls:
+            r = config_paired(workload, c)
             cells.append(f"×{r.median:.2f} [{r.low:.2f}, {r.high:.2f}]" if r else "–")
         rows.append([workload["name"]] + cells + ["; ".join(checks)])
-    header = ["gleaner vs"] + others + (["control vs baseline"] if control else []) + ["targets"]
+    header = ["gleaner vs"] + others + [f"{c} vs baseline" for c in controls] + ["targets"]
     return lines + _table(header, rows) + [""]
 
 

@@ -71,17 +71,18 @@ u32 workload_gen = 1;
  * keeps idle entries and time per CPU (sysfs `usage` and `time`), userspace reads them there
  * and attaches cpu_idle with the scheduler programs, only to classify the wake-ups of a
  * window; where there is no driver, this program is the only exact count of idle and stays
- * attached (`idle_attached_ns` stays 0). The kernel's own per-CPU records (tick_cpu_sched's
- * idle time, the idle task's switches in runqueues) would serve too, read once a period by a
- * program run with BPF_PROG_TEST_RUN, but not on kernels built without CONFIG_KALLSYMS_ALL, as
- * this project's guests are: the verifier then cannot resolve a per-CPU variable ("ldimm64
- * failed to find the address for kernel symbol 'runqueues'"), and one program that names
- * one fails the whole object's load (tried 2026-11-27). A route without per-CPU symbols, not
- * built: the hrtimer whose function is tick_nohz_handler (a text symbol, which kallsyms does
- * list) is each CPU's tick_sched.sched_timer, and timer:hrtimer_start showed both CPUs' within
- * 300 ms of an idle machine, their idle_sleeptime agreeing with /proc/timer_list's (bpftrace); the
- * idle task's switches, though, are no count of idle entries: 65.3 M against cpuidle's 56.3 M
- * on CPU 0 since boot, as an idle visit can end before any idle state is entered.
+ * attached (`idle_attached_ns` stays 0). The kernel's own per-CPU record of idle time
+ * (tick_cpu_sched) would serve for the time, read once a period by a program run with
+ * BPF_PROG_TEST_RUN (tried with the idle task's switches in runqueues), but not on kernels
+ * built without CONFIG_KALLSYMS_ALL, as this project's guests are: the verifier then cannot
+ * resolve a per-CPU variable ("ldimm64 failed to find the address for kernel symbol
+ * 'runqueues'"), and one program that names one fails the whole object's load (tried
+ * 2026-11-27). A route without per-CPU symbols, not built: the hrtimer whose function is
+ * tick_nohz_handler (a text symbol, which kallsyms does list) is each CPU's
+ * tick_sched.sched_timer, and timer:hrtimer_start showed both CPUs' within 300 ms of an idle
+ * machine, their idle_sleeptime agreeing with /proc/timer_list's (bpftrace). The idle task's
+ * switches are no count of idle entries, though: 65.3 M against cpuidle's 56.3 M on CPU 0
+ * since boot, as an idle visit can end before any idle state is entered.
  */
 u32 measuring = 1;
 u64 window_start_ns = 0;
