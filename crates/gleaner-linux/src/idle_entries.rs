@@ -25,6 +25,10 @@ use crate::sysfs::SysFs;
 #[serde(rename_all = "kebab-case")]
 pub enum IdleEntrySource {
     Cpuidle,
+    /// The BPF sampler without a cpuidle driver: idle time from the kernel's own per-CPU
+    /// records (`tick_sched`), idle entries counted by `power:cpu_idle` inside its measurement
+    /// windows and scaled to that idle time (never chosen by [`IdleEntryCounter`]).
+    TickSched,
     Tracepoint,
     TimerList,
     RescheduleInterrupts,
@@ -130,7 +134,7 @@ impl IdleEntryCounter {
                     .map(|&c| r.get(c).copied().unwrap_or(0))
                     .collect()
             }
-            IdleEntrySource::Unavailable => vec![0; self.cpus.len()],
+            IdleEntrySource::TickSched | IdleEntrySource::Unavailable => vec![0; self.cpus.len()],
         }
     }
 

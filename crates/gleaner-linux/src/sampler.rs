@@ -5,7 +5,8 @@
 //! once, explicitly:
 //!
 //! * idle time and idle entries per vCPU: the cpuidle driver's counters where it has them
-//!   ([`CpuidleCounters`]: exact, kept open, 8 µs a period); elsewhere idle time from
+//!   ([`CpuidleCounters`]: exact, kept open, 8 µs a period); elsewhere, with the BPF sampler,
+//!   see below; with procfs, idle time from
 //!   `/proc/timer_list` `idle_sleeptime` + `iowait_sleeptime` (root, nanoseconds) when
 //!   readable, else `/proc/stat` idle ticks, and idle entries from the best
 //!   [`IdleEntryCounter`] source;
@@ -27,7 +28,12 @@
 //!
 //! * **bpf** (default where it loads, see [`crate::bpf`]): idle entries and idle time per
 //!   vCPU from the cpuidle counters where there are some (then `power:cpu_idle` is attached
-//!   only inside measurement windows, to classify wake-ups), else from `power:cpu_idle`,
+//!   only inside measurement windows, to classify wake-ups: its idle exit lies on every
+//!   wakee's critical path); where there are none, from `power:cpu_idle` until the program
+//!   has found the kernel's own per-CPU idle records and checked that their idle-loop passes
+//!   cover its halts, and from then on idle time from those
+//!   ([`KernelSampler::read_tick_idle`]) and idle entries as their passes times the share
+//!   that `power:cpu_idle`, inside the windows, saw halt ([`HaltRatio`]);
 //!   workload run time and context switches per vCPU from
 //!   `sched_switch`, the queued time of workload threads while another active vCPU idles, and
 //!   every wake-up of a workload thread timed from `sched_waking` to its switch-in, split by
@@ -49,7 +55,7 @@ use crate::error::Result;
 use crate::idle_entries::{IdleEntryCounter, IdleEntrySource};
 use crate::procfs::ProcFs;
 use crate::retention::RetentionCounters;
-use crate::sysfs::{CpuidleCounters, CpuidleTotals, SysFs};
+use crate::sysfs::{CpuidleCounters, IdleTotals, SysFs};
 
 /// Which sampler to run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -163,10 +169,14 @@ pub struct Sampler {
     slices_unread: u32,
     /// Idle-entry counts for procfs; `None` with the BPF sampler, which counts them itself.
     entries: Option<IdleEntryCounter>,
-    /// Where the cpuidle driver counts idle: its counters for `cpus`, kept open, from which
-    /// either sampler then takes idle time and entries (the BPF one with `cpu_idle` attached
-    /// only in windows, [`KernelSampler::idle_in_windows_only`]).
-    cpuidle: Option<CpuidleCounters>,
+    /// Where each vCPU's idle time is read whole once a period rather than counted event by
+    /// event (the BPF sampler then attaches `cpu_idle` only in windows,
+    /// [`KernelSampler::idle_in_windows_only`]).
+    idle_reads: Option<IdleReads>,
+    /// With [`IdleReads::TickRecords`]: per vCPU, the records' idle-loop passes when the
+    /// current window opened, and the halts per pass `cpu_idle` last measured ([`HaltRatio`]).
+    window_passes: Option<Vec<u64>>,
+    halt_ratios: Vec<HaltRatio>,
     precise_idle: bool,
     rotate: usize,
     prev: Option<Snapshot>,
@@ -181,6 +191,66 @@ pub struct Sampler {
     retired_ns: u64,
     /// Runnable sub-samples this period: (crowded, total).
     crowded: (u32, u32),
+}
+
+/// Where a sampler reads each vCPU's idle time whole, once a period.
+#[derive(Debug)]
+enum IdleReads {
+    /// The cpuidle driver's counters of `cpus`, kept open: idle time and entries, exact
+    /// (either sampler).
+    Cpuidle(CpuidleCounters),
+    /// The kernel's own per-CPU idle records, read by the BPF sampler where there is no
+    /// driver ([`KernelSampler::read_tick_idle`]): idle time, exact, and the idle loop's
+    /// passes, of which [`HaltRatio`] makes halts.
+    TickRecords,
+}
+
+/// Halts per pass of the idle loop on one vCPU, where the kernel's records count the passes
+/// and no cpuidle driver the halts. A pass that could stop the tick is counted before the
+/// vCPU halts, and a wake-up arriving in between ends it without a halt (and without an IPI:
+/// the idle loop polls its flag). On a quiet machine every pass halted (1,640 of 1,640 in the
+/// test of the records, crates/gleaner-linux/src/bpf); with other tests running beside it,
+/// 4,494 of 6,038 did. So `cpu_idle` measures the share wherever it is attached (inside the
+/// windows, or all period), and the periods between take the last share measured.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct HaltRatio(f64);
+
+/// Passes a measurement must span before its share replaces the last one: a share from a
+/// handful would swing with one pass.
+const MIN_RATIO_PASSES: u64 = 20;
+
+impl Default for HaltRatio {
+    fn default() -> Self {
+        HaltRatio(1.0)
+    }
+}
+
+impl HaltRatio {
+    /// A vCPU's halts in a period of `passes` idle-loop passes, `measured` the halts
+    /// `cpu_idle` counted and the passes over the same span where it was attached, and
+    /// `whole` whether that span was the whole period (then its halts are the count). `Err`
+    /// where `cpu_idle` counted more halts than there were passes: this kernel's records miss
+    /// halts, and cannot stand in for `cpu_idle`.
+    fn halts(
+        &mut self,
+        passes: u64,
+        measured: Option<(u64, u64)>,
+        whole: bool,
+    ) -> std::result::Result<u64, ()> {
+        if let Some((halts, span_passes)) = measured {
+            // The idle period under way at each end may be counted by one and not the other.
+            if halts > span_passes + 2 + span_passes / 50 {
+                return Err(());
+            }
+            if span_passes >= MIN_RATIO_PASSES {
+                self.0 = (halts as f64 / span_passes as f64).min(1.0);
+            }
+            if whole {
+                return Ok(halts);
+            }
+        }
+        Ok((passes as f64 * self.0).round() as u64)
+    }
 }
 
 /// What one measurement window counted, and how long it measured.
@@ -258,17 +328,18 @@ impl Sampler {
         // Where the cpuidle driver counts idle, its counters give idle time and entries
         // exactly for 8 µs a period; `/proc/timer_list`, the other exact source of idle time,
         // is printed whole on each read.
-        let cpuidle = if entries.source() == IdleEntrySource::Cpuidle {
+        let idle_reads = if entries.source() == IdleEntrySource::Cpuidle {
             CpuidleCounters::open(&SysFs::new(&sys_root), &list)
                 .ok()
                 .flatten()
+                .map(IdleReads::Cpuidle)
         } else {
             None
         };
         let me = Self::with(procfs, cpus, Some(entries), None);
         Self {
-            precise_idle: me.precise_idle && cpuidle.is_none(),
-            cpuidle,
+            precise_idle: me.precise_idle && idle_reads.is_none(),
+            idle_reads,
             ..me
         }
     }
@@ -301,7 +372,9 @@ impl Sampler {
             switch_rate: 0,
             slices_unread: 0,
             entries,
-            cpuidle: None,
+            idle_reads: None,
+            window_passes: None,
+            halt_ratios: Vec::new(),
             precise_idle,
             rotate: 0,
             prev: None,
@@ -352,10 +425,10 @@ impl Sampler {
         match prepared.kernel {
             Some(mut kernel) => {
                 let list: Vec<usize> = cpus.iter().collect();
-                let mut cpuidle = None;
+                let mut idle_reads = None;
                 if kernel.idle_in_windows_only() {
                     match CpuidleCounters::open(&SysFs::new(sys_root.into()), &list) {
-                        Ok(Some(c)) => cpuidle = Some(c),
+                        Ok(Some(c)) => idle_reads = Some(IdleReads::Cpuidle(c)),
                         // The workload's CPUs lack the counters the loader saw: the program
                         // counts idle itself, as where there is no cpuidle driver.
                         Ok(None) => kernel.count_idle_always(),
@@ -366,7 +439,7 @@ impl Sampler {
                     }
                 }
                 Self {
-                    cpuidle,
+                    idle_reads,
                     ..Self::with(procfs, cpus, None, Some(kernel))
                 }
             }
@@ -459,8 +532,18 @@ impl Sampler {
         };
         let now = gleaner_sys::clock::monotonic_ns();
         if let Some(k) = self.kernel.as_mut() {
+            // The idle-loop passes `cpu_idle`'s halts are compared with: counted from before
+            // it is attached, as attaching the programs wakes idle vCPUs (IPIs) and so adds
+            // halts the passes must cover.
+            if matches!(self.idle_reads, Some(IdleReads::TickRecords)) {
+                self.window_passes = k.read_tick_idle().ok().map(|all| {
+                    let of = |c: usize| all.get(c).map_or(0, |t| t.entries);
+                    self.cpus.iter().map(of).collect()
+                });
+            }
             if let Err(e) = k.set_scheduler_programs(true) {
                 tracing::warn!("{e}; this period's wake-ups are not measured");
+                self.window_passes = None;
                 return;
             }
             k.open_window(now, None);
@@ -525,16 +608,19 @@ impl Sampler {
 
     /// Where idle entries come from, as `status` names it.
     pub fn idle_source_name(&self) -> String {
-        match &self.entries {
-            _ if self.cpuidle.is_some() => "cpuidle".into(),
-            Some(e) => format!("{:?}", e.source()).to_lowercase(),
-            None => "bpf".into(),
+        match (&self.idle_reads, &self.entries) {
+            (Some(IdleReads::Cpuidle(_)), _) => "cpuidle".into(),
+            (Some(IdleReads::TickRecords), _) => "tick-sched".into(),
+            (None, Some(e)) => format!("{:?}", e.source()).to_lowercase(),
+            (None, None) => "bpf".into(),
         }
     }
 
     pub fn idle_source(&self) -> IdleEntrySource {
-        if self.cpuidle.is_some() {
-            return IdleEntrySource::Cpuidle;
+        match self.idle_reads {
+            Some(IdleReads::Cpuidle(_)) => return IdleEntrySource::Cpuidle,
+            Some(IdleReads::TickRecords) => return IdleEntrySource::TickSched,
+            None => {}
         }
         self.entries
             .as_ref()
@@ -715,10 +801,10 @@ impl Sampler {
         let stat = self.procfs.stat()?;
         let now_retention: HashMap<usize, RetentionCounters> = retention.iter().copied().collect();
         let prev_counters = std::mem::replace(&mut self.kernel_prev, counters);
-        // Per vCPU: idle time and entries from the cpuidle driver where the program counts
-        // them only in windows (else 0 here: the program's counts are used), steal and busy
-        // time from /proc/stat.
-        let idle = self.read_cpuidle().unwrap_or_default();
+        // Per vCPU: idle time (and entries, from the driver) from the cpuidle driver or the
+        // kernel's records where the program counts idle only in windows (else 0 here: the
+        // program's counts are used), steal and busy time from /proc/stat.
+        let idle = self.read_idle_totals().unwrap_or_default();
         let cpus: Vec<(u64, u64, u64, u64)> = self
             .cpus
             .iter()
@@ -795,6 +881,8 @@ impl Sampler {
         let mut wake = WakeLatencies::default();
         let (mut switches, mut crowded_ns, mut crowded_waits, mut events) =
             (0u64, 0u64, 0u64, 0u64);
+        let window_passes = self.window_passes.take();
+        let mut traced_halts = Vec::new();
         for (i, cpu) in self.cpus.iter().enumerate() {
             let d = kernel_delta(&self.kernel_prev, &prev_counters, cpu);
             let r1 = snap.retention.get(&cpu).copied().unwrap_or_default();
@@ -811,7 +899,7 @@ impl Sampler {
                     .saturating_sub(prev.cpus[i].3)
                     .saturating_sub(yield_ns),
             );
-            let (idle_ns, idle_entries) = if self.cpuidle.is_some() {
+            let (idle_ns, idle_entries) = if self.idle_reads.is_some() {
                 (
                     snap.cpus[i].0.saturating_sub(prev.cpus[i].0),
                     snap.cpus[i].1.saturating_sub(prev.cpus[i].1),
@@ -819,6 +907,15 @@ impl Sampler {
             } else {
                 (d.idle_ns, d.idle_entries)
             };
+            if matches!(self.idle_reads, Some(IdleReads::TickRecords)) {
+                // The passes `cpu_idle`'s halts are to be compared with: since the window
+                // opened, or the whole period's.
+                let since_window = window_passes
+                    .as_ref()
+                    .and_then(|w| w.get(i))
+                    .map(|&w| snap.cpus[i].1.saturating_sub(w));
+                traced_halts.push((d.idle_entries, since_window.unwrap_or(idle_entries)));
+            }
             vcpus.push(VcpuSample {
                 cpu,
                 work_ns: d.work_ns.min(period_ns),
@@ -836,6 +933,35 @@ impl Sampler {
         // A window asked for but never opened (`begin_window` not called) measured nothing.
         let unopened = self.pending_window_ns.is_some();
         let skipped = self.skipped_len_ns.take().is_some() || unopened;
+        // Where the records count idle-loop passes, halts are those `cpu_idle` counted where
+        // it was attached all period, else the passes times the last share that halted.
+        if !traced_halts.is_empty() {
+            // `cpu_idle` is attached with the scheduler programs, for the whole period where
+            // its window had no set length (it ignores a window's end), else from
+            // `begin_window`, which read the passes then.
+            let attached_all_period = self.window.len_ns.is_none() && !skipped;
+            let measured = attached_all_period || window_passes.is_some();
+            self.halt_ratios.resize(vcpus.len(), HaltRatio::default());
+            let mut missed = false;
+            for ((v, ratio), &traced) in vcpus
+                .iter_mut()
+                .zip(&mut self.halt_ratios)
+                .zip(&traced_halts)
+            {
+                let m = measured.then_some(traced);
+                match ratio.halts(v.idle_entries, m, attached_all_period) {
+                    Ok(h) => v.idle_entries = h,
+                    Err(()) => missed = true,
+                }
+            }
+            if missed {
+                tracing::debug!("cpu_idle counts idle from now on: it counted more halts than the kernel's records counted idle-loop passes ({traced_halts:?})");
+                self.idle_reads = None;
+                if let Some(k) = self.kernel.as_mut() {
+                    k.count_idle_always();
+                }
+            }
+        }
         let len_ns = match self.last_window.as_ref().filter(|_| skipped) {
             // No window this period: the last one's rates stand for it, and size the next.
             Some(last) => {
@@ -876,6 +1002,7 @@ impl Sampler {
         // A period that no longer looks like the measured one (the workload left its start-up
         // or changed phase) gets a window next period, whatever the count says.
         let rates_still_hold = self.measured_pace.is_some_and(|m| pace.resembles(&m));
+        self.take_idle_from_tick_records();
         if self.closing {
             if let Some(k) = self.kernel.as_mut() {
                 let _ = k.set_scheduler_programs(false);
@@ -896,9 +1023,11 @@ impl Sampler {
                     Ok(()) => {
                         k.open_window(now_mono, Some(now_mono));
                         // What the programs counted between this period's read and now (the
-                        // work above: 0.15 ms a period with the workload beside it, measured)
-                        // belongs to no window: the next window is counted from here, not
-                        // from the read, or its counts would hold more than it covered.
+                        // work above: 0.15 ms a period with the workload beside it, measured;
+                        // 16 ms in the period where idle came to be read from the kernel's
+                        // records and a program was detached) belongs to no window: the next
+                        // window is counted from here, not from the read, or its counts would
+                        // hold more than it covered.
                         if let Ok(c) = k.read() {
                             self.kernel_prev = c;
                         }
@@ -939,18 +1068,60 @@ impl Sampler {
         }))
     }
 
-    /// Each CPU's cpuidle totals, where they are read (`None` elsewhere). A failed read
-    /// repeats the last one: this period's idle reads as none, and the next one's covers both
-    /// (a value from another source would make the next difference meaningless).
-    fn read_cpuidle(&self) -> Option<Vec<CpuidleTotals>> {
-        match self.cpuidle.as_ref()?.read() {
+    /// Where no cpuidle driver counts idle, idle time and entries come from the kernel's own
+    /// records from the period after the BPF sampler found and checked them for every vCPU
+    /// ([`KernelSampler::tick_records_found`]); this period was counted by `cpu_idle`, and
+    /// the records read now are the next one's start. From then on `cpu_idle` is attached
+    /// only with the scheduler programs.
+    fn take_idle_from_tick_records(&mut self) {
+        let Some(kernel) = self.kernel.as_mut().filter(|_| self.idle_reads.is_none()) else {
+            return;
+        };
+        let cpus: Vec<usize> = self.cpus.iter().collect();
+        if !kernel.tick_records_found(&cpus) {
+            return;
+        }
+        let Ok(records) = kernel.read_tick_idle() else {
+            kernel.count_idle_always();
+            return;
+        };
+        if let Some(prev) = self.prev.as_mut() {
+            for (i, c) in cpus.iter().enumerate() {
+                if let Some(p) = prev.cpus.get_mut(i) {
+                    let r = records.get(*c).copied().unwrap_or_default();
+                    (p.0, p.1) = (r.idle_ns, r.entries);
+                }
+            }
+        }
+        self.idle_reads = Some(IdleReads::TickRecords);
+    }
+
+    /// Each CPU's idle totals, where they are read whole (`None` elsewhere): from the
+    /// cpuidle driver or the kernel's records. A failed read repeats the last one: this
+    /// period's idle reads as none, and the next one's covers both (a value from another
+    /// source would make the next difference meaningless).
+    fn read_idle_totals(&self) -> Option<Vec<IdleTotals>> {
+        let read = match self.idle_reads.as_ref()? {
+            IdleReads::Cpuidle(c) => c.read().map_err(|e| e.to_string()),
+            IdleReads::TickRecords => match self.kernel.as_ref() {
+                Some(k) => k
+                    .read_tick_idle()
+                    .map(|all| {
+                        let of = |c: usize| all.get(c).copied().unwrap_or_default();
+                        self.cpus.iter().map(of).collect()
+                    })
+                    .map_err(|e| e.to_string()),
+                None => Err("the kernel's idle records are read by the BPF sampler".into()),
+            },
+        };
+        match read {
             Ok(totals) => Some(totals),
             Err(e) => {
                 tracing::warn!("{e}");
                 Some(self.prev.as_ref().map_or_else(Vec::new, |p| {
                     p.cpus
                         .iter()
-                        .map(|&(idle_ns, entries, _, _)| CpuidleTotals { entries, idle_ns })
+                        .map(|&(idle_ns, entries, _, _)| IdleTotals { entries, idle_ns })
                         .collect()
                 }))
             }
@@ -963,7 +1134,7 @@ impl Sampler {
         retention: &[(usize, RetentionCounters)],
     ) -> Result<Snapshot> {
         let stat = self.procfs.stat()?;
-        let cpuidle = self.read_cpuidle();
+        let cpuidle = self.read_idle_totals();
         // One read of `/proc/timer_list` serves idle time and, where it is their source,
         // idle entries: printing it is most of the procfs sampler's own cost on a guest
         // without a cpuidle driver (38 % of `perf -p`'s samples of Gleaner during a ping-pong there).

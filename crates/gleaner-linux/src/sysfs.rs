@@ -75,9 +75,10 @@ impl From<PmQosLatency> for String {
     }
 }
 
-/// One CPU's idle entries and idle time over all its cpuidle states, since boot.
+/// One CPU's idle entries and idle time since boot (over all its cpuidle states, or from the
+/// kernel's own idle record, [`crate::bpf::KernelSampler::read_tick_idle`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CpuidleTotals {
+pub struct IdleTotals {
     pub entries: u64,
     pub idle_ns: u64,
 }
@@ -120,7 +121,7 @@ impl CpuidleCounters {
     }
 
     /// Each CPU's totals, in the order given to [`CpuidleCounters::open`].
-    pub fn read(&self) -> Result<Vec<CpuidleTotals>> {
+    pub fn read(&self) -> Result<Vec<IdleTotals>> {
         use std::os::unix::fs::FileExt;
         let mut buf = [0u8; 32];
         let mut value = |(file, path): &(std::fs::File, PathBuf), what: &str| -> Result<u64> {
@@ -131,7 +132,7 @@ impl CpuidleCounters {
         self.files
             .iter()
             .map(|states| {
-                let mut t = CpuidleTotals::default();
+                let mut t = IdleTotals::default();
                 for [usage, time] in states {
                     t.entries = t.entries.saturating_add(value(usage, "usage")?);
                     let time_us: u64 = value(time, "time")?;
@@ -407,7 +408,7 @@ mod tests {
         let open = CpuidleCounters::open(&s, &[0]).unwrap().unwrap();
         assert_eq!(
             open.read().unwrap(),
-            vec![CpuidleTotals {
+            vec![IdleTotals {
                 entries: 3 * 42,
                 idle_ns: 3 * 1_000_000
             }]
@@ -417,7 +418,7 @@ mod tests {
         put(r, "devices/system/cpu/cpu0/cpuidle/state0/usage", "50\n");
         assert_eq!(
             open.read().unwrap(),
-            vec![CpuidleTotals {
+            vec![IdleTotals {
                 entries: 42 + 42 + 50,
                 idle_ns: 3 * 1_000_000
             }]

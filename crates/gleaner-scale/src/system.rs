@@ -76,6 +76,9 @@ impl IdleCounter {
 pub fn describe_idle_source(source: IdleEntrySource) -> &'static str {
     match source {
         IdleEntrySource::Cpuidle => "cpuidle state usage",
+        IdleEntrySource::TickSched => {
+            "the power:cpu_idle tracepoint inside the BPF sampler's windows, scaled to the kernel's idle time"
+        }
         IdleEntrySource::Tracepoint => "the power:cpu_idle tracepoint",
         IdleEntrySource::TimerList => "/proc/timer_list .idle_calls (undercounts short idle periods)",
         IdleEntrySource::RescheduleInterrupts => {

@@ -67,22 +67,19 @@ u32 workload_gen = 1;
  * cpu_idle fires at every idle entry and exit, the exit on the wakee's critical path between
  * the vCPU's return from HLT and the switch to the woken thread: in a ping-pong on two vCPUs
  * (280,000 idle events a second) it cost about 1.3 % of the run time
- * (results/overhead-none-2026-11-26). Where the cpuidle driver
- * keeps idle entries and time per CPU (sysfs `usage` and `time`), userspace reads them there
- * and attaches cpu_idle with the scheduler programs, only to classify the wake-ups of a
- * window; where there is no driver, this program is the only exact count of idle and stays
- * attached (`idle_attached_ns` stays 0). The kernel's own per-CPU record of idle time
- * (tick_cpu_sched) would serve for the time, read once a period by a program run with
- * BPF_PROG_TEST_RUN (tried with the idle task's switches in runqueues), but not on kernels
- * built without CONFIG_KALLSYMS_ALL, as this project's guests are: the verifier then cannot
- * resolve a per-CPU variable ("ldimm64 failed to find the address for kernel symbol
- * 'runqueues'"), and one program that names one fails the whole object's load (tried
- * 2026-11-27). A route without per-CPU symbols, not built: the hrtimer whose function is
- * tick_nohz_handler (a text symbol, which kallsyms does list) is each CPU's
- * tick_sched.sched_timer, and timer:hrtimer_start showed both CPUs' within 300 ms of an idle
- * machine, their idle_sleeptime agreeing with /proc/timer_list's (bpftrace). The idle task's
- * switches are no count of idle entries, though: 65.3 M against cpuidle's 56.3 M on CPU 0
- * since boot, as an idle visit can end before any idle state is entered.
+ * (results/overhead-none-2026-11-26). So it counts idle all the time only until userspace
+ * has another source of idle entries and time, and from then on is attached with the
+ * scheduler programs, only inside measurement windows, to classify their wake-ups. That
+ * source is the cpuidle driver's counters (sysfs `usage` and `time`) where there is a
+ * driver, and elsewhere the kernel's own per-CPU idle record, struct tick_sched, which
+ * /proc/stat's idle column is read from (see snapshot_tick_idle). tick_sched is a per-CPU
+ * variable, and the verifier resolves one only on kernels built with CONFIG_KALLSYMS_ALL,
+ * which this project's guests are not ("ldimm64 failed to find the address for kernel
+ * symbol 'runqueues'", which failed the whole object's load, 2026-11-27). Its address is
+ * found instead through the hrtimer embedded in it, the tick, whose function is a text
+ * symbol that kallsyms does list (on_hrtimer_start). The idle task's switches are no count
+ * of idle entries: 65.3 M against cpuidle's 56.3 M on CPU 0 since boot, as an idle visit can
+ * end before any idle state is entered.
  */
 u32 measuring = 1;
 u64 window_start_ns = 0;
@@ -507,13 +504,19 @@ int BPF_PROG(on_cpu_idle, u32 state, u32 cpu_id)
 	struct cpu_state *st = state_of(cpu);
 	if (!s || !st)
 		return 0;
-	/* Not in `events`: those size the measurement window, which this program ignores. */
+	/* Not in `events`: those size the measurement window, which this program ignores.
+	 * An idle period is counted when it ends, its entry with its time: a window then holds
+	 * as many entries as idle periods whose time it holds, and its mean idle period is
+	 * right even where one was still under way when the window closed (its entry seen,
+	 * its end not), which userspace divides the kernel's idle time by (src/sampler.rs,
+	 * entries_for_idle). */
 	if (state == PWR_EVENT_EXIT) {
-		if (st->idle_enter_ns > st->idle_exit_ns && st->idle_enter_ns >= idle_attached_ns)
+		if (st->idle_enter_ns > st->idle_exit_ns && st->idle_enter_ns >= idle_attached_ns) {
 			s->idle_ns += now - st->idle_enter_ns;
+			s->idle_entries++;
+		}
 		st->idle_exit_ns = now;
 	} else {
-		s->idle_entries++;
 		st->idle_state = (s32)state;
 		st->idle_enter_ns = now;
 	}
@@ -546,6 +549,123 @@ int refresh_idle_state(void *ctx)
 		st->idle_state = IDLE_STATE_UNKNOWN;
 	} else if (!idle_now && recorded_idle) {
 		st->idle_exit_ns = bpf_ktime_get_ns();
+	}
+	return 0;
+}
+
+/*
+ * The kernel's own record of each CPU's idle time, for machines without a cpuidle driver.
+ * find_tick_function looks up the function of every CPU's tick timer (tick_sched.sched_timer)
+ * by name; on_hrtimer_start, attached by userspace until every CPU's record is found, takes
+ * the record's address from the timer when the CPU starts its tick again or stops it (as it
+ * does on entering and leaving idle), and snapshot_tick_idle, run by userspace once a period
+ * (BPF_PROG_TEST_RUN on whichever CPU: no IPI, no tracepoint), copies each found CPU's idle
+ * time, as get_cpu_idle_time_us() reads it for /proc/stat but in ns, and its idle entries.
+ * Userspace compares those entries with cpu_idle's for a few periods before it relies on
+ * them (src/bpf/mod.rs, TICK_CHECK_READS).
+ */
+/* The tick timer's function (0: not found, and no record is ever found). */
+u64 tick_timer_fn = 0;
+/* Each CPU's struct tick_sched (0: not found yet); rows of 32 for the skeleton's Default. */
+u64 tick_sched_at[MAX_SCAN_CPUS / 32][32];
+/* Each CPU's idle plus iowait time since boot, in ns, and its idle entries (idle_calls: each
+ * pass of the idle loop that could stop the tick, which precedes every halt where there is
+ * no cpuidle driver), as snapshot_tick_idle last read them. */
+u64 tick_idle_ns[MAX_SCAN_CPUS / 32][32];
+u64 tick_idle_calls[MAX_SCAN_CPUS / 32][32];
+
+/* The name of the tick's function: tick_sched_timer until Linux 6.9, which renamed it
+ * tick_nohz_handler (before then, a function of that name handled the low-resolution tick,
+ * no hrtimer: the older name is looked up first). */
+const char tick_fn_old[] = "tick_sched_timer";
+const char tick_fn_new[] = "tick_nohz_handler";
+
+SEC("syscall")
+int find_tick_function(void *ctx)
+{
+	u64 addr = 0;
+	if (bpf_kallsyms_lookup_name(tick_fn_old, sizeof(tick_fn_old), 0, &addr) || !addr)
+		bpf_kallsyms_lookup_name(tick_fn_new, sizeof(tick_fn_new), 0, &addr);
+	tick_timer_fn = addr;
+	return 0;
+}
+
+SEC("tp_btf/hrtimer_start")
+int BPF_PROG(on_hrtimer_start, struct hrtimer *timer)
+{
+	u64 fn = (u64)BPF_CORE_READ(timer, function);
+	if (!fn || fn != tick_timer_fn)
+		return 0;
+	/* The tick is started and stopped on its own CPU; checked, not assumed. */
+	u32 cpu = bpf_get_smp_processor_id();
+	if (cpu >= MAX_SCAN_CPUS || BPF_CORE_READ(timer, base, cpu_base, cpu) != cpu)
+		return 0;
+	tick_sched_at[cpu / 32][cpu % 32] =
+		(u64)timer - bpf_core_field_offset(struct tick_sched, sched_timer);
+	return 0;
+}
+
+#define TS_FLAG_IDLE_ACTIVE (1UL << 2)
+
+/*
+ * `ts`'s idle plus iowait time up to `now` (the idle period under way included), read inside
+ * its sequence count where the kernel has one, retried while an update is under way (x86
+ * keeps loads in order; elsewhere a read racing an update could be off by that update, once).
+ * False if no consistent read was had: the caller keeps the last one.
+ */
+static __always_inline bool read_tick_idle(const struct tick_sched *ts, u64 now, u64 *out)
+{
+	bool has_seq = bpf_core_field_exists(ts->idle_sleeptime_seq);
+	for (int attempt = 0; attempt < 4; attempt++) {
+		u32 seq = 0, seq_after = 0;
+		if (has_seq) {
+			bpf_core_read(&seq, sizeof(seq), &ts->idle_sleeptime_seq.sequence);
+			if (seq & 1)
+				continue;
+		}
+		bool active;
+		if (bpf_core_field_exists(ts->flags)) {
+			unsigned long flags = 0;
+			bpf_core_read(&flags, sizeof(flags), &ts->flags);
+			active = flags & TS_FLAG_IDLE_ACTIVE;
+		} else {
+			const struct tick_sched___bitfields *old = (const void *)ts;
+			active = BPF_CORE_READ_BITFIELD_PROBED(old, idle_active);
+		}
+		s64 entry = 0, sleep = 0, iowait = 0;
+		bpf_core_read(&entry, sizeof(entry), &ts->idle_entrytime);
+		bpf_core_read(&sleep, sizeof(sleep), &ts->idle_sleeptime);
+		bpf_core_read(&iowait, sizeof(iowait), &ts->iowait_sleeptime);
+		if (has_seq) {
+			bpf_core_read(&seq_after, sizeof(seq_after), &ts->idle_sleeptime_seq.sequence);
+			if (seq_after != seq)
+				continue;
+		}
+		u64 idle = (u64)sleep + (u64)iowait;
+		if (active && entry > 0 && (u64)entry < now)
+			idle += now - (u64)entry;
+		*out = idle;
+		return true;
+	}
+	return false;
+}
+
+SEC("raw_tp")
+int snapshot_tick_idle(void *ctx)
+{
+	u64 now = bpf_ktime_get_ns();
+	for (u32 cpu = 0; cpu < MAX_SCAN_CPUS; cpu++) {
+		if (cpu >= scan_cpus)
+			break;
+		u64 at = tick_sched_at[cpu / 32][cpu % 32];
+		if (!at)
+			continue;
+		u64 idle;
+		if (read_tick_idle((const struct tick_sched *)at, now, &idle))
+			tick_idle_ns[cpu / 32][cpu % 32] = idle;
+		unsigned long calls = 0;
+		if (!bpf_core_read(&calls, sizeof(calls), &((const struct tick_sched *)at)->idle_calls))
+			tick_idle_calls[cpu / 32][cpu % 32] = calls;
 	}
 	return 0;
 }

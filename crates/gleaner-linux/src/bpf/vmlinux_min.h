@@ -77,4 +77,42 @@ struct task_struct {
 	int tgid;
 } __attribute__((preserve_access_index));
 
+/* The kernel's own per-CPU idle record (kernel/time/tick-sched.h), read by
+ * snapshot_tick_idle, and the hrtimer embedded in it that on_hrtimer_start finds it by. */
+typedef s64 ktime_t;
+
+struct hrtimer_cpu_base {
+	unsigned int cpu;
+} __attribute__((preserve_access_index));
+
+struct hrtimer_clock_base {
+	struct hrtimer_cpu_base *cpu_base;
+} __attribute__((preserve_access_index));
+
+struct hrtimer {
+	void *function;
+	struct hrtimer_clock_base *base;
+} __attribute__((preserve_access_index));
+
+typedef struct seqcount {
+	unsigned int sequence;
+} __attribute__((preserve_access_index)) seqcount_t;
+
+struct tick_sched {
+	/* Newer kernels keep the state bits here (TS_FLAG_IDLE_ACTIVE: bit 2). */
+	unsigned long flags;
+	struct hrtimer sched_timer;
+	/* Where present, guards the idle times against a reader on another CPU. */
+	seqcount_t idle_sleeptime_seq;
+	ktime_t idle_entrytime;
+	unsigned long idle_calls;
+	ktime_t idle_sleeptime;
+	ktime_t iowait_sleeptime;
+} __attribute__((preserve_access_index));
+
+/* Older kernels keep the idle state in a bitfield. */
+struct tick_sched___bitfields {
+	unsigned int idle_active : 1;
+} __attribute__((preserve_access_index));
+
 #endif

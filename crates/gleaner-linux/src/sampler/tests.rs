@@ -221,6 +221,30 @@ fn window_counts_scale_to_the_period_they_stand_for() {
     assert_eq!(idle.scaled_to(54_600_196, 0, true).0, 1_230);
 }
 
+/// Without a cpuidle driver the kernel's records count idle-loop passes, and `cpu_idle`
+/// measures the share that halted wherever it is attached: the halts of a period it saw whole
+/// are its own count, the others the passes times the last share measured over enough passes.
+#[test]
+fn halts_are_the_passes_times_the_share_cpu_idle_saw_halt() {
+    let mut r = HaltRatio::default();
+    // Nothing measured yet: every pass halted.
+    assert_eq!(r.halts(500, None, false), Ok(500));
+    // A window: 300 halts in 400 passes; the period's 1,000 passes made 750 halts.
+    assert_eq!(r.halts(1_000, Some((300, 400)), false), Ok(750));
+    // The periods between take that share.
+    assert_eq!(r.halts(2_000, None, false), Ok(1_500));
+    // A window of too few passes keeps it.
+    assert_eq!(r.halts(2_000, Some((1, 10)), false), Ok(1_500));
+    // A period measured whole is its own count, and sets the share for the next.
+    assert_eq!(r.halts(1_000, Some((900, 1_000)), true), Ok(900));
+    assert_eq!(r.halts(100, None, false), Ok(90));
+    // One idle period under way at each end may count as a halt and not as a pass.
+    assert_eq!(r.halts(100, Some((102, 100)), true), Ok(102));
+    assert_eq!(r.0, 1.0, "a share is never above 1");
+    // More halts than passes: the records miss halts on this kernel.
+    assert_eq!(r.halts(100, Some((150, 100)), false), Err(()));
+}
+
 /// Queueing behind a busy vCPU while another idles is scaled from a window to its period, and
 /// carried to the periods the window stands for, only when several waits make it up. Measured
 /// on the `none` guest: a ping-pong's 5 ms start-up window saw one such wait (0.9 ms); scaled,
@@ -376,4 +400,172 @@ fn the_procfs_sampler_reads_idle_from_the_cpuidle_counters_where_there_are_some(
         .map(|v| (v.idle_ns, v.idle_entries))
         .collect();
     assert_eq!(idle, vec![(42_000_000, 7), (10_000_000, 1)]);
+}
+
+/// A machine without a cpuidle driver, as the BPF sampler meets it: a sys tree with the real
+/// kernel's BTF and CPU lists but no cpuidle directories. The sampler counts idle with
+/// `cpu_idle` until the program found and checked the kernel's idle records, then reads idle
+/// time and idle-loop passes from them, `cpu_idle` attached only inside its windows to count
+/// the share of passes that halted; the periods' idle time agrees with `/proc/stat`'s (read
+/// from the same records, in 10 ms ticks) and their idle entries with a second program's
+/// `cpu_idle`, attached all along. Root and kernel BTF only.
+#[test]
+fn without_a_cpuidle_driver_idle_time_comes_from_the_kernels_records() {
+    const NAME: &str = "without_a_cpuidle_driver_idle_time_comes_from_the_kernels_records";
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || !Path::new("/sys/kernel/btf/vmlinux").exists() {
+        eprintln!("{NAME}: skipped: needs root and kernel BTF");
+        return;
+    }
+    let fake = tempfile::tempdir().unwrap();
+    let cpu_dir = fake.path().join("devices/system/cpu");
+    std::fs::create_dir_all(&cpu_dir).unwrap();
+    for list in ["online", "possible"] {
+        std::fs::copy(
+            Path::new("/sys/devices/system/cpu").join(list),
+            cpu_dir.join(list),
+        )
+        .unwrap();
+    }
+    std::fs::create_dir_all(fake.path().join("kernel/btf")).unwrap();
+    std::os::unix::fs::symlink(
+        "/sys/kernel/btf/vmlinux",
+        fake.path().join("kernel/btf/vmlinux"),
+    )
+    .unwrap();
+    let prepared = match Sampler::prepare(fake.path(), SamplerPreference::Bpf) {
+        Ok(p) => p,
+        Err(why) => {
+            eprintln!("{NAME}: skipped: {why}");
+            return;
+        }
+    };
+    let cpus = SysFs::new(fake.path()).online_cpus().unwrap();
+    let list: Vec<usize> = cpus.iter().collect();
+    let nr = list.iter().max().map_or(1, |m| m + 1);
+    let mut sampler = Sampler::from_prepared(ProcFs::new("/proc"), fake.path(), cpus, prepared);
+    assert_eq!(
+        sampler.idle_source_name(),
+        "bpf",
+        "cpu_idle counts idle until the records are found"
+    );
+    let reference = KernelSampler::load(Path::new("/sys"), None, nr, false).unwrap();
+
+    // The workload: two threads of this process handing a token back and forth, pausing
+    // 200 µs after each round, so that the vCPUs go idle thousands of times a second.
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let running = std::sync::Arc::new(AtomicBool::new(true));
+    let still = running.clone();
+    let workload = std::thread::spawn(move || {
+        let (tx, rx) = std::sync::mpsc::channel::<u32>();
+        let (tx2, rx2) = std::sync::mpsc::channel::<u32>();
+        let echo = std::thread::spawn(move || {
+            for v in rx.iter() {
+                if tx2.send(v).is_err() {
+                    break;
+                }
+            }
+        });
+        while still.load(Ordering::Relaxed) {
+            tx.send(0).unwrap();
+            rx2.recv().unwrap();
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+        drop(tx);
+        echo.join().unwrap();
+    });
+    let view = WorkloadView {
+        pids: vec![std::process::id()],
+        tids: Vec::new(),
+        percpu_work_ns: None,
+        total_work_ns: None,
+    };
+    let period = std::time::Duration::from_millis(50);
+    // One period as the controller runs it: the window, if one is asked for, opened its
+    // length before the read.
+    let next_sample = |sampler: &mut Sampler| {
+        match sampler
+            .window_lead_ns()
+            .map(std::time::Duration::from_nanos)
+            .filter(|l| *l < period)
+        {
+            Some(lead) => {
+                std::thread::sleep(period - lead);
+                sampler.begin_window();
+                std::thread::sleep(lead);
+            }
+            None => std::thread::sleep(period),
+        }
+        sampler
+            .sample(gleaner_sys::clock::monotonic_ns(), &view, &[])
+            .unwrap()
+    };
+    let stat = ProcFs::new("/proc");
+    let stat_idle = || -> u64 {
+        let per_cpu = stat.stat().unwrap().per_cpu;
+        per_cpu
+            .iter()
+            .map(|c| c.times.idle_ns + c.times.iowait_ns)
+            .sum()
+    };
+    let traced = || -> u64 {
+        let counts = reference.read().unwrap();
+        list.iter().map(|&c| counts[c].idle_entries).sum()
+    };
+    let mut found = false;
+    for _ in 0..30 {
+        next_sample(&mut sampler);
+        if sampler.idle_source_name() == "tick-sched" {
+            found = true;
+            break;
+        }
+    }
+    let (mut idle_ns, mut entries) = (0u64, 0u64);
+    let (stat0, traced0) = (stat_idle(), traced());
+    const PERIODS: usize = 30;
+    for _ in 0..PERIODS * usize::from(found) {
+        let s = next_sample(&mut sampler).expect("a period after the first");
+        idle_ns += s.vcpus.iter().map(|v| v.idle_ns).sum::<u64>();
+        entries += s.vcpus.iter().map(|v| v.idle_entries).sum::<u64>();
+    }
+    let (stat1, traced1) = (stat_idle(), traced());
+    running.store(false, Ordering::Relaxed);
+    workload.join().unwrap();
+    if !found {
+        eprintln!(
+            "{NAME}: skipped: the kernel's idle records were not found for every CPU in 30 periods"
+        );
+        return;
+    }
+    // Where `cpu_idle` saw more halts than the records counted passes (a cpuidle governor
+    // that kept the tick, under another test's PM QoS request), the sampler went back to
+    // counting with `cpu_idle`: either way the periods' idle is checked below.
+    match sampler.idle_source_name().as_str() {
+        "tick-sched" => {}
+        "bpf" => {
+            eprintln!("{NAME}: the records missed halts: the sampler counts with cpu_idle again")
+        }
+        other => panic!("{NAME}: idle source {other}"),
+    }
+    let (stat_ns, counted) = (stat1 - stat0, traced1 - traced0);
+    eprintln!(
+        "{NAME}: {PERIODS} periods from the records: {:.1} ms idle, /proc/stat {:.1} ms; {entries} idle entries, {counted} counted by cpu_idle all along",
+        idle_ns as f64 / 1e6,
+        stat_ns as f64 / 1e6
+    );
+    let (i, st) = (idle_ns as f64, stat_ns as f64);
+    assert!(st > 100e6, "{NAME}: the vCPUs were idle only {st} ns");
+    // /proc/stat counts in 10 ms ticks: two reads of each CPU.
+    let tick_error = 2.0 * 10e6 * list.len() as f64;
+    assert!(
+        (i - st).abs() <= 0.1 * st + tick_error,
+        "{NAME}: {i} ns idle, /proc/stat {st} ns"
+    );
+    // Halts from the records' passes and the share of them `cpu_idle` saw halt in windows
+    // (all of them, on a quiet machine): an estimate wherever windows are short.
+    let (e, t) = (entries as f64, counted as f64);
+    assert!(
+        (e - t).abs() <= 0.1 * t + 10.0,
+        "{NAME}: {entries} idle entries from the records, {counted} counted"
+    );
 }
