@@ -6,9 +6,13 @@
 //! 1. the cpuidle driver's per-state `usage` counters (exact; absent without a driver);
 //! 2. the `power:cpu_idle` tracepoint counted per CPU with perf (exact; root or
 //!    CAP_PERFMON) — on guests without a cpuidle driver this is the only exact source:
-//!    `/proc/timer_list` `.idle_calls` only counts entries that try to stop the tick, and was
-//!    measured here to miss most of them (17 against 90 switches to idle in 2 s);
-//! 3. `/proc/timer_list` `.idle_calls` (root; undercounts as above);
+//!    `/proc/timer_list` `.idle_calls` counts the idle loop's passes that try to stop the
+//!    tick, which is not every halt (a cpuidle governor may keep the tick: 17 against 90
+//!    switches to idle in 2 s on the first test guest, 2026-11-23) and not only halts (a
+//!    wake-up may end a pass before its halt: 6,038 passes for 4,494 halts on one CPU of the
+//!    haltpoll guest with tests running, all 1,640 of 1,640 on a quiet one, 2026-11-27; the
+//!    BPF sampler corrects for this, `crate::sampler`);
+//! 3. `/proc/timer_list` `.idle_calls` (root; inexact as above);
 //! 4. reschedule interrupts from `/proc/interrupts` (anyone; counts cross-vCPU wakes of
 //!    sleeping vCPUs, the closest proxy left).
 
