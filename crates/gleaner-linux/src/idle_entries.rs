@@ -210,6 +210,7 @@ mod tests {
                     .join(format!("devices/system/cpu/cpu{cpu}/cpuidle/state{i}"));
                 std::fs::create_dir_all(&d).unwrap();
                 std::fs::write(d.join("usage"), format!("{u}\n")).unwrap();
+                std::fs::write(d.join("time"), "1000\n").unwrap();
             }
         }
         let mut c = IdleEntryCounter::open(dir.path(), dir.path(), &[0, 1]);

@@ -190,14 +190,12 @@ impl SysFs {
     }
 
     /// Idle entries of `cpu` summed over its states (each state's `usage`); `None` when the
-    /// CPU has no cpuidle states.
+    /// CPU has no cpuidle states. One read of [`CpuidleCounters`], where the files are parsed.
     pub fn cpuidle_usage(&self, cpu: usize) -> Result<Option<u64>> {
-        let mut total = None;
-        for (_, d) in self.cpuidle_state_dirs(cpu)? {
-            let usage: u64 = read_num(&d.join("usage"), "usage")?;
-            total = Some(total.unwrap_or(0u64).saturating_add(usage));
-        }
-        Ok(total)
+        let Some(counters) = CpuidleCounters::open(self, &[cpu])? else {
+            return Ok(None);
+        };
+        Ok(counters.read()?.first().map(|t| t.entries))
     }
 
     /// The name of `cpu`'s idle state `index` (`POLL`, `HALT`, `C1`, ...).

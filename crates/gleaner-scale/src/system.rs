@@ -145,6 +145,7 @@ mod tests {
                 .join(format!("devices/system/cpu/cpu{cpu}/cpuidle/state0"));
             fs::create_dir_all(&state_dir).unwrap();
             fs::write(state_dir.join("usage"), format!("{usage}\n")).unwrap();
+            fs::write(state_dir.join("time"), "1000\n").unwrap();
         }
         let mut idle = IdleCounter::open(&roots, &[2, 3]);
         assert_eq!(idle.source(), IdleEntrySource::Cpuidle);

@@ -31,6 +31,7 @@ fn idle_entries_are_counted_over_the_run_window() {
     std::fs::create_dir_all(&state).unwrap();
     let usage = state.join("usage");
     std::fs::write(&usage, "10\n").unwrap();
+    std::fs::write(state.join("time"), "1000\n").unwrap();
     let roots = SystemRoots {
         sys: dir.path().to_path_buf(),
         proc: "/proc".into(),
