@@ -144,6 +144,7 @@ def fake_tree(tmp_path, cpuidle_usage=None, timer_list=None, interrupts=None):
             state = cpu_root / f"cpu{cpu}" / "cpuidle" / f"state{index}"
             state.mkdir(parents=True)
             (state / "usage").write_text(f"{count}\n")
+            (state / "time").write_text("1000\n")  # every kernel state has both
     proc_root.mkdir()
     if timer_list is not None:
         (proc_root / "timer_list").write_text(timer_list)
