@@ -598,7 +598,10 @@ fn start_tick_search(skel: &mut SamplerSkel<'static>) -> Result<(), String> {
         .test_run(libbpf_rs::ProgramInput::default())
         .map_err(|e| format!("cannot look up the tick's function: {e}"))?;
     if skel.maps.bss_data.as_deref().map_or(0, |b| b.tick_timer_fn) == 0 {
-        return Err("kallsyms has neither tick_sched_timer nor tick_nohz_handler".into());
+        return Err(
+            "kallsyms has none of tick_sched_timer, tick_nohz_highres_handler, tick_nohz_handler"
+                .into(),
+        );
     }
     let link = skel
         .progs

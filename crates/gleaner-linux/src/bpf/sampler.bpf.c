@@ -574,18 +574,22 @@ u64 tick_sched_at[MAX_SCAN_CPUS / 32][32];
 u64 tick_idle_ns[MAX_SCAN_CPUS / 32][32];
 u64 tick_idle_calls[MAX_SCAN_CPUS / 32][32];
 
-/* The name of the tick's function: tick_sched_timer until Linux 6.9, which renamed it
- * tick_nohz_handler (before then, a function of that name handled the low-resolution tick,
- * no hrtimer: the older name is looked up first). */
-const char tick_fn_old[] = "tick_sched_timer";
-const char tick_fn_new[] = "tick_nohz_handler";
+/* The tick hrtimer's function has had three names: tick_sched_timer, then
+ * tick_nohz_highres_handler, now tick_nohz_handler (6.18 here). Kernels with either older
+ * name also had a tick_nohz_handler, which handled the low-resolution tick and is no hrtimer
+ * function: it is looked up last. A wrong match costs nothing but the search, which then
+ * finds no CPU and gives up (src/bpf/mod.rs, TICK_SEARCH_READS). */
+const char tick_fn_oldest[] = "tick_sched_timer";
+const char tick_fn_older[] = "tick_nohz_highres_handler";
+const char tick_fn_now[] = "tick_nohz_handler";
 
 SEC("syscall")
 int find_tick_function(void *ctx)
 {
 	u64 addr = 0;
-	if (bpf_kallsyms_lookup_name(tick_fn_old, sizeof(tick_fn_old), 0, &addr) || !addr)
-		bpf_kallsyms_lookup_name(tick_fn_new, sizeof(tick_fn_new), 0, &addr);
+	if (bpf_kallsyms_lookup_name(tick_fn_oldest, sizeof(tick_fn_oldest), 0, &addr) || !addr)
+		if (bpf_kallsyms_lookup_name(tick_fn_older, sizeof(tick_fn_older), 0, &addr) || !addr)
+			bpf_kallsyms_lookup_name(tick_fn_now, sizeof(tick_fn_now), 0, &addr);
 	tick_timer_fn = addr;
 	return 0;
 }
