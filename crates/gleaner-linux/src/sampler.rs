@@ -31,9 +31,9 @@
 //!   only inside measurement windows, to classify wake-ups: its idle exit lies on every
 //!   wakee's critical path); where there are none, from `power:cpu_idle` until the program
 //!   has found the kernel's own per-CPU idle records and checked that their idle-loop passes
-//!   cover its halts, and from then on idle time from those
-//!   ([`KernelSampler::read_tick_idle`]) and idle entries as their passes times the share
-//!   that `power:cpu_idle`, inside the windows, saw halt ([`HaltRatio`]);
+//!   cover its halts, and from then on from those ([`KernelSampler::read_tick_idle`]): their
+//!   idle-loop passes and time times the shares that `power:cpu_idle`, inside the windows,
+//!   saw halt ([`HaltRatio`]);
 //!   workload run time and context switches per vCPU from
 //!   `sched_switch`, the queued time of workload threads while another active vCPU idles, and
 //!   every wake-up of a workload thread timed from `sched_waking` to its switch-in, split by
@@ -50,7 +50,7 @@ use std::path::{Path, PathBuf};
 
 use gleaner_policy::{Cpuset, PeriodSample, VcpuSample, WakeLatencies};
 
-use crate::bpf::{CpuCounters, KernelSampler, Unavailable};
+use crate::bpf::{CpuCounters, IdleSpan, KernelSampler, Unavailable};
 use crate::error::Result;
 use crate::idle_entries::{IdleEntryCounter, IdleEntrySource};
 use crate::procfs::ProcFs;
@@ -173,9 +173,9 @@ pub struct Sampler {
     /// event (the BPF sampler then attaches `cpu_idle` only in windows,
     /// [`KernelSampler::idle_in_windows_only`]).
     idle_reads: Option<IdleReads>,
-    /// With [`IdleReads::TickRecords`]: per vCPU, the records' idle-loop passes when the
-    /// current window opened, and the halts per pass `cpu_idle` last measured ([`HaltRatio`]).
-    window_passes: Option<Vec<u64>>,
+    /// With [`IdleReads::TickRecords`]: per vCPU, the records when the current window opened,
+    /// and the shares of them that `cpu_idle` saw halt ([`HaltRatio`]).
+    window_records: Option<Vec<IdleTotals>>,
     halt_ratios: Vec<HaltRatio>,
     precise_idle: bool,
     rotate: usize,
@@ -200,56 +200,75 @@ enum IdleReads {
     /// (either sampler).
     Cpuidle(CpuidleCounters),
     /// The kernel's own per-CPU idle records, read by the BPF sampler where there is no
-    /// driver ([`KernelSampler::read_tick_idle`]): idle time, exact, and the idle loop's
-    /// passes, of which [`HaltRatio`] makes halts.
+    /// driver ([`KernelSampler::read_tick_idle`]): the idle loop's passes and time, of which
+    /// [`HaltRatio`] makes halts and halted time.
     TickRecords,
 }
 
-/// Halts per pass of the idle loop on one vCPU, where the kernel's records count the passes
-/// and no cpuidle driver the halts. A pass that could stop the tick is counted before the
-/// vCPU halts, and a wake-up arriving in between ends it without a halt (and without an IPI:
-/// the idle loop polls its flag). On a quiet machine every pass halted (1,640 of 1,640 in the
-/// test of the records, crates/gleaner-linux/src/bpf); with other tests running beside it,
-/// 4,494 of 6,038 did. So `cpu_idle` measures the share wherever it is attached (inside the
-/// windows, or all period), and the periods between take the last share measured.
+/// Halts per pass of the idle loop, and halted time per ns of the loop's time, on one vCPU,
+/// where the kernel's records count the passes and time and no cpuidle driver the halts. A
+/// pass that could stop the tick is counted before the vCPU halts, and a wake-up arriving in
+/// between ends it without a halt (and without an IPI: the idle loop polls its flag): on a
+/// quiet machine every pass halted (1,640 of 1,640 in the test of the records,
+/// crates/gleaner-linux/src/bpf); with other tests running beside it, 4,494 of 6,038 did. And
+/// the records' time runs from the idle loop's entry to the first interrupt, which includes
+/// stopping the tick (a timer reprogrammed: a vCPU exit), where `cpu_idle`'s runs from the
+/// halt to its end: `sysbench threads`' mean idle period read 17–18 µs from the cpuidle
+/// driver and 25–29 µs from the records uncorrected (haltpoll guest, 2026-11-27). So `cpu_idle` measures both shares wherever it is attached (the check of
+/// the records, the windows, or a whole period), pooled until [`MIN_RATIO_PASSES`] passes
+/// back them (a fine pipeline's 10 ms windows see 3 passes each), and the periods between
+/// take the last shares measured; counts are then what the cpuidle driver would give.
 #[derive(Debug, Clone, Copy, PartialEq)]
-struct HaltRatio(f64);
+struct HaltRatio {
+    per_pass: f64,
+    per_record_ns: f64,
+    /// Measured since the shares were last set.
+    pending: IdleSpan,
+}
 
-/// Passes a measurement must span before its share replaces the last one: a share from a
+/// Passes the pooled measurements must span before they set the shares: shares from a
 /// handful would swing with one pass.
 const MIN_RATIO_PASSES: u64 = 20;
 
 impl Default for HaltRatio {
     fn default() -> Self {
-        HaltRatio(1.0)
+        HaltRatio {
+            per_pass: 1.0,
+            per_record_ns: 1.0,
+            pending: IdleSpan::default(),
+        }
     }
 }
 
 impl HaltRatio {
-    /// A vCPU's halts in a period of `passes` idle-loop passes, `measured` the halts
-    /// `cpu_idle` counted and the passes over the same span where it was attached, and
-    /// `whole` whether that span was the whole period (then its halts are the count). `Err`
-    /// where `cpu_idle` counted more halts than there were passes: this kernel's records miss
-    /// halts, and cannot stand in for `cpu_idle`.
-    fn halts(
-        &mut self,
-        passes: u64,
-        measured: Option<(u64, u64)>,
-        whole: bool,
-    ) -> std::result::Result<u64, ()> {
-        if let Some((halts, span_passes)) = measured {
-            // The idle period under way at each end may be counted by one and not the other.
-            if halts > span_passes + 2 + span_passes / 50 {
-                return Err(());
-            }
-            if span_passes >= MIN_RATIO_PASSES {
-                self.0 = (halts as f64 / span_passes as f64).min(1.0);
-            }
-            if whole {
-                return Ok(halts);
-            }
+    /// Adds what `cpu_idle` and the records counted over one span. `Err` where `cpu_idle`
+    /// counted more halts than there were passes: this kernel's records miss halts, and
+    /// cannot stand in for `cpu_idle`.
+    fn measure(&mut self, span: IdleSpan) -> std::result::Result<(), ()> {
+        if !crate::bpf::passes_cover_halts(span.passes, span.halts) {
+            return Err(());
         }
-        Ok((passes as f64 * self.0).round() as u64)
+        let p = &mut self.pending;
+        p.passes += span.passes;
+        p.record_ns += span.record_ns;
+        p.halts += span.halts;
+        p.halted_ns += span.halted_ns;
+        if p.passes >= MIN_RATIO_PASSES {
+            self.per_pass = (p.halts as f64 / p.passes as f64).min(1.0);
+            if p.record_ns > 0 {
+                self.per_record_ns = (p.halted_ns as f64 / p.record_ns as f64).min(1.0);
+            }
+            self.pending = IdleSpan::default();
+        }
+        Ok(())
+    }
+
+    /// Halts and halted time of a period whose records counted `passes` and `record_ns`.
+    fn apply(&self, passes: u64, record_ns: u64) -> (u64, u64) {
+        (
+            (passes as f64 * self.per_pass).round() as u64,
+            (record_ns as f64 * self.per_record_ns).round() as u64,
+        )
     }
 }
 
@@ -373,7 +392,7 @@ impl Sampler {
             slices_unread: 0,
             entries,
             idle_reads: None,
-            window_passes: None,
+            window_records: None,
             halt_ratios: Vec::new(),
             precise_idle,
             rotate: 0,
@@ -532,18 +551,18 @@ impl Sampler {
         };
         let now = gleaner_sys::clock::monotonic_ns();
         if let Some(k) = self.kernel.as_mut() {
-            // The idle-loop passes `cpu_idle`'s halts are compared with: counted from before
-            // it is attached, as attaching the programs wakes idle vCPUs (IPIs) and so adds
-            // halts the passes must cover.
+            // The records `cpu_idle`'s halts are compared with: read before it is attached,
+            // as attaching the programs wakes idle vCPUs (IPIs) and so adds halts the passes
+            // must cover.
             if matches!(self.idle_reads, Some(IdleReads::TickRecords)) {
-                self.window_passes = k.read_tick_idle().ok().map(|all| {
-                    let of = |c: usize| all.get(c).map_or(0, |t| t.entries);
+                self.window_records = k.read_tick_idle().ok().map(|all| {
+                    let of = |c: usize| all.get(c).copied().unwrap_or_default();
                     self.cpus.iter().map(of).collect()
                 });
             }
             if let Err(e) = k.set_scheduler_programs(true) {
                 tracing::warn!("{e}; this period's wake-ups are not measured");
-                self.window_passes = None;
+                self.window_records = None;
                 return;
             }
             k.open_window(now, None);
@@ -881,7 +900,7 @@ impl Sampler {
         let mut wake = WakeLatencies::default();
         let (mut switches, mut crowded_ns, mut crowded_waits, mut events) =
             (0u64, 0u64, 0u64, 0u64);
-        let window_passes = self.window_passes.take();
+        let window_records = self.window_records.take();
         let mut traced_halts = Vec::new();
         for (i, cpu) in self.cpus.iter().enumerate() {
             let d = kernel_delta(&self.kernel_prev, &prev_counters, cpu);
@@ -908,13 +927,23 @@ impl Sampler {
                 (d.idle_ns, d.idle_entries)
             };
             if matches!(self.idle_reads, Some(IdleReads::TickRecords)) {
-                // The passes `cpu_idle`'s halts are to be compared with: since the window
-                // opened, or the whole period's.
-                let since_window = window_passes
-                    .as_ref()
-                    .and_then(|w| w.get(i))
-                    .map(|&w| snap.cpus[i].1.saturating_sub(w));
-                traced_halts.push((d.idle_entries, since_window.unwrap_or(idle_entries)));
+                // What the records counted over `cpu_idle`'s span: since the window opened,
+                // or the whole period.
+                let (passes, record_ns) = window_records.as_ref().and_then(|w| w.get(i)).map_or(
+                    (idle_entries, idle_ns),
+                    |w| {
+                        (
+                            snap.cpus[i].1.saturating_sub(w.entries),
+                            snap.cpus[i].0.saturating_sub(w.idle_ns),
+                        )
+                    },
+                );
+                traced_halts.push(IdleSpan {
+                    passes,
+                    record_ns,
+                    halts: d.idle_entries,
+                    halted_ns: d.idle_ns,
+                });
             }
             vcpus.push(VcpuSample {
                 cpu,
@@ -933,26 +962,30 @@ impl Sampler {
         // A window asked for but never opened (`begin_window` not called) measured nothing.
         let unopened = self.pending_window_ns.is_some();
         let skipped = self.skipped_len_ns.take().is_some() || unopened;
-        // Where the records count idle-loop passes, halts are those `cpu_idle` counted where
-        // it was attached all period, else the passes times the last share that halted.
+        // Where the records count the idle loop's passes and time, halts and halted time are
+        // what `cpu_idle` counted where it was attached all period, else the records times
+        // the last shares that halted.
         if !traced_halts.is_empty() {
             // `cpu_idle` is attached with the scheduler programs, for the whole period where
             // its window had no set length (it ignores a window's end), else from
-            // `begin_window`, which read the passes then.
+            // `begin_window`, which read the records then.
             let attached_all_period = self.window.len_ns.is_none() && !skipped;
-            let measured = attached_all_period || window_passes.is_some();
+            let measured = attached_all_period || window_records.is_some();
             self.halt_ratios.resize(vcpus.len(), HaltRatio::default());
             let mut missed = false;
-            for ((v, ratio), &traced) in vcpus
+            for ((v, ratio), span) in vcpus
                 .iter_mut()
                 .zip(&mut self.halt_ratios)
                 .zip(&traced_halts)
             {
-                let m = measured.then_some(traced);
-                match ratio.halts(v.idle_entries, m, attached_all_period) {
-                    Ok(h) => v.idle_entries = h,
-                    Err(()) => missed = true,
+                if measured && ratio.measure(*span).is_err() {
+                    missed = true;
                 }
+                (v.idle_entries, v.idle_ns) = if attached_all_period {
+                    (span.halts, span.halted_ns.min(period_ns))
+                } else {
+                    ratio.apply(v.idle_entries, v.idle_ns)
+                };
             }
             if missed {
                 tracing::debug!("cpu_idle counts idle from now on: it counted more halts than the kernel's records counted idle-loop passes ({traced_halts:?})");
@@ -1093,6 +1126,16 @@ impl Sampler {
                 }
             }
         }
+        // The check's counts are the first measure of the shares that halt.
+        self.halt_ratios = kernel
+            .checked_spans()
+            .iter()
+            .map(|&span| {
+                let mut r = HaltRatio::default();
+                let _ = r.measure(span);
+                r
+            })
+            .collect();
         self.idle_reads = Some(IdleReads::TickRecords);
     }
 

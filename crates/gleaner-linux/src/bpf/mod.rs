@@ -154,6 +154,8 @@ pub struct KernelSampler {
     /// Where no cpuidle driver counts idle: how far the search for the kernel's own idle
     /// records has come ([`KernelSampler::tick_records_found`]).
     tick_records: TickRecords,
+    /// What the check of the records compared, per CPU asked about ([`Self::checked_spans`]).
+    checked: Vec<IdleSpan>,
 }
 
 /// The kernel's own per-CPU idle records (`struct tick_sched`, see sampler.bpf.c), searched for
@@ -165,8 +167,8 @@ enum TickRecords {
     /// `on_hrtimer_start` is attached, for this many reads so far.
     Searching(u32),
     /// Every CPU the caller asked about has its record; for this many reads so far, its idle
-    /// entries are compared with `cpu_idle`'s from `from` (per CPU: records, `cpu_idle`).
-    Checking { reads: u32, from: Vec<(u64, u64)> },
+    /// is compared with `cpu_idle`'s from `from` (per CPU, cumulative).
+    Checking { reads: u32, from: Vec<IdleSpan> },
     /// Checked: idle time and entries are read from them.
     Found,
 }
@@ -182,6 +184,28 @@ const TICK_SEARCH_READS: u32 = 50;
 /// the sampler measures the share that halted, `HaltRatio` in src/sampler.rs); a kernel whose
 /// records miss halts (booted with `nohz=off`, for one) keeps `cpu_idle` counting.
 const TICK_CHECK_READS: u32 = 3;
+
+/// One CPU's idle over a span of time, as the kernel's records count it (the idle loop's
+/// passes and its time in it) and as `cpu_idle` does (halts and halted time).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IdleSpan {
+    pub passes: u64,
+    pub record_ns: u64,
+    pub halts: u64,
+    pub halted_ns: u64,
+}
+
+impl IdleSpan {
+    /// What was counted from `earlier` to `self` (both cumulative).
+    pub fn since(&self, earlier: &IdleSpan) -> IdleSpan {
+        IdleSpan {
+            passes: self.passes.saturating_sub(earlier.passes),
+            record_ns: self.record_ns.saturating_sub(earlier.record_ns),
+            halts: self.halts.saturating_sub(earlier.halts),
+            halted_ns: self.halted_ns.saturating_sub(earlier.halted_ns),
+        }
+    }
+}
 
 /// Whether `passes` of the idle loop in the records account for the `halts` `cpu_idle`
 /// counted over the same reads: at least as many, but for the idle period under way at each
@@ -332,6 +356,7 @@ impl KernelSampler {
             idle_in_windows_only,
             nr_cpus,
             tick_records,
+            checked: Vec::new(),
         })
     }
 
@@ -353,7 +378,7 @@ impl KernelSampler {
                 if found || reads + 1 >= TICK_SEARCH_READS {
                     self.skel.links.on_hrtimer_start = None;
                 }
-                match self.idle_entries_of(cpus).filter(|_| found) {
+                match self.idle_spans_of(cpus).filter(|_| found) {
                     Some(from) => self.tick_records = TickRecords::Checking { reads: 0, from },
                     None if reads + 1 < TICK_SEARCH_READS => {
                         self.tick_records = TickRecords::Searching(reads + 1)
@@ -368,17 +393,15 @@ impl KernelSampler {
                 };
             }
             TickRecords::Checking { from, .. } => {
-                let now = self.idle_entries_of(cpus).unwrap_or_default();
-                let counts: Vec<(u64, u64)> = now
-                    .iter()
-                    .zip(&from)
-                    .map(|(n, f)| (n.0.wrapping_sub(f.0), n.1.wrapping_sub(f.1)))
-                    .collect();
-                if counts.len() == cpus.len()
-                    && counts.iter().all(|&(r, t)| passes_cover_halts(r, t))
+                let now = self.idle_spans_of(cpus).unwrap_or_default();
+                let spans: Vec<IdleSpan> = now.iter().zip(&from).map(|(n, f)| n.since(f)).collect();
+                let counts: Vec<(u64, u64)> = spans.iter().map(|s| (s.passes, s.halts)).collect();
+                if spans.len() == cpus.len()
+                    && spans.iter().all(|s| passes_cover_halts(s.passes, s.halts))
                 {
                     self.tick_records = TickRecords::Found;
                     self.idle_in_windows_only = true;
+                    self.checked = spans;
                     tracing::debug!("idle time and idle-loop passes from the kernel's per-CPU records (tick_sched), which cover cpu_idle's halts (per CPU, passes and halts: {counts:?}); cpu_idle attached only in measurement windows");
                 } else {
                     tracing::debug!("cpu_idle counts idle: the kernel's idle records count fewer idle-loop passes than cpu_idle counted halts (per CPU, passes and halts: {counts:?})");
@@ -388,14 +411,29 @@ impl KernelSampler {
         self.tick_records == TickRecords::Found
     }
 
-    /// Per CPU of `cpus`: idle entries since boot in the kernel's records, and as `cpu_idle`
-    /// counted them since it was attached.
-    fn idle_entries_of(&self, cpus: &[usize]) -> Option<Vec<(u64, u64)>> {
+    /// Per CPU of `cpus`: idle since boot in the kernel's records, and as `cpu_idle` counted
+    /// it since it was attached.
+    fn idle_spans_of(&self, cpus: &[usize]) -> Option<Vec<IdleSpan>> {
         let records = self.read_tick_idle().ok()?;
         let traced = self.read().ok()?;
         cpus.iter()
-            .map(|&c| Some((records.get(c)?.entries, traced.get(c)?.idle_entries)))
+            .map(|&c| {
+                let (r, t) = (records.get(c)?, traced.get(c)?);
+                Some(IdleSpan {
+                    passes: r.entries,
+                    record_ns: r.idle_ns,
+                    halts: t.idle_entries,
+                    halted_ns: t.idle_ns,
+                })
+            })
             .collect()
+    }
+
+    /// Per CPU asked about, in that order: what the records and `cpu_idle` counted over the
+    /// reads that checked the records, once they are used (empty before): the first measure
+    /// of the share of passes that halted (`HaltRatio` in src/sampler.rs).
+    pub fn checked_spans(&self) -> &[IdleSpan] {
+        &self.checked
     }
 
     /// Every CPU's idle entries and idle plus iowait time since boot, indexed by CPU id, from
