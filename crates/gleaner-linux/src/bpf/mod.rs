@@ -665,7 +665,7 @@ fn refresh_idle_state_on(skel: &SamplerSkel<'static>, cpu: usize) -> libbpf_rs::
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn encode(words: &[u64]) -> Vec<u8> {
@@ -794,7 +794,7 @@ mod tests {
 
     /// `rounds` hand-offs between two threads of this process, `pause` after each: every
     /// hand-off is a wake-up of a workload thread the program must time.
-    fn ping_pong(rounds: u32, pause: Option<std::time::Duration>) {
+    pub(crate) fn ping_pong(rounds: u32, pause: Option<std::time::Duration>) {
         let (tx, rx) = std::sync::mpsc::channel::<u32>();
         let (tx2, rx2) = std::sync::mpsc::channel::<u32>();
         let t = std::thread::spawn(move || {

@@ -463,22 +463,9 @@ fn without_a_cpuidle_driver_idle_time_comes_from_the_kernels_records() {
     let running = std::sync::Arc::new(AtomicBool::new(true));
     let still = running.clone();
     let workload = std::thread::spawn(move || {
-        let (tx, rx) = std::sync::mpsc::channel::<u32>();
-        let (tx2, rx2) = std::sync::mpsc::channel::<u32>();
-        let echo = std::thread::spawn(move || {
-            for v in rx.iter() {
-                if tx2.send(v).is_err() {
-                    break;
-                }
-            }
-        });
         while still.load(Ordering::Relaxed) {
-            tx.send(0).unwrap();
-            rx2.recv().unwrap();
-            std::thread::sleep(std::time::Duration::from_micros(200));
+            crate::bpf::tests::ping_pong(100, Some(std::time::Duration::from_micros(200)));
         }
-        drop(tx);
-        echo.join().unwrap();
     });
     let view = WorkloadView {
         pids: vec![std::process::id()],
