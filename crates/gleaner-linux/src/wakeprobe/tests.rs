@@ -369,6 +369,9 @@ fn in_kernel_timing_counts_the_wakees_wakes_where_bpf_loads() {
         assert!(k.count as usize >= p.latency.count / 2, "{k:?} for {p:?}");
         assert!(k.p50_ns > 0 && k.mean_ns > 0, "{k:?}");
         // The kernel's clock leaves out a system call entry and return: it is the shorter.
-        assert!(k.mean_ns < p.latency.mean_ns * 2, "{k:?} for {p:?}");
+        // Medians: of 30 wakes, one delayed while other tests ran beside this one moves a
+        // mean past any bound (kernel mean 11.9 µs against the probe's 5.2, medians 2.0 and
+        // 3.8 µs, 2026-11-27).
+        assert!(k.p50_ns < p.latency.p50_ns * 2, "{k:?} for {p:?}");
     }
 }
