@@ -29,9 +29,9 @@ use crate::sysfs::SysFs;
 #[serde(rename_all = "kebab-case")]
 pub enum IdleEntrySource {
     Cpuidle,
-    /// The BPF sampler without a cpuidle driver: idle time from the kernel's own per-CPU
-    /// records (`tick_sched`), idle entries counted by `power:cpu_idle` inside its measurement
-    /// windows and scaled to that idle time (never chosen by [`IdleEntryCounter`]).
+    /// The BPF sampler without a cpuidle driver: the idle loop's passes and time from the
+    /// kernel's own per-CPU records (`tick_sched`), times the shares `power:cpu_idle` saw halt
+    /// inside its measurement windows (never chosen by [`IdleEntryCounter`]).
     TickSched,
     Tracepoint,
     TimerList,

@@ -214,10 +214,12 @@ enum IdleReads {
 /// the records' time runs from the idle loop's entry to the first interrupt, which includes
 /// stopping the tick (a timer reprogrammed: a vCPU exit), where `cpu_idle`'s runs from the
 /// halt to its end: `sysbench threads`' mean idle period read 17–18 µs from the cpuidle
-/// driver and 25–29 µs from the records uncorrected (haltpoll guest, 2026-11-27). So `cpu_idle` measures both shares wherever it is attached (the check of
-/// the records, the windows, or a whole period), pooled until [`MIN_RATIO_PASSES`] passes
-/// back them (a fine pipeline's 10 ms windows see 3 passes each), and the periods between
-/// take the last shares measured; counts are then what the cpuidle driver would give.
+/// driver and 25–29 µs from the records uncorrected (haltpoll guest, 2026-11-27). So
+/// `cpu_idle` measures both shares wherever it is attached (the check of the records, the
+/// windows, or a whole period), pooled until [`MIN_RATIO_PASSES`] passes back them (a fine
+/// pipeline idles 300–450 times a second per vCPU: about 3 passes in a 10 ms window), and
+/// the periods between take the last shares measured; counts are then what the cpuidle
+/// driver would give.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct HaltRatio {
     per_pass: f64,
@@ -270,6 +272,13 @@ impl HaltRatio {
             (record_ns as f64 * self.per_record_ns).round() as u64,
         )
     }
+}
+
+/// The entries of `all` (indexed by CPU id) for `cpus`, in their order.
+fn of_cpus(all: &[IdleTotals], cpus: &Cpuset) -> Vec<IdleTotals> {
+    cpus.iter()
+        .map(|c| all.get(c).copied().unwrap_or_default())
+        .collect()
 }
 
 /// What one measurement window counted, and how long it measured.
@@ -555,10 +564,7 @@ impl Sampler {
             // as attaching the programs wakes idle vCPUs (IPIs) and so adds halts the passes
             // must cover.
             if matches!(self.idle_reads, Some(IdleReads::TickRecords)) {
-                self.window_records = k.read_tick_idle().ok().map(|all| {
-                    let of = |c: usize| all.get(c).copied().unwrap_or_default();
-                    self.cpus.iter().map(of).collect()
-                });
+                self.window_records = k.read_tick_idle().ok().map(|all| of_cpus(&all, &self.cpus));
             }
             if let Err(e) = k.set_scheduler_programs(true) {
                 tracing::warn!("{e}; this period's wake-ups are not measured");
@@ -1149,10 +1155,7 @@ impl Sampler {
             IdleReads::TickRecords => match self.kernel.as_ref() {
                 Some(k) => k
                     .read_tick_idle()
-                    .map(|all| {
-                        let of = |c: usize| all.get(c).copied().unwrap_or_default();
-                        self.cpus.iter().map(of).collect()
-                    })
+                    .map(|all| of_cpus(&all, &self.cpus))
                     .map_err(|e| e.to_string()),
                 None => Err("the kernel's idle records are read by the BPF sampler".into()),
             },

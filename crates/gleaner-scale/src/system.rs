@@ -77,7 +77,7 @@ pub fn describe_idle_source(source: IdleEntrySource) -> &'static str {
     match source {
         IdleEntrySource::Cpuidle => "cpuidle state usage",
         IdleEntrySource::TickSched => {
-            "the power:cpu_idle tracepoint inside the BPF sampler's windows, scaled to the kernel's idle time"
+            "the kernel's tick records (idle-loop passes), times the share power:cpu_idle saw halt in the BPF sampler's windows"
         }
         IdleEntrySource::Tracepoint => "the power:cpu_idle tracepoint",
         IdleEntrySource::TimerList => "/proc/timer_list .idle_calls (undercounts short idle periods)",
