@@ -113,6 +113,8 @@ def test_defaults_and_roles():
     assert bench.workload == ["pipeline", "--stages", "2"]
     assert co.gleaner == "off"
     assert exp.repetitions == 3
+    assert exp.pin_vcpus is False
+    assert parse_experiment("pin_vcpus = true\n" + MINIMAL, "m.toml").pin_vcpus is True
 
 
 @pytest.mark.parametrize(
@@ -130,6 +132,7 @@ def test_defaults_and_roles():
         (MINIMAL.replace('gleaner = "full"', 'gleaner = "full"\n  gleaner_args = ["--period-ms 1000"]'), "gleaner_args"),
         (MINIMAL.replace('gleaner = "full"', 'gleaner = "full"\n  gleaner_args = ["period"]'), "gleaner_args"),
         (MINIMAL.replace('gleaner = "full"', 'gleaner = "off"\n  gleaner_args = ["--observe"]'), "need a gleaner mode"),
+        ('pin_vcpus = "yes"\n' + MINIMAL, "pin_vcpus"),
     ],
 )
 def test_bad_files_are_refused_with_the_key(text, needle):
@@ -195,6 +198,44 @@ def test_vcpu_threads_only_with_cpu_time_and_switches(tmp_path):
     assert hostproc.read_thread_stats(root, 999) == {}
 
 
+def _fake_qemu_tasks(root: Path, pid: int, comms: dict[int, str]) -> None:
+    for tid, comm in comms.items():
+        d = root / str(pid) / "task" / str(tid)
+        d.mkdir(parents=True)
+        (d / "comm").write_text(comm + "\n")
+
+
+def test_vcpu_thread_ids_by_vcpu_index(tmp_path):
+    _fake_qemu_tasks(tmp_path, 100, {101: "qemu-system-x86", 102: "CPU 1/TCG", 103: "CPU 0/TCG", 104: "CPU x/TCG"})
+    assert hostproc.vcpu_thread_ids(tmp_path, 100) == {0: 103, 1: 102}
+    assert hostproc.vcpu_thread_ids(tmp_path, 999) == {}
+
+
+def test_pinning_puts_vcpu_i_of_every_guest_on_the_same_host_cpu(tmp_path):
+    from types import SimpleNamespace
+
+    _fake_qemu_tasks(tmp_path, 100, {101: "CPU 0/TCG", 102: "CPU 1/TCG", 103: "CPU 2/TCG"})
+    _fake_qemu_tasks(tmp_path, 200, {201: "CPU 1/TCG", 202: "CPU 0/TCG", 209: "qemu-system-x86"})
+    guests = [
+        SimpleNamespace(proc=SimpleNamespace(pid=100), spec=GuestSpec("bench", "benchmark", 3, 256, ["pipeline"], "full")),
+        SimpleNamespace(proc=SimpleNamespace(pid=200), spec=GuestSpec("co", "corunner", 2, 256, ["matmul"], "off")),
+    ]
+    calls = []
+    pinned = runner.pin_vcpus(guests, [4, 6], tmp_path, lambda tid, cpus: calls.append((tid, cpus)))
+    assert pinned == {"bench": {0: 4, 1: 6, 2: 4}, "co": {0: 4, 1: 6}}
+    assert sorted(calls) == [(101, {4}), (102, {6}), (103, {4}), (201, {6}), (202, {4})]
+
+    guests[1].spec.vcpus = 4  # QEMU shows fewer vCPU threads than the guest has
+    with pytest.raises(DriverError, match="expected 0..3"):
+        runner.pin_vcpus(guests, [0, 1], tmp_path, lambda tid, cpus: None)
+
+    def refuse(tid, cpus):
+        raise OSError(1, "Operation not permitted")
+
+    with pytest.raises(DriverError, match="cannot pin guest bench's vCPU 0"):
+        runner.pin_vcpus(guests[:1], [0], tmp_path, refuse)
+
+
 def test_delta():
     before = {"CPU 0/TCG": hostproc.ThreadStats(1.0, 10, 2)}
     after = {"CPU 0/TCG": hostproc.ThreadStats(3.5, 15, 9), "CPU 1/TCG": hostproc.ThreadStats(1.0, 1, 1)}
@@ -218,8 +259,15 @@ def test_paired_speedups_and_weighted_speedup():
         {**record("c", -1, "warmup", 1, 1)},
     ]
     s = summary.summarize(records, {"c": {"benchmark": "dedup"}})["c"]
-    assert s["speedup"]["bench"] == {"median": 3.0, "min": 2.0, "max": 4.0, "n": 3}
-    assert s["speedup"]["co"] == {"median": 0.8, "min": 0.5, "max": 1.0, "n": 3}
+    bench = s["speedup"]["bench"]
+    assert {k: bench[k] for k in ("median", "min", "max", "n")} == {"median": 3.0, "min": 2.0, "max": 4.0, "n": 3}
+    assert {k: s["speedup"]["co"][k] for k in ("median", "min", "max", "n")} == {"median": 0.8, "min": 0.5, "max": 1.0, "n": 3}
+    # The median's bootstrap interval: inside the range, around the median, reproducible.
+    for spread in (bench, s["speedup"]["co"], s["weighted_speedup"]):
+        assert spread["min"] <= spread["low"] <= spread["median"] <= spread["high"] <= spread["max"]
+    assert (bench["low"], bench["high"]) == (2.0, 4.0)  # three pairs: the median can be any of them
+    assert summary.summarize(records)["c"]["speedup"]["bench"] == bench
+    assert "| c | 3 | 3.00 [2.00, 4.00] | [2.00, 4.00] |" in summary.summary_markdown({"c": s}, {}, "t")
     assert s["weighted_speedup"]["median"] == pytest.approx(1.9)
     assert s["weighted_speedup"]["min"] == pytest.approx(1.5)
     assert s["weighted_speedup"]["max"] == pytest.approx(2.25)
@@ -233,7 +281,7 @@ def test_failed_runs_are_left_out():
     assert s["weighted_speedup"] is None
     assert s["speedup"] == {}
     md = summary.summary_markdown({"c": s}, {}, "t")
-    assert "| c | n/a | n/a | n/a | - |" in md
+    assert "| c | 0 | n/a | - | n/a | n/a | - | - |" in md
 
 
 def test_overlap_is_the_contended_fraction_of_the_benchmark_window():
@@ -308,7 +356,19 @@ def test_experiment_end_to_end(image_dir):
     assert s["speedup"]["co"]["median"] == 1.0  # co-runner stays off
     assert s["weighted_speedup"]["median"] == 1.5
     assert all(0.0 <= r["overlap"] <= 1.0 for r in records)
-    assert summary.write_summary(out, exp).read_text().startswith("# Test bed: t")
+    text = summary.write_summary(out, exp).read_text()
+    assert text.startswith("# Test bed: t")
+    assert "* c: not pinned" in text
+    assert all(r["vcpu_pinning"] is None for r in records)
+
+
+def test_pinned_runs_say_where_each_vcpu_ran():
+    record = {"case": "c", "rep": 0, "vcpu_pinning": {"bench": {"0": 0, "1": 1}}, "wall_s": 1.0,
+              "guests": {"bench": {"role": "benchmark", "rc": 0, "report": {"throughput_per_s": 1.0}}}}
+    records = [dict(record, setting="off"), dict(record, setting="on")]
+    s = summary.summarize(records)
+    assert s["c"]["vcpu_pinning"] == {"bench": {"0": 0, "1": 1}}
+    assert "* c: pinned (bench vCPU 0 on CPU 0, vCPU 1 on CPU 1)" in summary.summary_markdown(s, {}, "t")
 
 
 def test_guests_are_killed_when_the_run_is_interrupted(image_dir):

@@ -86,10 +86,17 @@ def paired_ratio(mine: dict[int, float], other: dict[int, float], higher_is_bett
     if not pairs or any(den == 0 for _, den in pairs):
         return None
     ratios = [num / den for num, den in pairs]
+    low, high = median_interval(ratios, seed)
+    return PairedRatio(len(ratios), statistics.median(ratios), low, high)
+
+
+def median_interval(values: list[float], seed: int = 0) -> tuple[float, float]:
+    """A 95 % bootstrap interval of the median of `values` (seeded: the same values give the
+    same interval). `values` must not be empty."""
     rng = random.Random(seed)
-    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(BOOTSTRAP_RESAMPLES))
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(BOOTSTRAP_RESAMPLES))
     tail = int(0.025 * BOOTSTRAP_RESAMPLES)
-    return PairedRatio(len(ratios), statistics.median(ratios), medians[tail], medians[-1 - tail])
+    return medians[tail], medians[-1 - tail]
 
 
 def format_value(value: float) -> str:

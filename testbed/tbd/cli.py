@@ -35,6 +35,8 @@ def cmd_run(args) -> int:
         exp.repetitions = args.repetitions
     if args.duration_s:
         exp.duration_s = args.duration_s
+    if args.pin_vcpus is not None:
+        exp.pin_vcpus = args.pin_vcpus
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out_dir = args.results / f"{exp.name}-{stamp}"
     runs = len(exp.cases) * exp.repetitions * len(SETTINGS)
@@ -112,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("--results", type=Path, default=DEFAULT_RESULTS_DIR)
     p_run.add_argument("--repetitions", type=int, help="override the file's repetitions")
     p_run.add_argument("--duration-s", type=float, help="override the file's duration_s")
+    p_run.add_argument("--pin-vcpus", action=argparse.BooleanOptionalAction, default=None,
+                       help="override the file's pin_vcpus (summary.md says which placement ran)")
     p_run.set_defaults(func=cmd_run)
     p_smoke = sub.add_parser("smoke", help="one guest boots, runs a 1 s pipeline under gleaner run, powers off")
     p_smoke.set_defaults(func=cmd_smoke)

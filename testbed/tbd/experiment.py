@@ -44,6 +44,10 @@ class Experiment:
     duration_s: float
     boot_timeout_s: float
     cases: list[Case]
+    # Pin vCPU i of every guest to the host's i-th allowed CPU (modulo their number) once the
+    # guests are up. Unpinned, the host scheduler decides which vCPU threads share a CPU, and
+    # moves them, so identical runs differ by that placement as much as by anything Gleaner does.
+    pin_vcpus: bool = False
 
 
 def _require(table: dict, key: str, kind: type, where: str):
@@ -69,10 +73,13 @@ def parse_experiment(text: str, source: str) -> Experiment:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise TestbedError(f"{source}: not valid TOML ({err}); fix the syntax") from err
-    _no_unknown_keys(doc, {"name", "repetitions", "duration_s", "boot_timeout_s", "case"}, source)
+    _no_unknown_keys(doc, {"name", "repetitions", "duration_s", "boot_timeout_s", "pin_vcpus", "case"}, source)
     reps = doc.get("repetitions", 3)
     duration = doc.get("duration_s", 15)
     boot_timeout = doc.get("boot_timeout_s", 180)
+    pin_vcpus = doc.get("pin_vcpus", False)
+    if not isinstance(pin_vcpus, bool):
+        raise TestbedError(f"{source}: pin_vcpus = {pin_vcpus!r} must be true or false")
     if not isinstance(reps, int) or isinstance(reps, bool) or not 1 <= reps <= 100:
         raise TestbedError(f"{source}: repetitions = {reps!r} must be an integer in 1..100")
     for key, value in (("duration_s", duration), ("boot_timeout_s", boot_timeout)):
@@ -137,7 +144,7 @@ def parse_experiment(text: str, source: str) -> Experiment:
     name = doc.get("name", Path(source).stem)
     if not isinstance(name, str) or not name.replace("-", "_").isidentifier():
         raise TestbedError(f"{source}: name = {name!r} must be a plain word")
-    return Experiment(name, reps, float(duration), float(boot_timeout), cases)
+    return Experiment(name, reps, float(duration), float(boot_timeout), cases, pin_vcpus)
 
 
 def load_experiment(path: Path) -> Experiment:

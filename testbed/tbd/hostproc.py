@@ -20,6 +20,25 @@ class ThreadStats:
     involuntary_switches: int
 
 
+def vcpu_thread_ids(proc_root: Path, pid: int) -> dict[int, int]:
+    """Thread id of each QEMU vCPU thread, keyed by the vCPU's index ("CPU 3/TCG" -> 3)."""
+    ids = {}
+    task_dir = proc_root / str(pid) / "task"
+    try:
+        tids = os.listdir(task_dir)
+    except OSError:
+        return ids
+    for tid in tids:
+        try:
+            comm = (task_dir / tid / "comm").read_text().strip()
+        except OSError:
+            continue
+        word = comm.removeprefix("CPU ").split("/", 1)[0]
+        if comm.startswith("CPU ") and word.isdigit():
+            ids[int(word)] = int(tid)
+    return ids
+
+
 def read_thread_stats(proc_root: Path, pid: int) -> dict[str, ThreadStats]:
     """CPU time and context switches of each QEMU vCPU thread, keyed by its name ("CPU 0/TCG").
 

@@ -8,6 +8,7 @@ its vCPU threads, and writes one JSON line per run.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 from .errors import TestbedError
 from .experiment import Case, Experiment, guest_command, run_order
 from .guest import Guest, GuestSet, parse_result
-from .hostproc import stats_delta
+from .hostproc import stats_delta, vcpu_thread_ids
 
 def check_image(image_dir: Path) -> dict:
     manifest_path = image_dir / "manifest.json"
@@ -36,6 +37,36 @@ def boot_all(guests: GuestSet, case: Case, image_dir: Path, out_dir: Path, timeo
         if cpus != guest.spec.vcpus:
             raise TestbedError(f"guest {guest.spec.name} sees {cpus} CPUs, expected {guest.spec.vcpus}")
     return started
+
+
+def pin_vcpus(guests: list[Guest], host_cpus: list[int], proc_root: Path = Path("/proc"),
+              set_affinity=os.sched_setaffinity) -> dict[str, dict[int, int]]:
+    """Pins vCPU i of every guest to host_cpus[i % len(host_cpus)]; returns guest -> {vCPU: CPU}.
+
+    Every guest's vCPU 0 then shares one CPU, vCPU 1 the next, as in the paper's Shared
+    setting, and no run depends on where the host scheduler happened to put the threads.
+    """
+    if not host_cpus:
+        raise TestbedError("no host CPU to pin vCPUs to (the driver's affinity is empty)")
+    pinned = {}
+    for guest in guests:
+        ids = vcpu_thread_ids(proc_root, guest.proc.pid)
+        if sorted(ids) != list(range(guest.spec.vcpus)):
+            raise TestbedError(
+                f"guest {guest.spec.name}: found vCPU threads {sorted(ids)} in {proc_root}/{guest.proc.pid}/task, "
+                f"expected 0..{guest.spec.vcpus - 1}; QEMU must run with -name ...,debug-threads=on, "
+                "or set pin_vcpus = false"
+            )
+        pinned[guest.spec.name] = {}
+        for vcpu, tid in sorted(ids.items()):
+            cpu = host_cpus[vcpu % len(host_cpus)]
+            try:
+                set_affinity(tid, {cpu})
+            except OSError as err:
+                raise TestbedError(f"cannot pin guest {guest.spec.name}'s vCPU {vcpu} (thread {tid}) to CPU {cpu}: "
+                                   f"{err.strerror}; set pin_vcpus = false") from err
+            pinned[guest.spec.name][vcpu] = cpu
+    return pinned
 
 
 def window_overlap(windows: dict[str, tuple[float, float]], roles: dict[str, str]) -> float | None:
@@ -102,6 +133,10 @@ def run_experiment(exp: Experiment, image_dir: Path, out_dir: Path) -> Path:
             print(f"testbed: case {case.name}: booting {len(case.guests)} guest(s)", file=sys.stderr)
             with GuestSet() as guest_set:
                 guests = boot_all(guest_set, case, image_dir, out_dir, exp.boot_timeout_s)
+                pinning = None
+                if exp.pin_vcpus:
+                    pinning = pin_vcpus(guests, sorted(os.sched_getaffinity(0)))
+                    print(f"testbed: case {case.name}: vCPUs pinned {pinning}", file=sys.stderr)
                 # A short unrecorded run in the "on" setting: fails fast on a broken workload
                 # or mode, and lets gleaner cache its retention calibration while quiet.
                 run_id += 1
@@ -115,7 +150,8 @@ def run_experiment(exp: Experiment, image_dir: Path, out_dir: Path) -> Path:
                 for rep, setting in run_order(exp.repetitions):
                     run_id += 1
                     result = run_once(guests, run_id, setting, exp.duration_s)
-                    record = {"case": case.name, "rep": rep, "setting": setting, "run_id": run_id, **result}
+                    record = {"case": case.name, "rep": rep, "setting": setting, "run_id": run_id,
+                              "vcpu_pinning": pinning, **result}
                     runs.write(json.dumps(record) + "\n")
                     bench = next(g for g in case.guests if g.role == "benchmark").name
                     tput = result["guests"][bench]["report"].get("throughput_per_s", float("nan"))

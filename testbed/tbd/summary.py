@@ -22,6 +22,15 @@ def _spread(values: list[float]) -> dict | None:
     return dataclasses.asdict(summary) if summary else None
 
 
+def _speedup_spread(values: list[float]) -> dict | None:
+    """`_spread` plus a 95 % bootstrap interval of the median (keys low, high): with a dozen
+    pairs whose single ratios stray ±15 %, the range alone cannot say how sure the median is."""
+    spread = _spread(values)
+    if spread:
+        spread["low"], spread["high"] = stats.median_interval(values)
+    return spread
+
+
 def summarize(records: list[dict], cases_paper: dict[str, dict] | None = None) -> dict:
     """Per case: per-guest throughput by setting, speedups of on over off and the weighted speedup.
 
@@ -79,12 +88,14 @@ def summarize(records: list[dict], cases_paper: dict[str, dict] | None = None) -
         summary[case] = {
             "roles": roles,
             "throughput_per_s": {n: {s: _spread(v) for s, v in t.items() if v} for n, t in throughput.items()},
-            "speedup": {n: _spread(v) for n, v in speedups.items() if v},
-            "weighted_speedup": _spread(weighted) if weighted else None,
+            "speedup": {n: _speedup_spread(v) for n, v in speedups.items() if v},
+            "weighted_speedup": _speedup_spread(weighted) if weighted else None,
             "vcpu_cpu_per_s": {n: {s: _spread(v) for s, v in t.items() if v} for n, t in vcpu_cpu.items()},
             "vcpu_switches_per_s": {n: {s: _spread(v) for s, v in t.items() if v} for n, t in vcpu_switches.items()},
             "window_overlap": {s: _spread(v) for s, v in overlap.items() if v},
             "paper": (cases_paper or {}).get(case, {}),
+            # JSON keys are strings: guest -> {"vCPU index": host CPU}; None where unpinned.
+            "vcpu_pinning": first.get("vcpu_pinning"),
         }
     return summary
 
@@ -95,6 +106,13 @@ def _fmt(spread: dict | None, digits: int = 2) -> str:
     return f"{spread['median']:.{digits}f} [{spread['min']:.{digits}f}, {spread['max']:.{digits}f}]"
 
 
+def _fmt_interval(spread: dict | None) -> str:
+    # Results written before the interval existed have no low/high: summarize redoes them.
+    if not spread or "low" not in spread:
+        return "-"
+    return f"[{spread['low']:.2f}, {spread['high']:.2f}]"
+
+
 def summary_markdown(summary: dict, manifest: dict, exp_name: str) -> str:
     lines = [
         f"# Test bed: {exp_name}",
@@ -102,19 +120,22 @@ def summary_markdown(summary: dict, manifest: dict, exp_name: str) -> str:
         f"Image {manifest.get('image_sha256', '?')} ({manifest.get('kernel_package', '?')}, "
         f"gleaner {manifest.get('git_commit', '?')[:12]}).",
         "Speedup = throughput with Gleaner on / off, paired per interleaved repetition; "
-        "weighted speedup = mean of the guests' speedups (paper §7.2.1). Median [min, max].",
+        "weighted speedup = mean of the guests' speedups (paper §7.2.1). Median [min, max] of the",
+        "pairs, then the 95 % bootstrap interval of that median.",
         "",
-        "| case | benchmark speedup | co-runner speedup | weighted speedup | paper |",
-        "|---|---|---|---|---|",
+        "| case | pairs | benchmark speedup | interval | co-runner speedup | weighted speedup | interval | paper |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for case, s in summary.items():
         bench = [n for n, r in s["roles"].items() if r == "benchmark"]
         corun = [n for n, r in s["roles"].items() if r == "corunner"]
         paper = "; ".join(f"{k}: {v}" for k, v in s["paper"].items()) or "-"
+        bench_speedup = s["speedup"].get(bench[0])
         lines.append(
-            f"| {case} | {_fmt(s['speedup'].get(bench[0]))} | "
+            f"| {case} | {bench_speedup['n'] if bench_speedup else 0} | {_fmt(bench_speedup)} | "
+            f"{_fmt_interval(bench_speedup)} | "
             f"{', '.join(_fmt(s['speedup'].get(n)) for n in corun) or '-'} | "
-            f"{_fmt(s['weighted_speedup'])} | {paper} |"
+            f"{_fmt(s['weighted_speedup'])} | {_fmt_interval(s['weighted_speedup'])} | {paper} |"
         )
     lines += [
         "",
@@ -136,6 +157,17 @@ def summary_markdown(summary: dict, manifest: dict, exp_name: str) -> str:
     for case, s in summary.items():
         ov = s.get("window_overlap", {})
         lines.append(f"* {case}: off {_fmt(ov.get('off'))}, on {_fmt(ov.get('on'))}")
+    lines += ["", "Placement of the vCPU threads on the host:", ""]
+    for case, s in summary.items():
+        pinning = s.get("vcpu_pinning")
+        if pinning:
+            where = "; ".join(
+                f"{guest} " + ", ".join(f"vCPU {v} on CPU {c}" for v, c in sorted(m.items(), key=lambda x: int(x[0])))
+                for guest, m in sorted(pinning.items())
+            )
+            lines.append(f"* {case}: pinned ({where})")
+        else:
+            lines.append(f"* {case}: not pinned (the host scheduler placed and moved them)")
     return "\n".join(lines) + "\n"
 
 
