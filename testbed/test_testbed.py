@@ -115,6 +115,9 @@ def test_defaults_and_roles():
     assert exp.repetitions == 3
     assert exp.pin_vcpus is False
     assert parse_experiment("pin_vcpus = true\n" + MINIMAL, "m.toml").pin_vcpus is True
+    # The diagnostic mode that runs only Gleaner's guard beside the bare workload.
+    guard = parse_experiment(MINIMAL.replace('gleaner = "full"', 'gleaner = "guard"'), "m.toml")
+    assert guard.cases[0].guests[0].gleaner == "guard"
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from .errors import TestbedError
 
-GLEANER_MODES = ("off", "full", "retention", "consolidation", "observe")
+# "guard" is a diagnostic: the workload bare beside Gleaner's guard process alone.
+GLEANER_MODES = ("off", "full", "retention", "consolidation", "observe", "guard")
 SETTINGS = ("off", "on")  # Gleaner off in every guest / each guest in its configured mode
 
 
