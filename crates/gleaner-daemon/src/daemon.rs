@@ -166,14 +166,7 @@ pub fn manage(flags: &DaemonFlags, target: Target) -> Result<i32> {
 
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         manage_inner(
-            &cfg,
-            target,
-            detection,
-            kind,
-            timeline,
-            &proc,
-            guarded.journal(),
-            &state_dir,
+            &cfg, target, detection, kind, timeline, &proc, &guarded, &state_dir,
         )
     }));
     // Back ends restored on their way out (drop runs during unwinding too); what they could
@@ -198,9 +191,10 @@ fn manage_inner(
     kind: PlacementKind,
     timeline: Option<std::fs::File>,
     proc: &ProcFs,
-    journal: &SharedJournal,
+    guarded: &GuardedJournal,
     state_dir: &Path,
 ) -> Result<i32> {
+    let journal = guarded.journal();
     let env = PlacementEnv::real(Some(journal.clone()));
     if kind == PlacementKind::Affinity && !crate::config::is_root() {
         let why: Vec<String> = detection
@@ -322,6 +316,11 @@ fn manage_inner(
                 retention_name = "yield".into();
             }
         }
+    }
+    if pool.is_none() {
+        // Wake costs measured, retention (if any) by in-kernel polling: no SCHED_IDLE thread
+        // of ours can hold up our exit from here on.
+        guarded.quiet_guard();
     }
     let retainer = match (&pool, &mut poll) {
         (Some(p), _) => Retainer::Yield(p),
@@ -735,6 +734,11 @@ impl GuardedJournal {
 
     pub fn journal(&self) -> &SharedJournal {
         &self.journal
+    }
+
+    /// See [`GuardHandle::quiet`].
+    pub fn quiet_guard(&self) {
+        self.guard.quiet();
     }
 
     /// Journals a CPU's original PM QoS value before it is changed (for `wakeprobe`).

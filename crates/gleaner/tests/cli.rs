@@ -243,3 +243,59 @@ fn non_root_attach_to_another_users_process_is_refused_before_journaling() {
     );
     assert!(started.elapsed() < Duration::from_secs(10));
 }
+
+/// Voluntary context switches of process `pid` (each one a wake-up after a sleep).
+fn voluntary_switches(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn a_quiet_guard_sleeps_until_its_pipe_closes() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let mut guard = gleaner()
+        .arg("__guard")
+        .arg(dir.path().join("1.json"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = guard.id();
+    // Until told otherwise it checks every 100 ms whether its owner (this test) is dying.
+    std::thread::sleep(Duration::from_millis(300));
+    let before = voluntary_switches(pid);
+    std::thread::sleep(Duration::from_millis(600));
+    let polling = voluntary_switches(pid) - before;
+    assert!(
+        polling >= 3,
+        "a polling guard woke {polling} times in 600 ms"
+    );
+    // Told that no SCHED_IDLE thread can hold up its owner's exit, it waits on the pipe alone.
+    let mut pipe = guard.stdin.take().unwrap();
+    pipe.write_all(b"q").unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let before = voluntary_switches(pid);
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(voluntary_switches(pid), before, "a quiet guard woke up");
+    // And it still ends when the pipe closes (no journal: nothing to undo).
+    drop(pipe);
+    let start = Instant::now();
+    loop {
+        if let Some(st) = guard.try_wait().unwrap() {
+            assert!(st.success(), "{st:?}");
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "the guard outlived its pipe"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
