@@ -24,7 +24,7 @@ use gleaner_linux::controller::{Controller, ControllerOptions, ExitWatch, Retain
 use gleaner_linux::journal::{self, Journal};
 use gleaner_linux::pmqos::PollRetention;
 use gleaner_linux::restore;
-use gleaner_linux::retention::{RetentionPool, YielderParams};
+use gleaner_linux::retention::{LazyRetentionPool, YielderParams};
 use gleaner_linux::sampler::Sampler;
 use gleaner_linux::status::status_path;
 use gleaner_linux::wakeprobe::{self, PmQosHook};
@@ -309,19 +309,19 @@ fn manage_inner(
             }
             Err(why) => {
                 tracing::info!("retention by yielding threads: {why}");
-                pool = Some(
-                    RetentionPool::start(&allowed, YielderParams::default())
-                        .context("cannot start retention threads")?,
-                );
+                let notifier = guarded.guard_notifier();
+                pool = Some(LazyRetentionPool::new(
+                    &allowed,
+                    YielderParams::default(),
+                    Box::new(move || notifier.poll()),
+                ));
                 retention_name = "yield".into();
             }
         }
     }
-    if pool.is_none() {
-        // Wake costs measured, retention (if any) by in-kernel polling: no SCHED_IDLE thread
-        // of ours can hold up our exit from here on.
-        guarded.quiet_guard();
-    }
+    // Wake costs measured: no SCHED_IDLE thread of ours exists now, and the yielding pool,
+    // if any, tells the guard before it starts one.
+    guarded.guard_notifier().quiet();
     let retainer = match (&pool, &mut poll) {
         (Some(p), _) => Retainer::Yield(p),
         (None, Some(p)) => Retainer::Poll(p),
@@ -736,9 +736,9 @@ impl GuardedJournal {
         &self.journal
     }
 
-    /// See [`GuardHandle::quiet`].
-    pub fn quiet_guard(&self) {
-        self.guard.quiet();
+    /// See [`GuardNotifier`].
+    pub fn guard_notifier(&self) -> GuardNotifier {
+        self.guard.notifier()
     }
 
     /// Journals a CPU's original PM QoS value before it is changed (for `wakeprobe`).
@@ -789,7 +789,7 @@ fn finish_journal(journal: &SharedJournal, proc: &ProcFs) -> Result<()> {
 
 mod guard;
 use guard::spawn_guard;
-pub use guard::{guard_main, recover, GuardHandle};
+pub use guard::{guard_main, recover, GuardHandle, GuardNotifier};
 
 #[cfg(test)]
 mod tests;

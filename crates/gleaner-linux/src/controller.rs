@@ -19,7 +19,7 @@ use crate::cgroup::{Placement, PlacementKind};
 use crate::error::Result;
 use crate::pacer::{is_disrupted, Pacer, Wake};
 use crate::pmqos::PollRetention;
-use crate::retention::{RetentionCounters, RetentionMode, RetentionPool};
+use crate::retention::{LazyRetentionPool, RetentionCounters, RetentionMode};
 use crate::sampler::{Sampler, WorkloadView};
 use crate::status::{write_status, InstanceStatus, VcpuStatus};
 
@@ -119,8 +119,8 @@ pub struct ControllerOptions {
 pub enum Retainer<'a> {
     /// Retention is off for this run (consolidation only, or observing).
     None,
-    /// SCHED_IDLE yielding threads.
-    Yield(&'a RetentionPool),
+    /// SCHED_IDLE yielding threads, started the first time a vCPU is held.
+    Yield(&'a LazyRetentionPool),
     /// The guest's cpuidle poll state through PM QoS.
     Poll(&'a mut PollRetention),
 }
@@ -137,7 +137,7 @@ impl Retainer<'_> {
 
     fn counters(&self) -> Vec<(usize, RetentionCounters)> {
         match self {
-            Retainer::Yield(pool) => pool.counters(),
+            Retainer::Yield(lazy) => lazy.started().map(|p| p.counters()).unwrap_or_default(),
             _ => Vec::new(),
         }
     }
@@ -145,13 +145,20 @@ impl Retainer<'_> {
     fn apply(&mut self, cpu: usize, action: RetentionAction) {
         match self {
             Retainer::None => {}
-            Retainer::Yield(pool) => {
-                let mode = match action {
-                    RetentionAction::Off => RetentionMode::Off,
-                    RetentionAction::Retain { timeout_ns } => RetentionMode::Yield { timeout_ns },
+            Retainer::Yield(lazy) => {
+                let (mode, pool) = match action {
+                    // Threads that never started hold nothing to turn off.
+                    RetentionAction::Off => (RetentionMode::Off, lazy.started()),
+                    RetentionAction::Retain { timeout_ns } => (
+                        RetentionMode::Yield { timeout_ns },
+                        // A failed start was logged when it failed, and is not retried.
+                        lazy.get_or_start().ok(),
+                    ),
                 };
                 // A CPU outside the pool (none is expected) simply cannot be held.
-                let _ = pool.set_mode(cpu, mode);
+                if let Some(pool) = pool {
+                    let _ = pool.set_mode(cpu, mode);
+                }
             }
             Retainer::Poll(poll) => {
                 // In-kernel polling has no timeout of its own: the policy's per-period
@@ -432,7 +439,11 @@ impl<'a> Controller<'a> {
             return;
         }
         let tids: Vec<i32> = match &self.retainer {
-            Retainer::Yield(pool) => pool.threads().iter().map(|t| t.tid).collect(),
+            // Not yet started: asked again next period.
+            Retainer::Yield(lazy) => match lazy.started() {
+                Some(pool) => pool.threads().iter().map(|t| t.tid).collect(),
+                None => return,
+            },
             _ => Vec::new(),
         };
         if tids.iter().all(|&t| t > 0) {

@@ -378,6 +378,68 @@ impl Drop for RetentionPool {
     }
 }
 
+/// A [`RetentionPool`] started the first time a vCPU is to be held, not before.
+///
+/// A run whose policy never holds a vCPU (most runs: the policy's preconditions for retention
+/// are narrow) then never has a SCHED_IDLE thread. That matters beyond the threads' own
+/// footprint: a SCHED_IDLE thread on a vCPU the workload saturates can hold up the process's
+/// exit after SIGKILL for seconds, which is why the daemon's guard polls its owner while such
+/// threads may exist, and a process without them lets the guard sleep.
+pub struct LazyRetentionPool {
+    cpus: Cpuset,
+    params: YielderParams,
+    /// Called once, right before the threads start.
+    before_start: Box<dyn Fn()>,
+    /// The pool, or why it could not start (then it is not tried again).
+    pool: std::cell::OnceCell<Result<RetentionPool, String>>,
+}
+
+impl fmt::Debug for LazyRetentionPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LazyRetentionPool")
+            .field("cpus", &self.cpus.to_string())
+            .field("pool", &self.pool.get())
+            .finish()
+    }
+}
+
+impl LazyRetentionPool {
+    pub fn new(cpus: &Cpuset, params: YielderParams, before_start: Box<dyn Fn()>) -> Self {
+        Self {
+            cpus: cpus.clone(),
+            params,
+            before_start,
+            pool: std::cell::OnceCell::new(),
+        }
+    }
+
+    /// The pool, if it has started.
+    pub fn started(&self) -> Option<&RetentionPool> {
+        self.pool.get().and_then(|p| p.as_ref().ok())
+    }
+
+    /// The pool, started now if it was not; the error of a failed start, every time after it.
+    pub fn get_or_start(&self) -> Result<&RetentionPool, &str> {
+        self.pool
+            .get_or_init(|| {
+                (self.before_start)();
+                RetentionPool::start(&self.cpus, self.params).map_err(|e| {
+                    tracing::warn!("cannot start retention threads, so no vCPU is held: {e}");
+                    e.to_string()
+                })
+            })
+            .as_ref()
+            .map_err(String::as_str)
+    }
+
+    /// Stops and joins the threads, if they were started (also done on drop).
+    pub fn stop(self) {
+        if let Some(Ok(pool)) = self.pool.into_inner() {
+            pool.stop();
+        }
+    }
+}
+
 fn retention_thread(
     slot: &Slot,
     params: YielderParams,
@@ -527,6 +589,60 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         cond()
+    }
+
+    /// Threads of this process named like the pool's.
+    fn retention_threads_running() -> usize {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .filter(|comm| comm.starts_with("gleaner-ret"))
+            .count()
+    }
+
+    #[test]
+    fn a_lazy_pool_starts_its_threads_at_the_first_hold_and_says_so_first() {
+        let cpu = my_cpus().last().unwrap();
+        let told = std::rc::Rc::new(std::cell::Cell::new(0));
+        let seen = told.clone();
+        let lazy = LazyRetentionPool::new(
+            &[cpu].into_iter().collect(),
+            YielderParams::default(),
+            Box::new(move || {
+                // Said before any thread exists (other tests' pools may run beside this one,
+                // so only the count of this call is checked here).
+                seen.set(seen.get() + 1);
+            }),
+        );
+        assert!(lazy.started().is_none());
+        assert_eq!(told.get(), 0);
+        let pool = lazy.get_or_start().unwrap();
+        assert_eq!(pool.cpus().iter().collect::<Vec<_>>(), vec![cpu]);
+        assert!(pool.threads().iter().all(|t| t.tid > 0));
+        assert!(retention_threads_running() >= 1);
+        lazy.get_or_start().unwrap();
+        assert_eq!(told.get(), 1, "started once, said once");
+        assert!(lazy.started().is_some());
+        lazy.stop();
+    }
+
+    #[test]
+    fn a_lazy_pool_that_cannot_start_says_why_and_does_not_retry() {
+        // A CPU this thread may not run on: the pool cannot pin a thread there.
+        let absent = my_cpus().last().unwrap() + 4096;
+        let told = std::rc::Rc::new(std::cell::Cell::new(0));
+        let seen = told.clone();
+        let lazy = LazyRetentionPool::new(
+            &[absent].into_iter().collect(),
+            YielderParams::default(),
+            Box::new(move || seen.set(seen.get() + 1)),
+        );
+        let first = lazy.get_or_start().unwrap_err().to_string();
+        assert!(first.contains(&absent.to_string()), "{first}");
+        assert_eq!(lazy.get_or_start().unwrap_err(), first);
+        assert_eq!(told.get(), 1);
+        assert!(lazy.started().is_none());
+        lazy.stop();
     }
 
     fn one_cpu_pool(params: YielderParams) -> (RetentionPool, usize) {

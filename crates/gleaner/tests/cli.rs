@@ -257,7 +257,7 @@ fn voluntary_switches(pid: u32) -> u64 {
 }
 
 #[test]
-fn a_quiet_guard_sleeps_until_its_pipe_closes() {
+fn a_quiet_guard_sleeps_until_its_pipe_closes_or_it_is_told_to_poll() {
     use std::io::Write;
     let dir = tempfile::tempdir().unwrap();
     let mut guard = gleaner()
@@ -284,6 +284,16 @@ fn a_quiet_guard_sleeps_until_its_pipe_closes() {
     let before = voluntary_switches(pid);
     std::thread::sleep(Duration::from_millis(600));
     assert_eq!(voluntary_switches(pid), before, "a quiet guard woke up");
+    // Told that SCHED_IDLE threads are about to start, it polls again.
+    pipe.write_all(b"p").unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let before = voluntary_switches(pid);
+    std::thread::sleep(Duration::from_millis(600));
+    let polling = voluntary_switches(pid) - before;
+    assert!(
+        polling >= 3,
+        "told to poll, the guard woke {polling} times in 600 ms"
+    );
     // And it still ends when the pipe closes (no journal: nothing to undo).
     drop(pipe);
     let start = Instant::now();

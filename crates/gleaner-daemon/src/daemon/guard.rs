@@ -44,20 +44,52 @@ pub struct GuardHandle {
     child: Child,
 }
 
-/// The byte an instance writes to its guard's pipe to say it runs no SCHED_IDLE thread from
-/// now on (see [`GuardHandle::quiet`]).
+/// The byte an instance writes to its guard's pipe to say it has no SCHED_IDLE thread now
+/// (see [`GuardNotifier::quiet`]).
 const QUIET: u8 = b'q';
+/// The byte that says it is about to start some (see [`GuardNotifier::poll`]).
+const POLL: u8 = b'p';
 
 impl GuardHandle {
-    /// Tells the guard that this instance runs no SCHED_IDLE thread from now on (its wake
-    /// costs are measured and its retention, if any, polls in the kernel), so a kill closes
-    /// the pipe at once and the guard can sleep until it does instead of checking every
-    /// 100 ms whether its owner is dying: Gleaner then wakes nothing between its periods.
+    /// A second handle on the guard's pipe, for telling it whether to poll.
+    pub fn notifier(&self) -> GuardNotifier {
+        use std::os::fd::AsFd;
+        GuardNotifier {
+            pipe: self
+                .child
+                .stdin
+                .as_ref()
+                .and_then(|s| s.as_fd().try_clone_to_owned().ok())
+                .map(std::fs::File::from),
+        }
+    }
+}
+
+/// Tells the guard whether its owner may have SCHED_IDLE threads. Where it has none, a kill
+/// closes the pipe at once and the guard sleeps until it does; where it may, the guard also
+/// checks every 100 ms whether its owner is dying (such a thread can hold up the exit for
+/// seconds on a saturated vCPU). So Gleaner wakes nothing between its periods unless it holds
+/// vCPUs by yielding threads.
+pub struct GuardNotifier {
+    pipe: Option<std::fs::File>,
+}
+
+impl GuardNotifier {
+    /// No SCHED_IDLE thread now, nor until [`GuardNotifier::poll`].
     pub fn quiet(&self) {
+        self.send(QUIET);
+    }
+
+    /// SCHED_IDLE threads are about to start: said before they do.
+    pub fn poll(&self) {
+        self.send(POLL);
+    }
+
+    fn send(&self, byte: u8) {
         use std::io::Write;
-        if let Some(mut pipe) = self.child.stdin.as_ref() {
-            // A guard that is gone cannot be told; it has nothing left to poll either.
-            let _ = pipe.write_all(&[QUIET]);
+        if let Some(mut pipe) = self.pipe.as_ref() {
+            // A guard that is gone cannot be told, and has nothing left to poll for.
+            let _ = pipe.write_all(&[byte]);
         }
     }
 }
@@ -93,8 +125,8 @@ pub fn guard_main(journal_path: &Path) -> Result<i32> {
     let mut sink = [0u8; 64];
     let mut stdin = std::io::stdin();
     let mut restored_early = false;
-    // 100 ms: a tenth of the 1 s restore promise. -1 (wait for the pipe only) once the
-    // instance said it runs no SCHED_IDLE thread ([`QUIET`]).
+    // 100 ms: a tenth of the 1 s restore promise. -1 (wait for the pipe only) while the
+    // instance says it has no SCHED_IDLE thread ([`QUIET`], until [`POLL`]).
     let mut poll_ms: libc::c_int = 100;
     loop {
         let mut fds = [libc::pollfd {
@@ -107,8 +139,11 @@ pub fn guard_main(journal_path: &Path) -> Result<i32> {
         if ready > 0 {
             match stdin.read(&mut sink) {
                 Ok(n) if n > 0 => {
-                    if sink[..n].contains(&QUIET) {
-                        poll_ms = -1;
+                    // The last word counts.
+                    match sink[..n].iter().rev().find(|&&b| b == QUIET || b == POLL) {
+                        Some(&QUIET) => poll_ms = -1,
+                        Some(_) => poll_ms = 100,
+                        None => {}
                     }
                     continue;
                 }
