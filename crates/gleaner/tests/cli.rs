@@ -268,32 +268,24 @@ fn a_quiet_guard_sleeps_until_its_pipe_closes_or_it_is_told_to_poll() {
         .spawn()
         .unwrap();
     let pid = guard.id();
+    // Its wake-ups in 600 ms, after 200 ms to settle what it was just told.
+    let wakes = || {
+        std::thread::sleep(Duration::from_millis(200));
+        let before = voluntary_switches(pid);
+        std::thread::sleep(Duration::from_millis(600));
+        voluntary_switches(pid) - before
+    };
     // Until told otherwise it checks every 100 ms whether its owner (this test) is dying.
-    std::thread::sleep(Duration::from_millis(300));
-    let before = voluntary_switches(pid);
-    std::thread::sleep(Duration::from_millis(600));
-    let polling = voluntary_switches(pid) - before;
-    assert!(
-        polling >= 3,
-        "a polling guard woke {polling} times in 600 ms"
-    );
+    let polling = wakes();
+    assert!(polling >= 3, "a polling guard woke {polling} times");
     // Told that no SCHED_IDLE thread can hold up its owner's exit, it waits on the pipe alone.
     let mut pipe = guard.stdin.take().unwrap();
     pipe.write_all(b"q").unwrap();
-    std::thread::sleep(Duration::from_millis(200));
-    let before = voluntary_switches(pid);
-    std::thread::sleep(Duration::from_millis(600));
-    assert_eq!(voluntary_switches(pid), before, "a quiet guard woke up");
+    assert_eq!(wakes(), 0, "a quiet guard woke up");
     // Told that SCHED_IDLE threads are about to start, it polls again.
     pipe.write_all(b"p").unwrap();
-    std::thread::sleep(Duration::from_millis(200));
-    let before = voluntary_switches(pid);
-    std::thread::sleep(Duration::from_millis(600));
-    let polling = voluntary_switches(pid) - before;
-    assert!(
-        polling >= 3,
-        "told to poll, the guard woke {polling} times in 600 ms"
-    );
+    let polling = wakes();
+    assert!(polling >= 3, "told to poll, the guard woke {polling} times");
     // And it still ends when the pipe closes (no journal: nothing to undo).
     drop(pipe);
     let start = Instant::now();
