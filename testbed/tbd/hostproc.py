@@ -20,42 +20,44 @@ class ThreadStats:
     involuntary_switches: int
 
 
-def vcpu_thread_ids(proc_root: Path, pid: int) -> dict[int, int]:
-    """Thread id of each QEMU vCPU thread, keyed by the vCPU's index ("CPU 3/TCG" -> 3)."""
-    ids = {}
+def _vcpu_threads(proc_root: Path, pid: int) -> list[tuple[str, str]]:
+    """(tid, comm) of each QEMU vCPU thread ("CPU n/..."), in tid order.
+
+    QEMU names its threads when started with `-name ...,debug-threads=on`. Threads that exit
+    between listing and reading are skipped.
+    """
     task_dir = proc_root / str(pid) / "task"
     try:
-        tids = os.listdir(task_dir)
+        tids = sorted(os.listdir(task_dir))
     except OSError:
-        return ids
+        return []
+    threads = []
     for tid in tids:
         try:
             comm = (task_dir / tid / "comm").read_text().strip()
         except OSError:
             continue
-        word = comm.removeprefix("CPU ").split("/", 1)[0]
-        if comm.startswith("CPU ") and word.isdigit():
-            ids[int(word)] = int(tid)
+        if comm.startswith("CPU "):
+            threads.append((tid, comm))
+    return threads
+
+
+def vcpu_thread_ids(proc_root: Path, pid: int) -> dict[int, int]:
+    """Thread id of each QEMU vCPU thread, keyed by the vCPU's index ("CPU 3/TCG" -> 3)."""
+    ids = {}
+    for tid, comm in _vcpu_threads(proc_root, pid):
+        index = comm.removeprefix("CPU ").split("/", 1)[0]
+        if index.isdigit():
+            ids[int(index)] = int(tid)
     return ids
 
 
 def read_thread_stats(proc_root: Path, pid: int) -> dict[str, ThreadStats]:
-    """CPU time and context switches of each QEMU vCPU thread, keyed by its name ("CPU 0/TCG").
-
-    QEMU names its threads when started with `-name ...,debug-threads=on`. Threads that exit
-    between listing and reading are skipped.
-    """
+    """CPU time and context switches of each QEMU vCPU thread, keyed by its name ("CPU 0/TCG")."""
     stats = {}
     task_dir = proc_root / str(pid) / "task"
-    try:
-        tids = sorted(os.listdir(task_dir))
-    except OSError:
-        return stats
-    for tid in tids:
+    for tid, comm in _vcpu_threads(proc_root, pid):
         try:
-            comm = (task_dir / tid / "comm").read_text().strip()
-            if not comm.startswith("CPU "):
-                continue
             stat = (task_dir / tid / "stat").read_text()
             status = (task_dir / tid / "status").read_text()
         except OSError:

@@ -394,15 +394,6 @@ pub struct LazyRetentionPool {
     pool: std::cell::OnceCell<Result<RetentionPool, String>>,
 }
 
-impl fmt::Debug for LazyRetentionPool {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LazyRetentionPool")
-            .field("cpus", &self.cpus.to_string())
-            .field("pool", &self.pool.get())
-            .finish()
-    }
-}
-
 impl LazyRetentionPool {
     pub fn new(cpus: &Cpuset, params: YielderParams, before_start: Box<dyn Fn()>) -> Self {
         Self {
