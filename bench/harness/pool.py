@@ -1,0 +1,121 @@
+"""Pooling the paired runs of several suite batches.
+
+One batch of 12 rounds decides a paired ratio to about ±3 % on a shared 2-vCPU guest, no better
+than the 3-5 % margins Gleaner is judged by, and the same command run twice strays as far. Batches
+of the same suite on the same kind of guest can be pooled without losing the pairing: each pair
+is still one configuration's run against the baseline run of the same round of the same batch.
+Pure functions of the results dictionaries that `bench/run.py` writes, like `report`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from .report import values_by_rep
+from .stats import PairedRatio, median_interval
+
+
+class PoolError(Exception):
+    """A file that is not a results file of `bench/run.py`."""
+
+
+@dataclass
+class Batch:
+    """One results file, as pooling sees it."""
+
+    name: str
+    commit: str
+    driver: str
+    load: float
+    busy: bool  # the harness's load warning
+    workloads: list[dict]
+
+
+@dataclass
+class Pooled:
+    """Per (workload, configuration): every batch's ratios against baseline, and the batches used."""
+
+    used: list[Batch] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (name, why)
+    ratios: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+    per_batch: list[tuple[str, str, str, PairedRatio]] = field(default_factory=list)  # (batch, workload, config, ratio)
+
+
+def batch_of(name: str, results: dict) -> Batch:
+    """The fields pooling needs, or a PoolError naming what is missing."""
+    try:
+        host, load = results["host"], results["load"]
+        return Batch(name, str(host.get("commit", "not recorded"))[:7], host["cpuidle_driver"],
+                     float(load["before"][0]), bool(load["warning"]), list(results["workloads"]))
+    except (KeyError, TypeError, IndexError, ValueError) as error:
+        raise PoolError(f"{name}: not a results file of bench/run.py (missing or bad {error}); "
+                        "pass the results/<suite>-<date>.json files it writes") from None
+
+
+def ratios_against_baseline(workload: dict, config: str) -> list[float]:
+    """`config`'s runs against the baseline run of the same round (>1: `config` better)."""
+    mine, base = values_by_rep(workload, config), values_by_rep(workload, "baseline")
+    rounds = sorted(set(mine) & set(base))
+    if workload["higher_is_better"]:
+        return [mine[r] / base[r] for r in rounds if base[r] != 0]
+    return [base[r] / mine[r] for r in rounds if mine[r] != 0]
+
+
+def pool(batches: list[Batch], driver: str | None, include_busy: bool) -> Pooled:
+    """Pools the batches of one cpuidle driver (the first batch's when None), leaving out those
+    that ran under a load warning unless `include_busy`."""
+    pooled = Pooled()
+    if driver is None and batches:
+        driver = batches[0].driver
+    for batch in batches:
+        if batch.driver != driver:
+            pooled.skipped.append((batch.name, f"cpuidle driver {batch.driver}, not {driver}"))
+            continue
+        if batch.busy and not include_busy:
+            pooled.skipped.append((batch.name, f"load warning (1-minute load {batch.load:.2f} at the start)"))
+            continue
+        pooled.used.append(batch)
+        for workload in batch.workloads:
+            if workload.get("error"):
+                continue
+            configs = sorted({run["config"] for run in workload["runs"]} - {"baseline"})
+            for config in configs:
+                ratios = ratios_against_baseline(workload, config)
+                if not ratios:
+                    continue
+                pooled.ratios.setdefault((workload["name"], config), []).extend(ratios)
+                low, high = median_interval(ratios)
+                pooled.per_batch.append((batch.name, workload["name"], config,
+                                         PairedRatio(len(ratios), statistics.median(ratios), low, high)))
+    return pooled
+
+
+def pooled_ratio(values: list[float]) -> PairedRatio:
+    low, high = median_interval(values)
+    return PairedRatio(len(values), statistics.median(values), low, high)
+
+
+def _cell(ratio: PairedRatio) -> str:
+    return f"×{ratio.median:.3f} [{ratio.low:.3f}, {ratio.high:.3f}] ({ratio.n})"
+
+
+def markdown(pooled: Pooled, configs: list[str] | None) -> str:
+    """The pooled table (one column per configuration against baseline), then every batch's."""
+    shown = configs or sorted({config for _, config in pooled.ratios})
+    workloads = list(dict.fromkeys(name for name, _ in pooled.ratios))
+    lines = [f"Pooled over {len(pooled.used)} batch(es): "
+             + ", ".join(f"{b.name} ({b.commit}, load {b.load:.2f})" for b in pooled.used) + "."]
+    lines += [f"Left out: {name}: {why}." for name, why in pooled.skipped]
+    lines += ["", "Median of the pooled per-round ratios against baseline (>1: better) "
+              "[95 % bootstrap interval of that median] (pairs):", ""]
+    lines.append("| workload | " + " | ".join(f"{c} vs baseline" for c in shown) + " |")
+    lines.append("|---" * (len(shown) + 1) + "|")
+    for workload in workloads:
+        cells = [_cell(pooled_ratio(pooled.ratios[(workload, c)])) if (workload, c) in pooled.ratios else "–"
+                 for c in shown]
+        lines.append(f"| {workload} | " + " | ".join(cells) + " |")
+    lines += ["", "Each batch:", "", "| batch | workload | configuration | against baseline |", "|---|---|---|---|"]
+    lines += [f"| {name} | {workload} | {config} | {_cell(ratio)} |"
+              for name, workload, config, ratio in pooled.per_batch if config in shown]
+    return "\n".join(lines) + "\n"
