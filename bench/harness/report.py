@@ -122,7 +122,8 @@ def _gleaner_against_static(results: dict, configs: list[str]) -> list[str]:
     lines = ["Gleaner against each fixed setting, paired by repetition: median of the per-repetition "
              "ratios (>1: Gleaner better) [95 % bootstrap interval of that median]; the targets are "
              f"×{BASELINE_MARGIN:.2f} of baseline and ×{BEST_STATIC_MARGIN:.2f} of the best fixed setting "
-             "(by median, baseline included).", ""]
+             "(by median, baseline included). An interval that straddles a target is too wide to "
+             "decide it: pool this batch with others of the same guest (`python3 bench/pool.py FILES`).", ""]
     if controls:
         lines[0] += (" The control column is the same command as baseline run again, against baseline: "
                      "a Gleaner ratio no further from ×1.00 than it is within what identical runs give here.")

@@ -138,3 +138,5 @@ def test_the_control_is_a_yardstick_not_a_setting(results):
     # Control against baseline, paired by repetition: 0.90, 118/120, 1.10; Gleaner as before.
     assert "| sysbench-threads | ×1.50 [1.50, 1.50] | ×0.98 [0.90, 1.10] | baseline: met; best: baseline |" in text
     assert "The control column is the same command as baseline run again" in text
+    # A straddling interval points at the tool that narrows it.
+    assert "pool this batch with others of the same guest (`python3 bench/pool.py FILES`)" in text
