@@ -9,11 +9,10 @@ Pure functions of the results dictionaries that `bench/run.py` writes, like `rep
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 
 from .report import values_by_rep
-from .stats import PairedRatio, median_interval
+from .stats import PairedRatio, paired_ratios, ratio_summary
 
 
 class PoolError(Exception):
@@ -55,11 +54,8 @@ def batch_of(name: str, results: dict) -> Batch:
 
 def ratios_against_baseline(workload: dict, config: str) -> list[float]:
     """`config`'s runs against the baseline run of the same round (>1: `config` better)."""
-    mine, base = values_by_rep(workload, config), values_by_rep(workload, "baseline")
-    rounds = sorted(set(mine) & set(base))
-    if workload["higher_is_better"]:
-        return [mine[r] / base[r] for r in rounds if base[r] != 0]
-    return [base[r] / mine[r] for r in rounds if mine[r] != 0]
+    return paired_ratios(values_by_rep(workload, config), values_by_rep(workload, "baseline"),
+                         workload["higher_is_better"])
 
 
 def pool(batches: list[Batch], driver: str | None, include_busy: bool) -> Pooled:
@@ -85,15 +81,8 @@ def pool(batches: list[Batch], driver: str | None, include_busy: bool) -> Pooled
                 if not ratios:
                     continue
                 pooled.ratios.setdefault((workload["name"], config), []).extend(ratios)
-                low, high = median_interval(ratios)
-                pooled.per_batch.append((batch.name, workload["name"], config,
-                                         PairedRatio(len(ratios), statistics.median(ratios), low, high)))
+                pooled.per_batch.append((batch.name, workload["name"], config, ratio_summary(ratios)))
     return pooled
-
-
-def pooled_ratio(values: list[float]) -> PairedRatio:
-    low, high = median_interval(values)
-    return PairedRatio(len(values), statistics.median(values), low, high)
 
 
 def _cell(ratio: PairedRatio) -> str:
@@ -112,7 +101,7 @@ def markdown(pooled: Pooled, configs: list[str] | None) -> str:
     lines.append("| workload | " + " | ".join(f"{c} vs baseline" for c in shown) + " |")
     lines.append("|---" * (len(shown) + 1) + "|")
     for workload in workloads:
-        cells = [_cell(pooled_ratio(pooled.ratios[(workload, c)])) if (workload, c) in pooled.ratios else "–"
+        cells = [_cell(ratio_summary(pooled.ratios[(workload, c)])) if (workload, c) in pooled.ratios else "–"
                  for c in shown]
         lines.append(f"| {workload} | " + " | ".join(cells) + " |")
     lines += ["", "Each batch:", "", "| batch | workload | configuration | against baseline |", "|---|---|---|---|"]

@@ -78,14 +78,25 @@ def paired_ratio(mine: dict[int, float], other: dict[int, float], higher_is_bett
                  seed: int = 0) -> PairedRatio | None:
     """`mine` against `other`, values keyed by repetition; only repetitions with both count.
     None without a pair or with a zero that makes a ratio meaningless."""
+    ratios = paired_ratios(mine, other, higher_is_better)
+    return ratio_summary(ratios, seed) if ratios else None
+
+
+def paired_ratios(mine: dict[int, float], other: dict[int, float], higher_is_better: bool) -> list[float]:
+    """The per-repetition ratios of `mine` against `other` (>1: `mine` better), in repetition
+    order; empty without a pair or when a zero would make one meaningless."""
     reps = sorted(set(mine) & set(other))
     if higher_is_better:
         pairs = [(mine[r], other[r]) for r in reps]
     else:
         pairs = [(other[r], mine[r]) for r in reps]
-    if not pairs or any(den == 0 for _, den in pairs):
-        return None
-    ratios = [num / den for num, den in pairs]
+    if any(den == 0 for _, den in pairs):
+        return []
+    return [num / den for num, den in pairs]
+
+
+def ratio_summary(ratios: list[float], seed: int = 0) -> PairedRatio:
+    """The median of `ratios` (not empty) with its 95 % bootstrap interval."""
     low, high = median_interval(ratios, seed)
     return PairedRatio(len(ratios), statistics.median(ratios), low, high)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness import pool
+from harness.stats import ratio_summary
 
 POOL = Path(__file__).resolve().parent.parent / "pool.py"
 
@@ -33,7 +34,7 @@ def test_pairs_stay_within_their_round_and_batch():
                                               run("baseline", 1, 20.0), run("gleaner", 1, 0.0, ok=False)]))
     pooled = pool.pool([a, b], driver=None, include_busy=False)
     assert sorted(pooled.ratios[("sysbench-threads", "gleaner")]) == pytest.approx([0.9, 0.95, 1.0])
-    assert pool.pooled_ratio(pooled.ratios[("sysbench-threads", "gleaner")]).median == pytest.approx(0.95)
+    assert ratio_summary(pooled.ratios[("sysbench-threads", "gleaner")]).median == pytest.approx(0.95)
     assert [(name, n.n) for name, _, _, n in pooled.per_batch] == [("a.json", 2), ("b.json", 1)]
     text = pool.markdown(pooled, None)
     assert "| sysbench-threads | ×0.950 [" in text and "(3) |" in text
