@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .report import values_by_rep
+from .report import _table, values_by_rep
 from .stats import PairedRatio, paired_ratios, ratio_summary
 
 
@@ -98,13 +98,12 @@ def markdown(pooled: Pooled, configs: list[str] | None) -> str:
     lines += [f"Left out: {name}: {why}." for name, why in pooled.skipped]
     lines += ["", "Median of the pooled per-round ratios against baseline (>1: better) "
               "[95 % bootstrap interval of that median] (pairs):", ""]
-    lines.append("| workload | " + " | ".join(f"{c} vs baseline" for c in shown) + " |")
-    lines.append("|---" * (len(shown) + 1) + "|")
-    for workload in workloads:
-        cells = [_cell(ratio_summary(pooled.ratios[(workload, c)])) if (workload, c) in pooled.ratios else "–"
-                 for c in shown]
-        lines.append(f"| {workload} | " + " | ".join(cells) + " |")
-    lines += ["", "Each batch:", "", "| batch | workload | configuration | against baseline |", "|---|---|---|---|"]
-    lines += [f"| {name} | {workload} | {config} | {_cell(ratio)} |"
-              for name, workload, config, ratio in pooled.per_batch if config in shown]
+    rows = [[workload] + [_cell(ratio_summary(pooled.ratios[(workload, c)])) if (workload, c) in pooled.ratios
+                          else "–" for c in shown]
+            for workload in workloads]
+    lines += _table(["workload"] + [f"{c} vs baseline" for c in shown], rows)
+    lines += ["", "Each batch:", ""]
+    lines += _table(["batch", "workload", "configuration", "against baseline"],
+                    [[name, workload, config, _cell(ratio)]
+                     for name, workload, config, ratio in pooled.per_batch if config in shown])
     return "\n".join(lines) + "\n"
