@@ -174,6 +174,12 @@ impl Retainer<'_> {
 /// An idle workload is sampled this many times less often.
 const IDLE_STRETCH: u32 = 3;
 
+/// The longest a period may legitimately last, as a multiple of the configured one: an idle
+/// workload's period ([`IDLE_STRETCH`]) stretched as far as the own-CPU budget goes
+/// ([`MAX_PERIOD_STRETCH`]). Whoever waits for periods to advance (tests, an operator's
+/// watchdog) must allow this much before calling the loop stuck.
+pub const LONGEST_PERIOD_FACTOR: u32 = IDLE_STRETCH * MAX_PERIOD_STRETCH;
+
 /// Number of past decisions kept for `status`.
 const EVENT_HISTORY: usize = 20;
 
