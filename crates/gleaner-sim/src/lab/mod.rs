@@ -44,6 +44,10 @@ pub struct LabArgs {
     /// Only the first N scenarios of each set (a quick check)
     #[arg(long)]
     pub limit: Option<usize>,
+    /// Only the scenarios whose name contains this (e.g. `phase-`, `2:1`); applied before
+    /// --limit. The summary then covers those alone.
+    #[arg(long, value_name = "TEXT")]
+    pub only: Option<String>,
     /// Worker threads [default: the machine's CPUs]
     #[arg(long)]
     pub jobs: Option<usize>,
@@ -494,10 +498,19 @@ pub fn run_lab(args: &LabArgs, machine: Machine) -> anyhow::Result<LabReport> {
     let mut scenarios = Vec::new();
     for set in &sets {
         let mut pop = population(*set, args.duration_ms * crate::time::MS);
+        if let Some(text) = &args.only {
+            pop.retain(|s| s.name.contains(text.as_str()));
+        }
         if let Some(n) = args.limit {
             pop.truncate(n);
         }
         scenarios.extend(pop);
+    }
+    if let (Some(text), true) = (&args.only, scenarios.is_empty()) {
+        anyhow::bail!(
+            "no lab scenario's name contains {text:?}: names look like \
+             pipeline-10us-4v-dedicated-cfs (kind, grain, vCPUs, contention, host policy)"
+        );
     }
     let mut jobs = Vec::new();
     for (i, s) in scenarios.iter().enumerate() {

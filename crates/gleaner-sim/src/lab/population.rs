@@ -1,10 +1,12 @@
 //! The lab's population: scenarios generated from a grid of workload kind × synchronization
 //! granularity × VM size × host contention × host policy, in two disjoint sets.
 //!
-//! A full factorial grid (11 kinds × 3 grains × 3 sizes × 4 contentions) is 396 scenarios,
+//! A full factorial grid (12 kinds × 3 grains × 3 sizes × 4 contentions) is 432 scenarios,
 //! too many to simulate with every policy in minutes on two cores, so each set takes a
 //! Latin-square slice of it: every (kind, grain) pair once, with the VM size and the
-//! contention rotating so that every size and every contention level meets every kind.
+//! contention rotating so that every kind meets every VM size in each set, and every
+//! contention level across the two sets (two levels per set: `w + 2g` takes two values
+//! modulo 4 over the three grains).
 //!
 //! **The split rule** (tuning vs held-out), fixed here and in the README:
 //! * grains: tuning uses 10 µs, 100 µs and 1 ms; held-out uses twice those (20 µs, 200 µs,
@@ -89,9 +91,15 @@ pub enum Kind {
     /// end: the bulk-synchronous pattern of a solver or a training loop, whose two phases
     /// want opposite settings (packing for the first, every vCPU for the second).
     PhaseCompute,
+    /// Ping-pong pairs for a phase, then as long a phase of independent compute joined at its
+    /// end: a request/response exchange between pairs of threads (an RPC or a producer
+    /// handing work to its consumer one item at a time) alternating with a batch computation.
+    /// The exchange wants each pair on one vCPU (a same-vCPU wake-up costs no IPI and no halt),
+    /// the computation every vCPU.
+    PhasePingpong,
 }
 
-pub const KINDS: [Kind; 11] = [
+pub const KINDS: [Kind; 12] = [
     Kind::Pipeline,
     Kind::Barrier,
     Kind::Oltp,
@@ -103,6 +111,7 @@ pub const KINDS: [Kind; 11] = [
     Kind::PhaseGrain,
     Kind::PhaseThreads,
     Kind::PhaseCompute,
+    Kind::PhasePingpong,
 ];
 
 impl Kind {
@@ -119,12 +128,13 @@ impl Kind {
             Kind::PhaseGrain => "phase-grain",
             Kind::PhaseThreads => "phase-threads",
             Kind::PhaseCompute => "phase-compute",
+            Kind::PhasePingpong => "phase-pingpong",
         }
     }
     pub fn is_phased(self) -> bool {
         matches!(
             self,
-            Kind::PhaseGrain | Kind::PhaseThreads | Kind::PhaseCompute
+            Kind::PhaseGrain | Kind::PhaseThreads | Kind::PhaseCompute | Kind::PhasePingpong
         )
     }
 }
@@ -435,6 +445,44 @@ fn workload(
             }
             vec![group(n, program)]
         }
+        Kind::PhasePingpong => {
+            // n / 2 pairs; each pair's two threads exchange a token through two one-slot
+            // queues for the first phase, then compute alone, and everyone meets at the join.
+            let shape = phase_shape(kind, grain, n, phase_ns);
+            let compute: Vec<Op> = (0..shape.rounds[1])
+                .map(|_| c(Dist::Const(COMPUTE_CHUNK_NS)))
+                .chain([Op::Barrier(name("round"))])
+                .collect();
+            let mut out = Vec::new();
+            for p in 0..(n / 2).max(1) {
+                let (ping, pong) = (format!("ping{p}"), format!("pong{p}"));
+                queues.insert(ping.clone(), 1);
+                queues.insert(pong.clone(), 1);
+                let mut first = Vec::new();
+                let mut second = Vec::new();
+                if only_phase != Some(1) {
+                    for _ in 0..shape.rounds[0] {
+                        first.extend([
+                            c(jitter(grain)),
+                            Op::Push(ping.clone()),
+                            Op::Pop(pong.clone()),
+                        ]);
+                        second.extend([
+                            Op::Pop(ping.clone()),
+                            c(jitter(grain)),
+                            Op::Push(pong.clone()),
+                        ]);
+                    }
+                }
+                if only_phase != Some(0) {
+                    first.extend(compute.iter().cloned());
+                    second.extend(compute.iter().cloned());
+                }
+                out.push(group(1, first));
+                out.push(group(1, second));
+            }
+            out
+        }
     };
     (threads, queues, barriers)
 }
@@ -465,6 +513,20 @@ fn phase_shape(kind: Kind, grain: Ns, n: usize, phase_ns: Ns) -> PhaseShape {
                 rounds: [fine_rounds, fine_rounds],
                 work_ns: [n as f64 * per_thread, few * per_thread],
                 min_ns: [0.0, phase_ns as f64],
+            }
+        }
+        Kind::PhasePingpong => {
+            // A round trip is two computes of `grain` in series, and two hand-offs.
+            let round_trips = (phase_ns / (2 * (grain + 40 * US))).max(1);
+            let chunks = (phase_ns / COMPUTE_CHUNK_NS).max(1);
+            let pairs = (n / 2).max(1) as f64;
+            PhaseShape {
+                rounds: [round_trips, chunks],
+                work_ns: [
+                    pairs * 2.0 * (round_trips * grain) as f64,
+                    2.0 * pairs * (chunks * COMPUTE_CHUNK_NS) as f64,
+                ],
+                min_ns: [0.0, 0.0],
             }
         }
         _ => {
