@@ -102,7 +102,8 @@ impl Gleaner {
         let halted_wakes_too_cheap = crate::gain::hold_gain_bound(sample, timeout.ns)
             .is_some_and(|g| g < crate::gain::MIN_CONSOLIDATION_GAIN);
         let active = self.active.clone();
-        let changing_active = settling || self.settle > 0 || self.judging.is_some();
+        let changing_active =
+            settling || self.settle > 0 || self.judging.is_some() || self.straddles_change;
         for (cpu, st) in self.vcpus.iter_mut() {
             let cpu = *cpu;
             if judged_off.contains(&cpu) {

@@ -131,6 +131,9 @@ pub struct Gleaner {
     judging: Option<Deactivation>,
     /// Characteristics of the settled state, against which major changes are detected.
     reference: Option<Characteristics>,
+    /// This period saw the workload change while there was nothing to undo: it straddles
+    /// two programs, so nothing starts on it and it joins no window of quiet periods.
+    straddles_change: bool,
     vcpus: Vec<(usize, VcpuState)>,
     trial: Option<RetentionTrial>,
     /// Retention may not be tried again before this period (exponential back-off).
@@ -193,6 +196,7 @@ impl Gleaner {
             deactivated: Vec::new(),
             judging: None,
             reference: None,
+            straddles_change: false,
             vcpus,
             trial: None,
             retention_blocked_until: 0,
@@ -376,6 +380,7 @@ impl Gleaner {
             && self.trial.is_none()
             && !(warming && self.period == 1);
         self.settle = self.settle.saturating_sub(1);
+        self.straddles_change = false;
         let record = stable && !self.workload_idle;
         let judged = Measured::new(c.total_util, sample.period_ns);
         if record {
@@ -434,7 +439,7 @@ impl Gleaner {
                 .map(|cpu| (cpu, RetentionAction::Off))
                 .collect(),
         };
-        if !events.is_empty() {
+        if !events.is_empty() || self.straddles_change {
             self.util_smoothed = None;
             self.last_quiet_util = None;
             self.quiet_values.clear();
@@ -590,11 +595,18 @@ impl Gleaner {
                     ));
                     return;
                 }
-                // Nothing to undo: this period already describes the new workload, so it is
-                // the new reference and may be consolidated at once. Returning here left the
-                // period to retention alone: ping-pong leaving its start-up was held by
-                // polling (x8 of bare) before consolidation (x12) was ever tested.
-                self.reference = Some(*c);
+                // Nothing to undo, but the quiet periods before describe the program before
+                // the change, and this period straddles the two: a change started on it would
+                // be judged against the old program. In a lab scenario whose ping-pong phase
+                // followed a compute phase, a hold started as the exchange began was judged
+                // against the compute phase (utilization 16.00 -> 5.62), turned off and backed
+                // off, and packing the pairs waited five periods. So the windows are
+                // forgotten, neither a consolidation nor a hold starts on this period (a hold
+                // alone once took such a period and packing was never tested: ping-pong
+                // leaving its start-up was held by polling, x8 of bare, not packed, x12), and
+                // the next period is the new reference.
+                self.straddles_change = true;
+                return;
             }
         } else {
             self.reference = Some(*c);
