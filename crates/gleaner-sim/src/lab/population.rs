@@ -790,31 +790,51 @@ mod tests {
     #[test]
     fn phase_pingpong_alternates_pair_exchanges_with_unsynchronized_compute() {
         let (grain, n, phase_ns) = (20 * US, 8, 2_000 * MS);
-        let (threads, queues, barriers) =
-            workload(Kind::PhasePingpong, grain, n, phase_ns, None);
+        let (threads, queues, barriers) = workload(Kind::PhasePingpong, grain, n, phase_ns, None);
         let shape = phase_shape(Kind::PhasePingpong, grain, n, phase_ns);
         assert_eq!(threads.len(), n, "one group per thread");
         assert!(threads.iter().all(|t| t.count == 1));
         assert_eq!(queues.len(), n, "two one-slot queues per pair");
         assert!(queues.values().all(|&cap| cap == 1));
-        assert!(barriers.is_empty(), "the join counts every thread that uses it");
-        let count = |prog: &[Op], f: &dyn Fn(&Op) -> bool| prog.iter().filter(|op| f(op)).count() as u64;
+        assert!(
+            barriers.is_empty(),
+            "the join counts every thread that uses it"
+        );
+        let count =
+            |prog: &[Op], f: &dyn Fn(&Op) -> bool| prog.iter().filter(|op| f(op)).count() as u64;
         let mut work = 0.0;
         for (i, t) in threads.iter().enumerate() {
             let p = &t.program;
-            let (mine, other) = if i % 2 == 0 { ("ping", "pong") } else { ("pong", "ping") };
+            let (mine, other) = if i % 2 == 0 {
+                ("ping", "pong")
+            } else {
+                ("pong", "ping")
+            };
             let pair = i / 2;
-            let pushes = count(p, &|op| matches!(op, Op::Push(q) if *q == format!("{mine}{pair}")));
-            let pops = count(p, &|op| matches!(op, Op::Pop(q) if *q == format!("{other}{pair}")));
-            assert_eq!((pushes, pops), (shape.rounds[0], shape.rounds[0]), "thread {i}");
+            let pushes = count(
+                p,
+                &|op| matches!(op, Op::Push(q) if *q == format!("{mine}{pair}")),
+            );
+            let pops = count(
+                p,
+                &|op| matches!(op, Op::Pop(q) if *q == format!("{other}{pair}")),
+            );
             assert_eq!(
-                count(p, &|op| matches!(op, Op::Compute(Dist::Const(COMPUTE_CHUNK_NS)))),
+                (pushes, pops),
+                (shape.rounds[0], shape.rounds[0]),
+                "thread {i}"
+            );
+            assert_eq!(
+                count(p, &|op| matches!(
+                    op,
+                    Op::Compute(Dist::Const(COMPUTE_CHUNK_NS))
+                )),
                 shape.rounds[1]
             );
             assert_eq!(count(p, &|op| matches!(op, Op::Barrier(_))), 1);
             assert!(matches!(p.last(), Some(Op::Barrier(_))));
-            work += shape.rounds[0] as f64 * grain as f64
-                + (shape.rounds[1] * COMPUTE_CHUNK_NS) as f64;
+            work +=
+                shape.rounds[0] as f64 * grain as f64 + (shape.rounds[1] * COMPUTE_CHUNK_NS) as f64;
         }
         assert!((work - shape.work_ns[0] - shape.work_ns[1]).abs() < 1.0);
         // Each phase alone, as the phase oracle runs it.
