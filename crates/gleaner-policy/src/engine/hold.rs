@@ -102,8 +102,7 @@ impl Gleaner {
         let halted_wakes_too_cheap = crate::gain::hold_gain_bound(sample, timeout.ns)
             .is_some_and(|g| g < crate::gain::MIN_CONSOLIDATION_GAIN);
         let active = self.active.clone();
-        let changing_active =
-            settling || self.settle > 0 || self.judging.is_some() || self.straddles_change;
+        let changing_active = settling || self.settle > 0 || self.judging.is_some();
         for (cpu, st) in self.vcpus.iter_mut() {
             let cpu = *cpu;
             if judged_off.contains(&cpu) {

@@ -131,9 +131,6 @@ pub struct Gleaner {
     judging: Option<Deactivation>,
     /// Characteristics of the settled state, against which major changes are detected.
     reference: Option<Characteristics>,
-    /// This period saw the workload change while there was nothing to undo: it straddles
-    /// two programs, so nothing starts on it and it joins no window of quiet periods.
-    straddles_change: bool,
     vcpus: Vec<(usize, VcpuState)>,
     trial: Option<RetentionTrial>,
     /// Retention may not be tried again before this period (exponential back-off).
@@ -196,7 +193,6 @@ impl Gleaner {
             deactivated: Vec::new(),
             judging: None,
             reference: None,
-            straddles_change: false,
             vcpus,
             trial: None,
             retention_blocked_until: 0,
@@ -380,7 +376,6 @@ impl Gleaner {
             && self.trial.is_none()
             && !(warming && self.period == 1);
         self.settle = self.settle.saturating_sub(1);
-        self.straddles_change = false;
         let record = stable && !self.workload_idle;
         let judged = Measured::new(c.total_util, sample.period_ns);
         if record {
@@ -404,6 +399,9 @@ impl Gleaner {
             *periods += idle_periods;
             *work += sample.work_ns();
         }
+        // This period saw the workload change with nothing to undo: it straddles two programs,
+        // so nothing starts on it (a hold neither) and it joins no window of quiet periods.
+        let mut straddles_change = false;
         match self.cfg.mode {
             Mode::AlwaysYield => {
                 let retention = self
@@ -423,23 +421,27 @@ impl Gleaner {
             Mode::Full | Mode::Consolidation => {
                 let undone = self.watch_trial(&c, judged, &mut events);
                 if !settling && !undone {
-                    self.consolidation_step(sample, &c, &mut events)
+                    straddles_change = self.consolidation_step(sample, &c, &mut events);
                 }
             }
             Mode::Retention => {}
         }
         let timeout = self.hold_timeout(sample, &c);
         let retention = match self.cfg.mode {
-            Mode::Full | Mode::Retention => {
-                self.retention_step(sample, &c, timeout, settling, &mut events)
-            }
+            Mode::Full | Mode::Retention => self.retention_step(
+                sample,
+                &c,
+                timeout,
+                settling || straddles_change,
+                &mut events,
+            ),
             _ => self
                 .allowed
                 .iter()
                 .map(|cpu| (cpu, RetentionAction::Off))
                 .collect(),
         };
-        if !events.is_empty() || self.straddles_change {
+        if !events.is_empty() || straddles_change {
             self.util_smoothed = None;
             self.last_quiet_util = None;
             self.quiet_values.clear();
@@ -542,25 +544,28 @@ impl Gleaner {
         (drop > threshold).then_some(drop)
     }
 
+    /// Judges a consolidation on trial, looks for a major change, and tries the next one.
+    /// Returns whether this period straddles a change of the workload with nothing to undo
+    /// (then nothing may start on it).
     fn consolidation_step(
         &mut self,
         sample: &PeriodSample,
         c: &Characteristics,
         events: &mut Vec<PolicyEvent>,
-    ) {
+    ) -> bool {
         if self.is_idle() {
-            return;
+            return false;
         }
         if let Some(d) = self.judging.clone() {
             let judged = Measured::new(c.total_util, sample.period_ns);
             let Some(evidence) = self.verdict.observe(judged, c.max_vcpu_util) else {
-                return;
+                return false;
             };
             self.judging = None;
             let (after, busiest) = (evidence.mean, evidence.busiest);
             if let Some(drop) = self.significant_drop(d.before.total_util, &d.baseline, &evidence) {
                 self.rollback(d, after, busiest, drop, events);
-                return;
+                return false;
             }
             // The periods that accepted the change are the "before" of the next one.
             self.quiet_values = evidence.values.iter().copied().collect();
@@ -571,12 +576,12 @@ impl Gleaner {
             accepted.total_util = after;
             accepted.max_vcpu_util = busiest;
             self.reference = Some(accepted);
-            return;
+            return false;
         }
         // A retention trial moves the workload's pace itself; its own judge decides it, and a
         // major change is looked for again once it is over.
         if self.trial.is_some() {
-            return;
+            return false;
         }
         if let Some(r) = self.reference {
             if let Some(reason) = self.major_change(&r, c) {
@@ -593,7 +598,7 @@ impl Gleaner {
                         EventKind::MajorChange,
                         format!("{reason}: reactivating all vCPUs"),
                     ));
-                    return;
+                    return false;
                 }
                 // Nothing to undo, but the quiet periods before describe the program before
                 // the change, and this period straddles the two: a change started on it would
@@ -605,17 +610,17 @@ impl Gleaner {
                 // alone once took such a period and packing was never tested: ping-pong
                 // leaving its start-up was held by polling, x8 of bare, not packed, x12), and
                 // the next period is the new reference.
-                self.straddles_change = true;
-                return;
+                return true;
             }
         } else {
             self.reference = Some(*c);
         }
         // One kind of change at a time: a retention trial in progress would confound the judge.
         if self.trial.is_some() {
-            return;
+            return false;
         }
         self.try_deactivate(sample, c, events);
+        false
     }
 
     /// Every period of a consolidation on trial, settling periods included: undoes it at once
