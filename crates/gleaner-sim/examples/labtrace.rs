@@ -24,7 +24,7 @@ fn main() {
     if labels.is_empty() {
         labels = vec!["gleaner".into(), "none".into()];
     }
-    let scenarios: Vec<_> = [LabSet::Tuning, LabSet::HeldOut]
+    let scenarios: Vec<_> = [LabSet::Tuning, LabSet::HeldOut, LabSet::Fresh]
         .into_iter()
         .flat_map(|set| population(set, 2000 * gleaner_sim::time::MS))
         .filter(|s| s.name == *want || s.name.contains(want.as_str()))

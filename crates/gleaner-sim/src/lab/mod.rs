@@ -35,7 +35,8 @@ use gleaner_policy::PeriodSample;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct LabArgs {
-    /// Which set to run (default both: a result on the tuning set alone proves little)
+    /// Which set to run (default tuning and held-out: a result on the tuning set alone proves
+    /// little; `fresh`, scenarios the policy was never looked at against, only when asked)
     #[arg(long, value_enum)]
     pub set: Option<LabSet>,
     /// Simulated time per scenario in ms (phase-changing scenarios run twice as long)
@@ -495,6 +496,11 @@ pub fn run_lab(args: &LabArgs, machine: Machine) -> anyhow::Result<LabReport> {
         Some(s) => vec![s],
         None => vec![LabSet::Tuning, LabSet::HeldOut],
     };
+    if args.limit == Some(0) {
+        anyhow::bail!(
+            "--limit 0 runs no scenario: give 1 or more, or leave it out to run them all"
+        );
+    }
     let mut scenarios = Vec::new();
     for set in &sets {
         let mut pop = population(*set, args.duration_ms * crate::time::MS);
@@ -821,19 +827,30 @@ mod tests {
 
     #[test]
     fn sets_differ_in_seeds_and_parameter_values() {
-        let a = population(LabSet::Tuning, 1_000_000_000);
-        let b = population(LabSet::HeldOut, 1_000_000_000);
-        assert_eq!(a.len(), b.len());
-        for x in &a {
-            assert!(
-                b.iter()
-                    .all(|y| y.seed != x.seed && y.grain_ns != x.grain_ns),
-                "{}",
-                x.name
-            );
+        let sets = [LabSet::Tuning, LabSet::HeldOut, LabSet::Fresh]
+            .map(|set| population(set, 1_000_000_000));
+        for (i, a) in sets.iter().enumerate() {
+            for b in &sets[i + 1..] {
+                assert_eq!(a.len(), b.len());
+                for x in a {
+                    assert!(
+                        b.iter().all(|y| y.seed != x.seed
+                            && y.grain_ns != x.grain_ns
+                            && y.name != x.name),
+                        "{}",
+                        x.name
+                    );
+                }
+            }
+        }
+        // No (kind, size, contention) combination of the fresh set is in the others.
+        let combo = |s: &LabScenario| (s.kind, s.vcpus, s.contention);
+        let seen: Vec<_> = sets[..2].iter().flatten().map(combo).collect();
+        for s in &sets[2] {
+            assert!(!seen.contains(&combo(s)), "{}", s.name);
         }
         // Every size and every contention level appears in each set.
-        for set in [&a, &b] {
+        for set in &sets {
             for n in population::SIZES {
                 assert!(set.iter().any(|s| s.vcpus == n));
             }
@@ -848,7 +865,7 @@ mod tests {
 
     #[test]
     fn every_configuration_of_every_scenario_builds() {
-        for set in [LabSet::Tuning, LabSet::HeldOut] {
+        for set in [LabSet::Tuning, LabSet::HeldOut, LabSet::Fresh] {
             for s in population(set, 100_000_000) {
                 for choice in s.choices() {
                     s.build(choice, None).unwrap();
