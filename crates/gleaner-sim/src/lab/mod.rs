@@ -40,7 +40,7 @@ pub struct LabArgs {
     #[arg(long, value_enum)]
     pub set: Option<LabSet>,
     /// Simulated time per scenario in ms (phase-changing scenarios run twice as long)
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = DEFAULT_DURATION_MS)]
     pub duration_ms: u64,
     /// Only the first N scenarios of each set (a quick check)
     #[arg(long)]
@@ -59,6 +59,34 @@ pub struct LabArgs {
     #[arg(long, default_value = "lab")]
     pub name: String,
 }
+
+impl LabArgs {
+    /// The command that reproduces a run with these arguments, for the results files: every
+    /// option that changes the numbers, and the output ones (`--jobs` changes only the wall
+    /// time).
+    pub fn command_line(&self) -> String {
+        let mut cmd = String::from("gleaner sim lab");
+        if let Some(set) = self.set {
+            cmd += &format!(" --set {}", set.name());
+        }
+        if self.duration_ms != DEFAULT_DURATION_MS {
+            cmd += &format!(" --duration-ms {}", self.duration_ms);
+        }
+        if let Some(text) = &self.only {
+            cmd += &format!(" --only '{text}'");
+        }
+        if let Some(n) = self.limit {
+            cmd += &format!(" --limit {n}");
+        }
+        if let Some(dir) = &self.out_dir {
+            cmd += &format!(" --out-dir {}", dir.display());
+        }
+        cmd + &format!(" --name {}", self.name)
+    }
+}
+
+/// Simulated time per scenario unless `--duration-ms` says otherwise.
+const DEFAULT_DURATION_MS: u64 = 2000;
 
 /// Where the lab ran, for the results files (filled in by the caller, which owns the machine
 /// readers).
@@ -319,6 +347,8 @@ impl VsHaltpoll {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct LabReport {
+    /// What reproduces it ([`LabArgs::command_line`]).
+    pub command: String,
     pub machine: Machine,
     pub duration_ms: u64,
     pub wall_s: f64,
@@ -670,6 +700,7 @@ pub fn run_lab(args: &LabArgs, machine: Machine) -> anyhow::Result<LabReport> {
     }
     let summaries = sets.iter().map(|&set| summarize(set, &results)).collect();
     Ok(LabReport {
+        command: args.command_line(),
         machine,
         duration_ms: args.duration_ms,
         wall_s: started.elapsed().as_secs_f64(),
@@ -823,6 +854,34 @@ mod tests {
         assert!((spearman(&up) - 1.0).abs() < 1e-12);
         let down: Vec<(f64, f64)> = (0..10).map(|i| (i as f64, -(i as f64))).collect();
         assert!((spearman(&down) + 1.0).abs() < 1e-12);
+    }
+
+    /// The results files name the command that reproduces them, the set included: a fresh
+    /// set's file that said `gleaner sim lab --out-dir …` would rerun the other two.
+    #[test]
+    fn the_command_line_names_every_option_that_changes_the_numbers() {
+        let mut args = LabArgs {
+            set: None,
+            duration_ms: DEFAULT_DURATION_MS,
+            limit: None,
+            only: None,
+            jobs: Some(7),
+            out_dir: Some(PathBuf::from("results")),
+            name: "lab-x".into(),
+        };
+        assert_eq!(
+            args.command_line(),
+            "gleaner sim lab --out-dir results --name lab-x"
+        );
+        args.set = Some(LabSet::Fresh);
+        args.duration_ms = 500;
+        args.only = Some("phase-".into());
+        args.limit = Some(3);
+        args.out_dir = None;
+        assert_eq!(
+            args.command_line(),
+            "gleaner sim lab --set fresh --duration-ms 500 --only 'phase-' --limit 3 --name lab-x"
+        );
     }
 
     #[test]

@@ -207,10 +207,10 @@ pub fn write_files(
     );
     let _ = writeln!(
         text,
-        "Command: `gleaner sim lab --out-dir {} --name {name}` (deterministic: same commit, same numbers). \
+        "Command: `{}` (deterministic: same commit, same numbers). \
          Speedups are each VM's throughput (compute completed per second) over its solo run as configured \
          (all vCPUs, guest `none`); `sys` sums them over the host's VMs. Regret = 1 − gleaner / best static (system), the best static setting being the best of those that keep the benchmark VM within 3 % of `none`.\n",
-        dir.display()
+        report.command
     );
     if report
         .machine
