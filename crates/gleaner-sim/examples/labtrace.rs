@@ -3,15 +3,26 @@
 //! a unique part of it; CONFIG: lab configuration labels, default `gleaner none`). Prints each
 //! period's active and held vCPUs, utilization, compute completed (the benchmark VM's
 //! progress) and the policy's events, for reading why a scenario's regret is what it is. A
-//! SCENARIO ending in `.toml` is a scenario file, run with the guest policies it names.
+//! SCENARIO ending in `.toml` is a scenario file, run with the guest policies it names. With
+//! `--draw SEED` first, SCENARIO is looked for in the population `gleaner sim lab --draw SEED`
+//! draws (its default 36 scenarios).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a debugging tool
 
 use gleaner_sim::engine::Sim;
-use gleaner_sim::lab::population::{population, LabSet};
+use gleaner_sim::lab::population::{drawn_population, population, LabSet};
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let draw: Option<u64> = (args.first().map(String::as_str) == Some("--draw")).then(|| {
+        let seed = args
+            .get(1)
+            .expect("--draw SEED")
+            .parse()
+            .expect("--draw takes an integer");
+        args.drain(..2);
+        seed
+    });
     let want = args.first().expect("usage: labtrace SCENARIO [CONFIG...]");
     // A scenario file runs as written (its own guest policies), e.g. scenarios/fig7-*.toml.
     if want.ends_with(".toml") {
@@ -24,9 +35,16 @@ fn main() {
     if labels.is_empty() {
         labels = vec!["gleaner".into(), "none".into()];
     }
-    let scenarios: Vec<_> = [LabSet::Tuning, LabSet::HeldOut, LabSet::Fresh]
+    let duration = 2000 * gleaner_sim::time::MS;
+    let pool: Vec<_> = match draw {
+        Some(seed) => drawn_population(seed, 36, duration),
+        None => [LabSet::Tuning, LabSet::HeldOut, LabSet::Fresh]
+            .into_iter()
+            .flat_map(|set| population(set, duration))
+            .collect(),
+    };
+    let scenarios: Vec<_> = pool
         .into_iter()
-        .flat_map(|set| population(set, 2000 * gleaner_sim::time::MS))
         .filter(|s| s.name == *want || s.name.contains(want.as_str()))
         .collect();
     assert!(!scenarios.is_empty(), "no lab scenario matches {want}");

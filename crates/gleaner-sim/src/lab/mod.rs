@@ -39,6 +39,13 @@ pub struct LabArgs {
     /// little; `fresh`, scenarios the policy was never looked at against, only when asked)
     #[arg(long, value_enum)]
     pub set: Option<LabSet>,
+    /// Instead of a set, a population drawn at random from this seed (kind, grain, VM size,
+    /// contention, host policy): a seed never used before gives scenarios nobody has seen
+    #[arg(long, value_name = "SEED", conflicts_with = "set")]
+    pub draw: Option<u64>,
+    /// How many scenarios --draw draws
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_DRAW_COUNT, requires = "draw")]
+    pub count: usize,
     /// Simulated time per scenario in ms (phase-changing scenarios run twice as long)
     #[arg(long, default_value_t = DEFAULT_DURATION_MS)]
     pub duration_ms: u64,
@@ -69,6 +76,12 @@ impl LabArgs {
         if let Some(set) = self.set {
             cmd += &format!(" --set {}", set.name());
         }
+        if let Some(draw) = self.draw {
+            cmd += &format!(" --draw {draw}");
+            if self.count != DEFAULT_DRAW_COUNT {
+                cmd += &format!(" --count {}", self.count);
+            }
+        }
         if self.duration_ms != DEFAULT_DURATION_MS {
             cmd += &format!(" --duration-ms {}", self.duration_ms);
         }
@@ -87,6 +100,9 @@ impl LabArgs {
 
 /// Simulated time per scenario unless `--duration-ms` says otherwise.
 const DEFAULT_DURATION_MS: u64 = 2000;
+
+/// Scenarios a `--draw` draws unless `--count` says otherwise: as many as a grid set has.
+const DEFAULT_DRAW_COUNT: usize = 36;
 
 /// Where the lab ran, for the results files (filled in by the caller, which owns the machine
 /// readers).
@@ -522,10 +538,14 @@ fn phase_runs(s: &LabScenario) -> Vec<(GuestChoice, usize)> {
 /// Run the lab and return its report (files are written by [`output`]).
 pub fn run_lab(args: &LabArgs, machine: Machine) -> anyhow::Result<LabReport> {
     let started = std::time::Instant::now();
-    let sets: Vec<LabSet> = match args.set {
-        Some(s) => vec![s],
-        None => vec![LabSet::Tuning, LabSet::HeldOut],
+    let sets: Vec<LabSet> = match (args.set, args.draw) {
+        (_, Some(_)) => vec![LabSet::Drawn],
+        (Some(s), None) => vec![s],
+        (None, None) => vec![LabSet::Tuning, LabSet::HeldOut],
     };
+    if args.draw.is_some() && args.count == 0 {
+        anyhow::bail!("--count 0 draws no scenario: give 1 or more (default {DEFAULT_DRAW_COUNT})");
+    }
     if args.limit == Some(0) {
         anyhow::bail!(
             "--limit 0 runs no scenario: give 1 or more, or leave it out to run them all"
@@ -533,7 +553,11 @@ pub fn run_lab(args: &LabArgs, machine: Machine) -> anyhow::Result<LabReport> {
     }
     let mut scenarios = Vec::new();
     for set in &sets {
-        let mut pop = population(*set, args.duration_ms * crate::time::MS);
+        let duration = args.duration_ms * crate::time::MS;
+        let mut pop = match (set, args.draw) {
+            (LabSet::Drawn, Some(draw)) => population::drawn_population(draw, args.count, duration),
+            _ => population(*set, duration),
+        };
         if let Some(text) = &args.only {
             pop.retain(|s| s.name.contains(text.as_str()));
         }
@@ -862,6 +886,8 @@ mod tests {
     fn the_command_line_names_every_option_that_changes_the_numbers() {
         let mut args = LabArgs {
             set: None,
+            draw: None,
+            count: DEFAULT_DRAW_COUNT,
             duration_ms: DEFAULT_DURATION_MS,
             limit: None,
             only: None,
@@ -882,6 +908,63 @@ mod tests {
             args.command_line(),
             "gleaner sim lab --set fresh --duration-ms 500 --only 'phase-' --limit 3 --name lab-x"
         );
+        args.set = None;
+        args.draw = Some(7);
+        args.count = 10;
+        assert!(args
+            .command_line()
+            .starts_with("gleaner sim lab --draw 7 --count 10 --duration-ms 500"));
+    }
+
+    /// A drawn population is the same for the same seed on every run, another for another
+    /// seed, and spans what the grid does: every kind, size, contention and host policy, and
+    /// grains between and beyond the grid's values.
+    #[test]
+    fn a_drawn_population_is_a_function_of_its_seed_and_spans_the_grid() {
+        let d = 1_000_000_000;
+        let a = population::drawn_population(1, 400, d);
+        let again = population::drawn_population(1, 400, d);
+        let other = population::drawn_population(2, 400, d);
+        let key = |s: &LabScenario| (s.name.clone(), s.seed, s.grain_ns);
+        assert_eq!(
+            a.iter().map(key).collect::<Vec<_>>(),
+            again.iter().map(key).collect::<Vec<_>>()
+        );
+        assert_ne!(
+            a.iter().map(key).collect::<Vec<_>>(),
+            other.iter().map(key).collect::<Vec<_>>()
+        );
+        let mut names: Vec<&str> = a.iter().map(|s| s.name.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), a.len(), "names are unique");
+        for k in population::KINDS {
+            assert!(a.iter().any(|s| s.kind == k), "{}", k.name());
+        }
+        for n in population::SIZES {
+            assert!(a.iter().any(|s| s.vcpus == n));
+        }
+        for c in population::CONTENTIONS {
+            assert!(a.iter().any(|s| s.contention == c));
+        }
+        use crate::scenario::HostPolicy;
+        for p in [HostPolicy::Cfs, HostPolicy::Bal, HostPolicy::Sbco] {
+            assert!(a.iter().any(|s| s.host_policy == p), "{}", p.name());
+        }
+        let (lo, hi) = population::DRAWN_GRAINS_NS;
+        assert!(a.iter().all(|s| (lo..=hi).contains(&s.grain_ns)));
+        let grid: Vec<crate::time::Ns> = [LabSet::Tuning, LabSet::HeldOut, LabSet::Fresh]
+            .into_iter()
+            .flat_map(|set| population(set, d))
+            .map(|s| s.grain_ns)
+            .collect();
+        let off_grid = a.iter().filter(|s| !grid.contains(&s.grain_ns)).count();
+        assert!(
+            off_grid * 10 > a.len() * 9,
+            "{off_grid} of {} off the grid",
+            a.len()
+        );
+        assert!(population(LabSet::Drawn, d).is_empty());
     }
 
     #[test]
@@ -924,8 +1007,18 @@ mod tests {
 
     #[test]
     fn every_configuration_of_every_scenario_builds() {
-        for set in [LabSet::Tuning, LabSet::HeldOut, LabSet::Fresh] {
-            for s in population(set, 100_000_000) {
+        let drawn = population::drawn_population(3, 24, 100_000_000);
+        for set in [
+            LabSet::Tuning,
+            LabSet::HeldOut,
+            LabSet::Fresh,
+            LabSet::Drawn,
+        ] {
+            let pop = match set {
+                LabSet::Drawn => drawn.clone(),
+                _ => population(set, 100_000_000),
+            };
+            for s in pop {
                 for choice in s.choices() {
                     s.build(choice, None).unwrap();
                 }

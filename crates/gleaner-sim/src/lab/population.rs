@@ -43,6 +43,10 @@ pub enum LabSet {
     HeldOut,
     /// Run only on request: scenarios the policy was never looked at against.
     Fresh,
+    /// Drawn at random from a seed (`--draw SEED`, [`drawn_population`]): as many fresh
+    /// populations as there are seeds.
+    #[value(skip)]
+    Drawn,
 }
 
 impl LabSet {
@@ -51,29 +55,31 @@ impl LabSet {
             LabSet::Tuning => "tuning",
             LabSet::HeldOut => "held-out",
             LabSet::Fresh => "fresh",
+            LabSet::Drawn => "drawn",
         }
     }
-    fn grain_factor(self) -> u64 {
-        match self {
-            LabSet::Tuning => 1,
-            LabSet::HeldOut => 2,
-            LabSet::Fresh => 5,
-        }
+
+    /// The grid's split rule for this set (the module's doc); `None` for a drawn set.
+    fn grid_rule(self) -> Option<GridRule> {
+        let (grain_factor, rotation, seed_base) = match self {
+            LabSet::Tuning => (1, 0, 1000),
+            LabSet::HeldOut => (2, 1, 2000),
+            LabSet::Fresh => (5, 2, 3000),
+            LabSet::Drawn => return None,
+        };
+        Some(GridRule {
+            grain_factor,
+            rotation,
+            seed_base,
+        })
     }
-    fn rotation(self) -> usize {
-        match self {
-            LabSet::Tuning => 0,
-            LabSet::HeldOut => 1,
-            LabSet::Fresh => 2,
-        }
-    }
-    fn seed_base(self) -> u64 {
-        match self {
-            LabSet::Tuning => 1000,
-            LabSet::HeldOut => 2000,
-            LabSet::Fresh => 3000,
-        }
-    }
+}
+
+/// How one grid set differs from the others (the module's split rule).
+struct GridRule {
+    grain_factor: u64,
+    rotation: usize,
+    seed_base: u64,
 }
 
 /// The benchmark VM's workload.
@@ -202,52 +208,135 @@ pub struct LabScenario {
     pub duration_ns: Ns,
 }
 
-/// The scenarios of one set, in a fixed order.
+/// The scenarios of one grid set, in a fixed order; none for [`LabSet::Drawn`], whose
+/// scenarios come from [`drawn_population`].
 pub fn population(set: LabSet, duration: Ns) -> Vec<LabScenario> {
+    let Some(rule) = set.grid_rule() else {
+        return Vec::new();
+    };
     let mut out = Vec::new();
     for (w, &kind) in KINDS.iter().enumerate() {
         for (g, &grain) in GRAINS_NS.iter().enumerate() {
             let k = out.len();
             let vcpus = SIZES[(w + g) % SIZES.len()];
-            let contention = CONTENTIONS[(w + 2 * g + set.rotation()) % CONTENTIONS.len()];
+            let contention = CONTENTIONS[(w + 2 * g + rule.rotation) % CONTENTIONS.len()];
             let host_policy = if k % 5 == 4 && contention != Contention::Dedicated {
                 match set {
                     LabSet::Tuning => HostPolicy::Bal,
                     LabSet::HeldOut => HostPolicy::Sbco,
                     LabSet::Fresh if (k / 5) % 2 == 0 => HostPolicy::Bal,
-                    LabSet::Fresh => HostPolicy::Sbco,
+                    LabSet::Fresh | LabSet::Drawn => HostPolicy::Sbco,
                 }
             } else {
                 HostPolicy::Cfs
             };
-            let grain_ns = grain * set.grain_factor();
-            // Phases need time to show: each lasts a whole run of the other kinds.
-            let duration_ns = if kind.is_phased() {
-                PHASES_PER_RUN * duration
-            } else {
-                duration
-            };
-            out.push(LabScenario {
-                name: format!(
-                    "{}-{}us-{}v-{}-{}",
-                    kind.name(),
-                    grain_ns / US,
-                    vcpus,
-                    contention.name(),
-                    host_policy.name()
-                ),
+            let grain_ns = grain * rule.grain_factor;
+            out.push(LabScenario::new(
                 set,
                 kind,
                 grain_ns,
                 vcpus,
                 contention,
                 host_policy,
-                seed: set.seed_base() + k as u64,
-                duration_ns,
-            });
+                rule.seed_base + k as u64,
+                duration,
+            ));
         }
     }
     out
+}
+
+/// The shortest and longest grain a drawn scenario gets: the grid sets' span (10 µs to 5 ms),
+/// down to 5 µs.
+pub const DRAWN_GRAINS_NS: (Ns, Ns) = (5 * US, 5 * MS);
+
+/// `count` scenarios drawn at random from `draw` (a ChaCha8 stream, so the same seed gives the
+/// same population on every machine): kind, VM size and contention uniform, the grain
+/// log-uniform over [`DRAWN_GRAINS_NS`] in whole microseconds, and on a shared host BAL or
+/// SBCO one time in five each, else CFS (the grid sets' share). A scenario whose name another
+/// already has gets `-2`, `-3`, … appended.
+///
+/// Why besides the grid: the grid's sets are fixed, and each one looked at while changing
+/// the policy stops being a test of what it was not changed for. A drawn population is new
+/// for every seed never used before, and its grains fall between the grid's, so a policy
+/// that fits the grid's values shows it here.
+pub fn drawn_population(draw: u64, count: usize, duration: Ns) -> Vec<LabScenario> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(draw);
+    let (lo, hi) = (DRAWN_GRAINS_NS.0 as f64, DRAWN_GRAINS_NS.1 as f64);
+    let mut out: Vec<LabScenario> = Vec::with_capacity(count);
+    for _ in 0..count {
+        let kind = KINDS[rng.gen_range(0..KINDS.len())];
+        let grain = (lo * (hi / lo).powf(rng.gen::<f64>()) / US as f64).round() as Ns * US;
+        let vcpus = SIZES[rng.gen_range(0..SIZES.len())];
+        let contention = CONTENTIONS[rng.gen_range(0..CONTENTIONS.len())];
+        let policy_draw: f64 = rng.gen();
+        let host_policy = match contention {
+            Contention::Dedicated => HostPolicy::Cfs,
+            _ if policy_draw < 0.1 => HostPolicy::Bal,
+            _ if policy_draw < 0.2 => HostPolicy::Sbco,
+            _ => HostPolicy::Cfs,
+        };
+        let seed = rng.gen::<u32>() as u64;
+        let mut s = LabScenario::new(
+            LabSet::Drawn,
+            kind,
+            grain.clamp(DRAWN_GRAINS_NS.0, DRAWN_GRAINS_NS.1),
+            vcpus,
+            contention,
+            host_policy,
+            seed,
+            duration,
+        );
+        let base = s.name.clone();
+        let mut n = 2;
+        while out.iter().any(|o| o.name == s.name) {
+            s.name = format!("{base}-{n}");
+            n += 1;
+        }
+        out.push(s);
+    }
+    out
+}
+
+impl LabScenario {
+    /// A scenario named after its parameters; phase-changing kinds run `PHASES_PER_RUN`
+    /// times `duration`, since each phase needs time to show.
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        set: LabSet,
+        kind: Kind,
+        grain_ns: Ns,
+        vcpus: usize,
+        contention: Contention,
+        host_policy: HostPolicy,
+        seed: u64,
+        duration: Ns,
+    ) -> Self {
+        let duration_ns = if kind.is_phased() {
+            PHASES_PER_RUN * duration
+        } else {
+            duration
+        };
+        LabScenario {
+            name: format!(
+                "{}-{}us-{}v-{}-{}",
+                kind.name(),
+                grain_ns / US,
+                vcpus,
+                contention.name(),
+                host_policy.name()
+            ),
+            set,
+            kind,
+            grain_ns,
+            vcpus,
+            contention,
+            host_policy,
+            seed,
+            duration_ns,
+        }
+    }
 }
 
 /// How the benchmark VM is run in one configuration.
