@@ -40,7 +40,8 @@ pub struct SimArgs {
 pub enum SimCommand {
     /// The policy lab: a generated population of scenarios, each run with none, haltpoll,
     /// retention, gleaner and every static vCPU count (with and without retention); prints
-    /// Gleaner's regret against the best static setting on a tuning and a held-out set
+    /// Gleaner's regret against the best static setting on a tuning and a held-out set (or a
+    /// third, fresh one, or a population drawn at random from a seed)
     Lab(LabArgs),
 }
 
