@@ -5,7 +5,7 @@
 //! progress) and the policy's events, for reading why a scenario's regret is what it is. A
 //! SCENARIO ending in `.toml` is a scenario file, run with the guest policies it names. With
 //! `--draw SEED` first, SCENARIO is looked for in the population `gleaner sim lab --draw SEED`
-//! draws (its default 36 scenarios).
+//! draws (as many as it draws by default).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a debugging tool
 
@@ -37,7 +37,7 @@ fn main() {
     }
     let duration = 2000 * gleaner_sim::time::MS;
     let pool: Vec<_> = match draw {
-        Some(seed) => drawn_population(seed, 36, duration),
+        Some(seed) => drawn_population(seed, gleaner_sim::lab::DEFAULT_DRAW_COUNT, duration),
         None => [LabSet::Tuning, LabSet::HeldOut, LabSet::Fresh]
             .into_iter()
             .flat_map(|set| population(set, duration))

@@ -102,7 +102,7 @@ impl LabArgs {
 const DEFAULT_DURATION_MS: u64 = 2000;
 
 /// Scenarios a `--draw` draws unless `--count` says otherwise: as many as a grid set has.
-const DEFAULT_DRAW_COUNT: usize = 36;
+pub const DEFAULT_DRAW_COUNT: usize = 36;
 
 /// Where the lab ran, for the results files (filled in by the caller, which owns the machine
 /// readers).

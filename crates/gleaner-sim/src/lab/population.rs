@@ -61,16 +61,18 @@ impl LabSet {
 
     /// The grid's split rule for this set (the module's doc); `None` for a drawn set.
     fn grid_rule(self) -> Option<GridRule> {
-        let (grain_factor, rotation, seed_base) = match self {
-            LabSet::Tuning => (1, 0, 1000),
-            LabSet::HeldOut => (2, 1, 2000),
-            LabSet::Fresh => (5, 2, 3000),
+        use HostPolicy::{Bal, Sbco};
+        let (grain_factor, rotation, seed_base, shared_policies) = match self {
+            LabSet::Tuning => (1, 0, 1000, [Bal, Bal]),
+            LabSet::HeldOut => (2, 1, 2000, [Sbco, Sbco]),
+            LabSet::Fresh => (5, 2, 3000, [Bal, Sbco]),
             LabSet::Drawn => return None,
         };
         Some(GridRule {
             grain_factor,
             rotation,
             seed_base,
+            shared_policies,
         })
     }
 }
@@ -80,6 +82,9 @@ struct GridRule {
     grain_factor: u64,
     rotation: usize,
     seed_base: u64,
+    /// The host policy of every fifth scenario whose host is shared, alternating between
+    /// the two from one such scenario to the next.
+    shared_policies: [HostPolicy; 2],
 }
 
 /// The benchmark VM's workload.
@@ -221,12 +226,7 @@ pub fn population(set: LabSet, duration: Ns) -> Vec<LabScenario> {
             let vcpus = SIZES[(w + g) % SIZES.len()];
             let contention = CONTENTIONS[(w + 2 * g + rule.rotation) % CONTENTIONS.len()];
             let host_policy = if k % 5 == 4 && contention != Contention::Dedicated {
-                match set {
-                    LabSet::Tuning => HostPolicy::Bal,
-                    LabSet::HeldOut => HostPolicy::Sbco,
-                    LabSet::Fresh if (k / 5) % 2 == 0 => HostPolicy::Bal,
-                    LabSet::Fresh | LabSet::Drawn => HostPolicy::Sbco,
-                }
+                rule.shared_policies[(k / 5) % 2]
             } else {
                 HostPolicy::Cfs
             };
