@@ -830,16 +830,6 @@ impl Gleaner {
         None
     }
 
-    /// Whether a trial started now could be judged: a loss as large as the least gain worth a
-    /// trial ([`crate::gain::MIN_CONSOLIDATION_GAIN`]) would stand out of the quiet periods'
-    /// noise ([`crate::judge::detectable_drop`]). Asked only in the start-up's short periods
-    /// (`try_deactivate`), where a trial waits for more quiet periods while it is not.
-    fn trial_judgeable(&self, sample: &PeriodSample) -> bool {
-        let baseline: Vec<Measured> = self.quiet_values.iter().copied().collect();
-        crate::judge::detectable_drop(&baseline, sample.period_ns as f64 / 1e9)
-            .is_none_or(|d| d <= crate::gain::MIN_CONSOLIDATION_GAIN)
-    }
-
     fn try_deactivate(
         &mut self,
         sample: &PeriodSample,
@@ -857,18 +847,6 @@ impl Gleaner {
             .pooled_gain_bound(sample, self.cfg.retention_timeout.ns)
             .is_some_and(|g| g < crate::gain::MIN_CONSOLIDATION_GAIN)
         {
-            return;
-        }
-        // In the start-up's short periods a workload that swings from period to period (a
-        // quarter period holds few of its cycles; it is starting up) has given too few of them
-        // for the judge to see a loss, and a step the judge cannot see as a loss stays. There,
-        // no trial starts before its loss could be seen. In the policy lab this removed 6 of
-        // 27 benchmark-VM losses of more than 3 % on 540 drawn scenarios (oltp-28us-16v-2:1:
-        // a 4-vCPU step on two start-up periods at 3.2 and 8.2, −20.9 % -> +0.1 %). Not after
-        // the start-up: applied to every trial, it also kept trials from workloads whose
-        // periods always swing (lab draw 2, lock-8us-16v-2-co-runners, 17 points of regret).
-        let starting_up = !self.startup_over && self.period <= u64::from(self.cfg.startup_periods);
-        if starting_up && !self.trial_judgeable(sample) {
             return;
         }
         // Steal means the host is oversubscribed: a held or lightly used vCPU costs other VMs,
