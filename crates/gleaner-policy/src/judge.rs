@@ -122,6 +122,28 @@ pub(crate) fn relative_drop(before: f64, after: f64) -> f64 {
     (before - after) / before
 }
 
+/// The smallest relative drop the judge could tell from noise if a change were tried now:
+/// twice the standard error of the difference between `baseline` (the quiet periods a trial
+/// would be judged against) and an after-sample of [`JUDGE_PERIODS`] periods of `period_secs`
+/// each with the same noise, over the baseline's mean. `None` where the baseline cannot say
+/// (fewer than two periods, or no mean).
+///
+/// Why: a change that is not shown to be a loss is kept. Where the workload's own swings over
+/// the periods at hand hide a loss larger than what the change could gain, a trial is a coin
+/// toss whose losing side stays.
+pub(crate) fn detectable_drop(baseline: &[Measured], period_secs: f64) -> Option<f64> {
+    if baseline.len() < 2 {
+        return None;
+    }
+    let (mean, sd) = weighted_mean_sd(baseline);
+    if mean <= 0.0 {
+        return None;
+    }
+    let after_secs = JUDGE_PERIODS as f64 * period_secs.max(f64::MIN_POSITIVE);
+    let se = (sd.powi(2) / total_secs(baseline) + sd.powi(2) / after_secs).sqrt();
+    Some(2.0 * se / mean)
+}
+
 /// One-sided 99 % quantile of Student's t with `dof` degrees of freedom: with a before-sample
 /// of two or three periods the noise is barely known, and the bar for calling a drop real
 /// rises accordingly instead of trusting a standard deviation taken from two numbers.
@@ -227,6 +249,25 @@ mod tests {
             .map(|m| Measured::new(m.value, 100_000_000))
             .collect();
         assert!(clear_drop(&equal, &after, 0.05).is_none());
+    }
+
+    #[test]
+    fn a_drop_is_detectable_only_against_a_steady_enough_baseline() {
+        // Two start-up periods of 25 ms at 3.2 and 8.2 (lab draw 10, oltp-28us-16v-2:1): a
+        // loss under 100 % could not be told from their swing.
+        let swinging: Vec<Measured> = [3.164, 8.220]
+            .iter()
+            .map(|&x| Measured::new(x, 25_000_000))
+            .collect();
+        assert!(detectable_drop(&swinging, 0.025).unwrap() > 0.5);
+        // A ping-pong's start-up periods, within 1 % of each other: a 10 % loss stands out.
+        let steady: Vec<Measured> = [1.00, 1.01, 0.995]
+            .iter()
+            .map(|&x| Measured::new(x, 25_000_000))
+            .collect();
+        assert!(detectable_drop(&steady, 0.025).unwrap() < 0.05);
+        // One period says nothing of the noise.
+        assert!(detectable_drop(&steady[..1], 0.025).is_none());
     }
 
     #[test]
