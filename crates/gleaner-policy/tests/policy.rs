@@ -80,6 +80,16 @@ fn spread(active: &Cpuset, all: usize, comp: u64, idle: u64, g: u64, cycles: u64
     s
 }
 
+/// `s` with every vCPU's work scaled by `up` in even periods `i` and by `down` in odd ones: a
+/// workload whose utilization swings on its own.
+fn swing(mut s: PeriodSample, i: u32, up: f64, down: f64) -> PeriodSample {
+    let f = if i.is_multiple_of(2) { up } else { down };
+    for v in &mut s.vcpus {
+        v.work_ns = (v.work_ns as f64 * f) as u64;
+    }
+    s
+}
+
 /// Consolidation alone with the shipped settling and warm-up (unlike `consolidation_only`).
 fn consolidation_with_defaults(vcpus: usize) -> Gleaner {
     Gleaner::new(
@@ -239,28 +249,25 @@ fn noise_alone_does_not_roll_back() {
     // swinging the same way around the same mean. A 5 % threshold on single periods would
     // roll back; judging three periods against twice the measured noise does not.
     let mut g = Gleaner::new(consolidation_only(), Cpuset::first_n(3)).unwrap();
-    let wobble = |i: usize, s: &mut PeriodSample| {
-        let f = if i.is_multiple_of(2) { 1.1 } else { 0.9 };
-        for v in &mut s.vcpus {
-            v.work_ns = (v.work_ns as f64 * f) as u64;
-        }
-    };
     // Conditions fail first (g_comp too coarse) so the noise is learnt before any change.
     for i in 0..8 {
-        let mut s = sample(&Cpuset::first_n(3), 3, 2 * T, T, 2 * T, 10);
-        wobble(i, &mut s);
+        let s = swing(
+            sample(&Cpuset::first_n(3), 3, 2 * T, T, 2 * T, 10),
+            i,
+            1.1,
+            0.9,
+        );
         assert!(g.step(&s).events.is_empty());
     }
     let mut all = vec![];
     for i in 0..12 {
         let active = g.active().clone();
-        let mut s = if active.len() == 3 {
+        let s = if active.len() == 3 {
             sample(&active, 3, 2 * T, T, T, 10)
         } else {
             spread(&active, 3, 2 * T, T, T, 10)
         };
-        wobble(i + 1, &mut s);
-        all.push(g.step(&s));
+        all.push(g.step(&swing(s, i + 1, 1.1, 0.9)));
     }
     assert!(
         events(&all)
@@ -288,12 +295,8 @@ fn a_step_judged_on_one_period_before_it_is_undone_when_the_periods_after_show_a
     let mut g = Gleaner::new(consolidation_only(), Cpuset::first_n(3)).unwrap();
     let all = Cpuset::first_n(3);
     // A coarse phase (g_comp too large to consolidate) whose utilization swings +-12 %.
-    for i in 0..8u32 {
-        let mut s = sample(&all, 3, 2 * T, T, 2 * T, 10);
-        let f = if i.is_multiple_of(2) { 1.12 } else { 0.88 };
-        for v in &mut s.vcpus {
-            v.work_ns = (v.work_ns as f64 * f) as u64;
-        }
+    for i in 0..8 {
+        let s = swing(sample(&all, 3, 2 * T, T, 2 * T, 10), i, 1.12, 0.88);
         assert!(g.step(&s).events.is_empty());
     }
     // The grain falls 4x: a phase change (nothing to undo), then the step on the next period.
@@ -503,18 +506,10 @@ fn nothing_changes_during_warm_up() {
 fn a_start_up_that_swings_starts_no_trial_until_a_loss_could_be_seen() {
     let mut g = consolidation_with_defaults(3);
     let all = Cpuset::first_n(3);
-    let swing = |i: usize| {
-        let mut s = sample(&all, 3, T, T, T / 2, 10);
-        let f = if i.is_multiple_of(2) { 1.09 } else { 0.91 };
-        for v in &mut s.vcpus {
-            v.work_ns = (v.work_ns as f64 * f) as u64;
-        }
-        s
-    };
     // Warm-up, then start-up periods swinging +-9 % (not a major change) that meet both of
     // §5's conditions: a 10 % loss would not stand out of that.
     for i in 0..8 {
-        let d = g.step(&swing(i));
+        let d = g.step(&swing(sample(&all, 3, T, T, T / 2, 10), i, 1.09, 0.91));
         assert_eq!(d.active, all, "period {}: {:?}", i + 1, d.events);
     }
     // The start-up over (period 9 on), a trial starts.
@@ -542,19 +537,12 @@ fn a_start_up_that_swings_starts_no_trial_until_a_loss_could_be_seen() {
 fn a_start_up_that_swings_is_tried_at_once_where_the_wake_ups_promise_more() {
     let mut g = consolidation_with_defaults(3);
     let all = Cpuset::first_n(3);
-    let swing = |i: u32, active: &Cpuset| {
-        let s = sample(active, 3, T, T, T / 2, 10);
-        let mut s = with_wake_latencies(s, (10, 5_000), (200, 200_000));
-        let f = if i.is_multiple_of(2) { 1.09 } else { 0.91 };
-        for v in &mut s.vcpus {
-            v.work_ns = (v.work_ns as f64 * f) as u64;
-        }
-        s
-    };
     let mut deactivated_at = None;
     for i in 0..8u32 {
         let active = g.active().clone();
-        let d = g.step(&swing(i, &active));
+        let s = sample(&active, 3, T, T, T / 2, 10);
+        let s = with_wake_latencies(s, (10, 5_000), (200, 200_000));
+        let d = g.step(&swing(s, i, 1.09, 0.91));
         if deactivated_at.is_none() && d.active != all {
             deactivated_at = Some(i + 1);
         }
