@@ -830,13 +830,13 @@ impl Gleaner {
         None
     }
 
-    /// Whether a trial started now is worth what the judge could miss: a loss the quiet
+    /// Whether a trial started now is worth what the judge could miss (its blind spot): a loss the quiet
     /// periods' noise would hide ([`crate::judge::detectable_drop`]) is no larger than the most
     /// the trial could gain (the measured wake-ups' bound, `gain`, at least
     /// [`crate::gain::MIN_CONSOLIDATION_GAIN`]). A ping-pong whose halted wake-ups cost more
     /// than its run time passes however its start-up swings; an OLTP VM whose bound is a few
     /// percent waits until its periods are steady enough.
-    fn trial_judgeable(&self, sample: &PeriodSample) -> bool {
+    fn trial_worth_its_blind_spot(&self, sample: &PeriodSample) -> bool {
         let baseline: Vec<Measured> = self.quiet_values.iter().copied().collect();
         let worth = self
             .pooled_gain_bound(sample, self.cfg.retention_timeout.ns)
@@ -876,7 +876,7 @@ impl Gleaner {
         // in 5 of 10 runs; after the start-up, gating every trial kept trials from workloads
         // whose periods always swing (lab draw 2, lock-8us-16v-2-co-runners, 17 points).
         let starting_up = !self.startup_over && self.period <= u64::from(self.cfg.startup_periods);
-        if starting_up && !self.trial_judgeable(sample) {
+        if starting_up && !self.trial_worth_its_blind_spot(sample) {
             return;
         }
         // Steal means the host is oversubscribed: a held or lightly used vCPU costs other VMs,
