@@ -830,10 +830,10 @@ impl Gleaner {
         None
     }
 
-    /// Whether a trial started now is worth what the judge could miss (its blind spot): a loss the quiet
-    /// periods' noise would hide ([`crate::judge::detectable_drop`]) is no larger than the most
-    /// the trial could gain (the measured wake-ups' bound, `gain`, at least
-    /// [`crate::gain::MIN_CONSOLIDATION_GAIN`]). A ping-pong whose halted wake-ups cost more
+    /// Whether a trial started now is worth what the judge could miss (its blind spot): a
+    /// loss the quiet periods' noise would hide ([`crate::judge::detectable_drop`]) is no
+    /// larger than the most the trial could gain (the measured wake-ups' bound, `gain`, at
+    /// least [`crate::gain::MIN_CONSOLIDATION_GAIN`]). A ping-pong whose halted wake-ups cost more
     /// than its run time passes however its start-up swings; an OLTP VM whose bound is a few
     /// percent waits until its periods are steady enough.
     fn trial_worth_its_blind_spot(&self, sample: &PeriodSample) -> bool {
