@@ -832,16 +832,13 @@ impl Gleaner {
 
     /// Whether a trial started now is worth what the judge could miss (its blind spot): a
     /// loss the quiet periods' noise would hide ([`crate::judge::detectable_drop`]) is no
-    /// larger than the most the trial could gain (the measured wake-ups' bound, `gain`, at
-    /// least [`crate::gain::MIN_CONSOLIDATION_GAIN`]). A ping-pong whose halted wake-ups cost more
-    /// than its run time passes however its start-up swings; an OLTP VM whose bound is a few
-    /// percent waits until its periods are steady enough.
-    fn trial_worth_its_blind_spot(&self, sample: &PeriodSample) -> bool {
+    /// larger than the most the trial could gain (`gain`, the measured wake-ups' bound of
+    /// `pooled_gain_bound`, taken as at least [`crate::gain::MIN_CONSOLIDATION_GAIN`]). A
+    /// ping-pong whose halted wake-ups cost more than its run time passes however its start-up
+    /// swings; an OLTP VM whose bound is a few percent waits until its periods are steady.
+    fn trial_worth_its_blind_spot(&self, sample: &PeriodSample, gain: Option<f64>) -> bool {
         let baseline: Vec<Measured> = self.quiet_values.iter().copied().collect();
-        let worth = self
-            .pooled_gain_bound(sample, self.cfg.retention_timeout.ns)
-            .unwrap_or(0.0)
-            .max(crate::gain::MIN_CONSOLIDATION_GAIN);
+        let worth = gain.unwrap_or(0.0).max(crate::gain::MIN_CONSOLIDATION_GAIN);
         crate::judge::detectable_drop(&baseline, sample.period_ns as f64 / 1e9)
             .is_none_or(|d| d <= worth)
     }
@@ -859,10 +856,8 @@ impl Gleaner {
         if c.runnable_wait_fraction > self.cfg.max_runnable_wait {
             return;
         }
-        if self
-            .pooled_gain_bound(sample, self.cfg.retention_timeout.ns)
-            .is_some_and(|g| g < crate::gain::MIN_CONSOLIDATION_GAIN)
-        {
+        let gain = self.pooled_gain_bound(sample, self.cfg.retention_timeout.ns);
+        if gain.is_some_and(|g| g < crate::gain::MIN_CONSOLIDATION_GAIN) {
             return;
         }
         // In the start-up's short periods a workload that swings from period to period (a
@@ -876,7 +871,7 @@ impl Gleaner {
         // in 5 of 10 runs; after the start-up, gating every trial kept trials from workloads
         // whose periods always swing (lab draw 2, lock-8us-16v-2-co-runners, 17 points).
         let starting_up = !self.startup_over && self.period <= u64::from(self.cfg.startup_periods);
-        if starting_up && !self.trial_worth_its_blind_spot(sample) {
+        if starting_up && !self.trial_worth_its_blind_spot(sample, gain) {
             return;
         }
         // Steal means the host is oversubscribed: a held or lightly used vCPU costs other VMs,
