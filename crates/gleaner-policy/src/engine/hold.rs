@@ -52,6 +52,7 @@ impl Gleaner {
             .as_ref()
             .and_then(|w| hold_hit_ratio(w, self.active_idle_periods(sample), timeout));
         let min_rate = min_idle_rate(&self.cfg, c.steal_fraction, hit.is_some());
+        let min_hit = min_hit_ratio(&self.cfg, sample.wake_latency.as_ref(), timeout);
 
         // Judge a trial first: it decides whether retention stays at all.
         let mut judged_off = Vec::new();
@@ -117,7 +118,7 @@ impl Gleaner {
             } else if crowded {
                 Some("workload threads queue on one vCPU while another has none; a held vCPU would not pull them over")
             } else if let Some(v) = v.filter(|_| st.retaining) {
-                retention_not_paying(v, secs, min_rate / 2.0, self.cfg.min_retention_hit_ratio)
+                retention_not_paying(v, secs, min_rate / 2.0, min_hit)
             } else {
                 None
             };
@@ -134,7 +135,7 @@ impl Gleaner {
                 && self.trial.is_none()
                 && self.period >= self.retention_blocked_until
                 && !halted_wakes_too_cheap
-                && hit.is_none_or(|h| h >= self.cfg.min_retention_hit_ratio)
+                && hit.is_none_or(|h| h >= min_hit)
                 && v.is_some_and(|v| {
                     worth_retaining(
                         v,
@@ -214,6 +215,25 @@ pub(crate) fn hold_hit_ratio(
         .then(|| (w.idle_age.count_at_most(timeout.ns) / idle_periods as f64).min(1.0))
 }
 
+/// The hit ratio a hold must reach to be tried or kept: where the wake-ups were measured,
+/// the share at which what its hits save pays for what its misses burn
+/// ([`crate::gain::hold_break_even_hit_ratio`]), at least [`MIN_HIT_RATIO`] and at most the
+/// configured `min_retention_hit_ratio`; the configured share where they were not.
+pub(crate) fn min_hit_ratio(
+    cfg: &PolicyConfig,
+    w: Option<&WakeLatencies>,
+    timeout: RetentionTimeout,
+) -> f64 {
+    w.and_then(|w| crate::gain::hold_break_even_hit_ratio(w, timeout.ns))
+        .map_or(cfg.min_retention_hit_ratio, |b| {
+            b.max(MIN_HIT_RATIO).min(cfg.min_retention_hit_ratio)
+        })
+}
+
+/// Below this share of idle periods caught, a hold is a trickle whatever each hit saves: one
+/// period's few hundred idle periods cannot tell it from noise.
+const MIN_HIT_RATIO: f64 = 0.1;
+
 /// Idle periods per second and vCPU below which a hold is not worth a trial.
 ///
 /// Without the wake-ups' idle ages the rate stands in for what a hold would catch, and steal
@@ -255,8 +275,9 @@ fn worth_retaining(
     rate >= min_rate && mean_idle >= min_mean_idle_ns && mean_idle <= max_mean_idle_ns
 }
 
-/// Why retention that is on stopped paying, if it did: too few idle periods to matter, or most
-/// holds timed out (the idle periods it saw outlived the hold).
+/// Why retention that is on stopped paying, if it did: too few idle periods to matter, or too
+/// few holds ended with a wake-up (`min_hit`, [`min_hit_ratio`]) to pay for those that timed
+/// out.
 fn retention_not_paying(
     v: &VcpuSample,
     secs: f64,
@@ -272,7 +293,7 @@ fn retention_not_paying(
     // holds do not time out (the trial's verdict judges it instead).
     let counts_hits = v.yield_ns > 0 || v.yield_preemptions > 0;
     if counts_hits && periods >= 20 && (v.yield_preemptions as f64) < min_hit * periods as f64 {
-        return Some("most holds timed out: idle periods outlast the hold");
+        return Some("too few holds ended with a wake-up to pay for those that timed out");
     }
     None
 }
@@ -296,7 +317,7 @@ mod tests {
         };
         assert_eq!(
             retention_not_paying(&yielding, 0.1, 100.0, 0.5),
-            Some("most holds timed out: idle periods outlast the hold")
+            Some("too few holds ended with a wake-up to pay for those that timed out")
         );
         let polling = VcpuSample {
             idle_entries: 1000,

@@ -271,18 +271,19 @@ impl Gleaner {
                 .filter(|_| hit.is_some())
                 .map(|(w, _, work)| crate::gain::hold_gain_bound_of(w, *work, timeout.ns));
             let min_rate = min_idle_rate(&self.cfg, c.steal_fraction, hit.is_some());
+            let min_hit = hold::min_hit_ratio(&self.cfg, seen.map(|(w, _, _)| w), timeout);
             let max_idle = self.cfg.retain_idle_factor * timeout.ns as f64;
             if c.idle_periods_per_sec < min_rate {
                 why.push(format!(
                     "retention: {:.0} idle periods/s per vCPU, fewer than the {:.0} that pay for a held vCPU",
                     c.idle_periods_per_sec, min_rate
                 ));
-            } else if let Some(hit) = hit.filter(|&h| h < self.cfg.min_retention_hit_ratio) {
+            } else if let Some(hit) = hit.filter(|&h| h < min_hit) {
                 why.push(format!(
                     "retention: {:.0} % of the idle periods end within the hold ({}), fewer than the {:.0} % that pay for it",
                     hit * 100.0,
                     us(timeout.ns as f64),
-                    self.cfg.min_retention_hit_ratio * 100.0
+                    min_hit * 100.0
                 ));
             } else if hit.is_none() && c.l_idle_ns > max_idle {
                 why.push(format!("retention: idle periods of {} on average outlast the hold ({}): most holds would time out", us(c.l_idle_ns), us(timeout.ns as f64)));
