@@ -173,10 +173,15 @@ impl Gleaner {
             events.push(self.event(
                 EventKind::RetentionOn { cpus: turned_on },
                 format!(
-                    "{:.0} idle periods/s per vCPU of {} on average (hold {})",
+                    "{:.0} idle periods/s per vCPU of {} on average (hold {}){}",
                     c.idle_periods_per_sec,
                     us(c.l_idle_ns),
-                    us(timeout.ns as f64)
+                    us(timeout.ns as f64),
+                    hit.map_or(String::new(), |h| format!(
+                        "; {:.0} % of them end within it, {:.0} % pay for it",
+                        h * 100.0,
+                        min_hit * 100.0
+                    ))
                 ),
             ));
         }
