@@ -109,7 +109,9 @@ pub struct PolicyConfig {
     pub min_retain_idle_ns: u64,
     /// Turn retention off when fewer than this fraction of held idle periods ended with work;
     /// where idle ages are seen, turn it on only when at least this fraction of the idle
-    /// periods would have.
+    /// periods would have. Where the wake-ups' costs were measured, the fraction at which a
+    /// hold's hits pay for its misses is used instead when it is smaller
+    /// (`engine::hold::min_hit_ratio`): this is the most a hold must catch.
     pub min_retention_hit_ratio: f64,
     /// Workload threads queue on one active vCPU while another has none for more than this
     /// fraction of a period: the guest must balance load, so neither consolidate nor hold (a
