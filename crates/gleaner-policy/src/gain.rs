@@ -86,6 +86,10 @@ pub const POLLED_HALT_RATIO: f64 = 1.5;
 /// of its throughput (4 vCPUs with and without retention). Where a halted vCPU wakes
 /// nearly as fast as a held one, the share needed approaches one and no hold pays.
 pub fn hold_break_even_hit_ratio(w: &WakeLatencies, hold_ns: u64) -> Option<f64> {
+    // As many wake-ups of each kind as a busy median needs ([`MIN_BUSY_WAKES`]).
+    if w.halted.count < MIN_BUSY_WAKES {
+        return None;
+    }
     let halted = w.halted.quantile_ns(0.5)?;
     let cheap = if w.polling.count >= MIN_BUSY_WAKES {
         w.polling.quantile_ns(0.5)?
@@ -94,9 +98,6 @@ pub fn hold_break_even_hit_ratio(w: &WakeLatencies, hold_ns: u64) -> Option<f64>
     } else {
         return None;
     };
-    if w.halted.count < MIN_BUSY_WAKES {
-        return None;
-    }
     let extra = (halted - cheap).max(0.0);
     let hold = hold_ns as f64;
     Some(if hold + extra > 0.0 {
