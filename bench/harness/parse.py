@@ -87,8 +87,29 @@ TIMELINE_FIELDS = ("t_s", "active", "n_active")
 
 
 def compact_timeline(rows: list[dict]) -> list[dict]:
-    """Only the documented fields: per-run timelines stay small in the results JSON."""
-    return [{key: row[key] for key in TIMELINE_FIELDS} for row in rows]
+    """The documented fields, and of the rest only what says why a run went as it did: the
+    held vCPUs where any were held and the policy's events where it had any, each as "Kind:
+    reason". Per-run timelines stay small in the results JSON (events come a few per run),
+    yet a run that never consolidated says whether it held instead or what stopped it: the
+    suite's timelines of active sets alone could not tell (a ping-pong left unpacked in one
+    of twelve runs on 2026-11-28)."""
+    compact = []
+    for row in rows:
+        kept = {key: row[key] for key in TIMELINE_FIELDS}
+        if row.get("retaining"):
+            kept["retaining"] = row["retaining"]
+        events = [_event_text(event) for event in row.get("events") or [] if isinstance(event, dict)]
+        if events:
+            kept["events"] = events
+        compact.append(kept)
+    return compact
+
+
+def _event_text(event: dict) -> str:
+    """A policy event of the timeline (`{"period": N, "<Kind>": {...}, "reason": "..."}`) as
+    "Kind {...}: reason"."""
+    kinds = [f"{key} {value}" if value else key for key, value in event.items() if key not in ("period", "reason")]
+    return f"{' '.join(kinds) or 'event'}: {event.get('reason', '')}"
 
 
 def read_timeline(path: Path) -> list[dict]:
