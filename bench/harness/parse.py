@@ -88,8 +88,8 @@ TIMELINE_FIELDS = ("t_s", "active", "n_active")
 
 def compact_timeline(rows: list[dict]) -> list[dict]:
     """The documented fields, and of the rest only what says why a run went as it did: the
-    held vCPUs where any were held and the policy's events where it had any, each as "Kind:
-    reason". Per-run timelines stay small in the results JSON (events come a few per run),
+    held vCPUs where any were held and the policy's events where it had any, each as "kind
+    field=value: reason". Per-run timelines stay small in the results JSON (events come a few per run),
     yet a run that never consolidated says whether it held instead or what stopped it: the
     suite's timelines of active sets alone could not tell (a ping-pong left unpacked in one
     of twelve runs on 2026-11-28)."""
@@ -106,10 +106,10 @@ def compact_timeline(rows: list[dict]) -> list[dict]:
 
 
 def _event_text(event: dict) -> str:
-    """A policy event of the timeline (`{"period": N, "<Kind>": {...}, "reason": "..."}`) as
-    "Kind {...}: reason"."""
-    kinds = [f"{key} {value}" if value else key for key, value in event.items() if key not in ("period", "reason")]
-    return f"{' '.join(kinds) or 'event'}: {event.get('reason', '')}"
+    """A policy event of the timeline (`{"period": N, "kind": "deactivate", "cpu": 1,
+    "reason": "..."}`) as "deactivate cpu=1: reason"."""
+    fields = [f"{key}={value}" for key, value in event.items() if key not in ("period", "kind", "reason")]
+    return f"{' '.join([str(event.get('kind', 'event')), *fields])}: {event.get('reason', '')}"
 
 
 def read_timeline(path: Path) -> list[dict]:

@@ -86,8 +86,8 @@ def test_compact_timeline_keeps_holds_and_events(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_text(
         '{"t_s":0.1,"active":"0-1","n_active":2,"retaining":[0,1],"events":[{"period":3,'
-        '"RetentionOn":{"cpus":[0,1]},"reason":"many idle periods"}],"rho":1.0}\n'
-        '{"t_s":0.2,"active":"0","n_active":1,"retaining":[],"events":[{"period":4,"MajorChange":null,"reason":"moved"}]}\n'
+        '"kind":"retention-on","cpus":[0,1],"reason":"many idle periods"}],"rho":1.0}\n'
+        '{"t_s":0.2,"active":"0","n_active":1,"retaining":[],"events":[{"period":4,"kind":"major-change","reason":"moved"}]}\n'
         '{"t_s":0.3,"active":"0","n_active":1,"retaining":[],"events":[]}\n'
     )
     rows = parse.compact_timeline(parse.read_timeline(path))
@@ -96,9 +96,9 @@ def test_compact_timeline_keeps_holds_and_events(tmp_path):
         "active": "0-1",
         "n_active": 2,
         "retaining": [0, 1],
-        "events": ["RetentionOn {'cpus': [0, 1]}: many idle periods"],
+        "events": ["retention-on cpus=[0, 1]: many idle periods"],
     }
-    assert rows[1]["events"] == ["MajorChange: moved"] and "retaining" not in rows[1]
+    assert rows[1]["events"] == ["major-change: moved"] and "retaining" not in rows[1]
     assert rows[2] == {"t_s": 0.3, "active": "0", "n_active": 1}
 
 
