@@ -123,6 +123,9 @@ pub struct Gleaner {
     period: u64,
     /// A period could not be measured (`period_disrupted`): the start-up periods are over.
     startup_over: bool,
+    /// This period a consolidation met its conditions and waited only for the start-up gate
+    /// (`trial_worth_its_blind_spot`): no hold starts in it (see `retention_step`).
+    consolidation_waits: bool,
     /// Periods left before the last change may be judged or another made.
     settle: u32,
     /// Deactivated vCPUs, most recent last, each with what was measured before it.
@@ -194,6 +197,7 @@ impl Gleaner {
             allowed,
             period: 0,
             startup_over: false,
+            consolidation_waits: false,
             settle: 0,
             deactivated: Vec::new(),
             judging: None,
@@ -357,6 +361,7 @@ impl Gleaner {
     /// Consumes one period's sample and decides the next period.
     pub fn step(&mut self, sample: &PeriodSample) -> Decision {
         self.period += 1;
+        self.consolidation_waits = false;
         let measured = characterize(sample, &self.active);
         self.workload_idle = measured.total_util < self.cfg.idle_util;
         // Changes are judged by progress: the application's own count where it gives one.
@@ -861,6 +866,16 @@ impl Gleaner {
         if gain.is_some_and(|g| g < crate::gain::MIN_CONSOLIDATION_GAIN) {
             return;
         }
+        // Steal means the host is oversubscribed: a held or lightly used vCPU costs other VMs,
+        // so consolidation is favoured by relaxing the load factor toward 1.
+        let rho = (self.rho * (1.0 + c.steal_fraction)).min(1.0);
+        let room = rho * (n - 1) as f64 * c.l_idle_ns;
+        let cond1 = c.l_comp_ns <= room;
+        let grain = (self.eta * c.l_idle_ns).min(self.cfg.min_time_slice_ns as f64);
+        let cond2 = c.g_comp_ns <= grain;
+        if !(cond1 && cond2) {
+            return;
+        }
         // In the start-up's short periods a workload that swings from period to period (a
         // quarter period holds few of its cycles; it is starting up) has given too few of them
         // for the judge to see a loss, and a step the judge cannot see as a loss stays. There,
@@ -872,17 +887,9 @@ impl Gleaner {
         // in 5 of 10 runs; after the start-up, gating every trial kept trials from workloads
         // whose periods always swing (lab draw 2, lock-8us-16v-2-co-runners, 17 points).
         let starting_up = !self.startup_over && self.period <= u64::from(self.cfg.startup_periods);
+        // A hold waits with it (`consolidation_waits`).
         if starting_up && !self.trial_worth_its_blind_spot(sample, gain) {
-            return;
-        }
-        // Steal means the host is oversubscribed: a held or lightly used vCPU costs other VMs,
-        // so consolidation is favoured by relaxing the load factor toward 1.
-        let rho = (self.rho * (1.0 + c.steal_fraction)).min(1.0);
-        let room = rho * (n - 1) as f64 * c.l_idle_ns;
-        let cond1 = c.l_comp_ns <= room;
-        let grain = (self.eta * c.l_idle_ns).min(self.cfg.min_time_slice_ns as f64);
-        let cond2 = c.g_comp_ns <= grain;
-        if !(cond1 && cond2) {
+            self.consolidation_waits = true;
             return;
         }
         // A larger step where the evidence is strong: the most vCPUs k whose work the
