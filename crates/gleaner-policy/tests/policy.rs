@@ -90,6 +90,24 @@ fn swing(mut s: PeriodSample, i: u32, up: f64, down: f64) -> PeriodSample {
     s
 }
 
+/// Two vCPUs with 100 µs of work then 300 µs idle, 250 times a period each (2,500 idle
+/// periods/s per vCPU); 100 wake-ups of a running vCPU at 11 µs and 500 of a halted one at
+/// `halted_ns`, each waited for; idle period i of 500 ends within 8 µs of its halt where
+/// `young(i)`, else after 200 µs: a workload a hold can catch, to the share `young` gives.
+fn holdable(active: &Cpuset, halted_ns: u64, young: impl Fn(u64) -> bool) -> PeriodSample {
+    let mut s = with_wake_latencies(
+        sample(active, 2, 100_000, 300_000, 100_000, 250),
+        (100, 11_000),
+        (500, halted_ns),
+    );
+    let w = s.wake_latency.as_mut().unwrap();
+    w.halted_waited = 500;
+    for i in 0..500 {
+        w.idle_age.record(if young(i) { 8_000 } else { 200_000 });
+    }
+    s
+}
+
 /// Consolidation alone with the shipped settling and warm-up (unlike `consolidation_only`).
 fn consolidation_with_defaults(vcpus: usize) -> Gleaner {
     Gleaner::new(
@@ -1168,21 +1186,8 @@ fn under_steal_a_hold_is_tried_where_the_wake_ups_come_within_it() {
 fn a_hold_that_catches_a_third_is_tried_where_each_catch_saves_many_holds() {
     let cfg = retention_trials_at_once();
     let all = Cpuset::first_n(2);
-    let consolidated = |halted_ns: u64| {
-        // 100 µs of work then 300 µs idle, 250 times a period; a third of the idle periods end
-        // within 8 µs of the halt.
-        let mut s = with_wake_latencies(
-            sample(&all, 2, 100_000, 300_000, 100_000, 250),
-            (100, 11_000),
-            (500, halted_ns),
-        );
-        let w = s.wake_latency.as_mut().unwrap();
-        w.halted_waited = 500;
-        for i in 0..500 {
-            w.idle_age.record(if i % 3 == 0 { 8_000 } else { 200_000 });
-        }
-        s
-    };
+    // A third of the idle periods end within 8 µs of the halt.
+    let consolidated = |halted_ns: u64| holdable(&all, halted_ns, |i| i % 3 == 0);
     let held = |d: &Decision| d.retention.iter().all(|(_, a)| *a != RetentionAction::Off);
     let mut g = Gleaner::new(cfg.clone(), all.clone()).unwrap();
     let d = g.step(&consolidated(400_000));
@@ -1253,20 +1258,10 @@ fn no_hold_starts_while_a_consolidation_waits_for_the_start_up_gate() {
     let mut g = Gleaner::new(PolicyConfig::default(), all.clone()).unwrap();
     let mut first_change = None;
     for i in 0..30u32 {
-        let active = g.active().clone();
-        // 100 µs of work then 300 µs idle, 250 times a period; halted wake-ups 12 µs dearer
-        // than running ones (a consolidation gain bound of 12 %), 70 % of the idle periods
-        // ending within 8 µs (a hold would catch them); the start-up swings +-9 %.
-        let mut s = with_wake_latencies(
-            sample(&active, 2, 100_000, 300_000, 100_000, 250),
-            (100, 11_000),
-            (500, 23_000),
-        );
-        let w = s.wake_latency.as_mut().unwrap();
-        w.halted_waited = 500;
-        for k in 0..500 {
-            w.idle_age.record(if k % 10 < 7 { 8_000 } else { 200_000 });
-        }
+        // Halted wake-ups 12 µs dearer than running ones (a consolidation gain bound of
+        // 12 %), 70 % of the idle periods ending within 8 µs (a hold would catch them); the
+        // start-up swings +-9 %.
+        let s = holdable(&g.active().clone(), 23_000, |k| k % 10 < 7);
         let d = g.step(&if i < 8 { swing(s, i, 1.09, 0.91) } else { s });
         if first_change.is_none() {
             first_change = d.events.first().map(|e| e.kind.clone());
