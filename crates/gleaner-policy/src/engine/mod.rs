@@ -882,7 +882,8 @@ impl Gleaner {
         // no trial starts whose possible loss could hide in that swing and exceed its possible
         // gain. Policy lab, 540 drawn scenarios: benchmark-VM losses over 3 % 27 -> 23, system
         // losses 16 -> 13, the grid and fresh sets' counts unchanged (oltp-28us-16v-2:1: a
-        // 4-vCPU step on two start-up periods at 3.2 and 8.2, -20.9 % -> +0.1 %). Gated on
+        // 4-vCPU step on two start-up periods at 3.2 and 8.2, -20.9 % -> +0.1 %; -8.4 % since
+        // holds wait with the gate, 4e67cfd: a 6-vCPU step at the start-up's end). Gated on
         // judgeability alone (05da40e, reverted), ping-pong on the real guest stayed unpacked
         // in 5 of 10 runs; after the start-up, gating every trial kept trials from workloads
         // whose periods always swing (lab draw 2, lock-8us-16v-2-co-runners, 17 points).
