@@ -90,6 +90,7 @@ impl Sim {
                 .remaining
                 .saturating_add(std::mem::take(&mut vc.exit_debt));
         }
+        self.sync_run_state(v);
         self.resume_timer(v);
         self.refresh_acct(v);
     }

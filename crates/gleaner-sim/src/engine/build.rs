@@ -11,6 +11,7 @@ use super::accounting::{Acct, Counters};
 use super::guest::{Activity, Vcpu};
 use super::ids::{BarrierId, Id, MutexId, QueueId, SpinId};
 use super::sync::{Barrier, Mutex, Queue, ROp, SpinLock, TState, Thread};
+use super::vcpuset::VcpuSet;
 use super::{Costs, GuestParams, Sim, TickSlot, Vm, NO_KEY};
 use crate::host::{Host, HostParams, VmSpec};
 use crate::queue::EventQueue;
@@ -67,6 +68,7 @@ impl Sim {
             q: EventQueue::default(),
             host,
             vcpus: Default::default(),
+            run_state: Default::default(),
             threads: Default::default(),
             programs: Default::default(),
             mutexes: Default::default(),
@@ -118,6 +120,7 @@ impl Sim {
         let base = self.vcpus.next_id();
         let hold = s.retention_timeout(index);
         for _ in 0..cfg.vcpus {
+            self.run_state.push(Default::default());
             self.vcpus.push(Vcpu {
                 vm: vm_id,
                 act: Activity::Idle,
@@ -280,7 +283,11 @@ impl Sim {
             policy: cfg.guest,
             base,
             n: cfg.vcpus as u32,
-            active: (0..cfg.vcpus).map(|i| i < confined).collect(),
+            active: VcpuSet::from_flags((0..cfg.vcpus).map(|i| i < confined)),
+            // Every vCPU starts idle (`RunState::default()`).
+            idle: VcpuSet::from_flags((0..cfg.vcpus).map(|_| true)),
+            load_one: VcpuSet::new(cfg.vcpus),
+            stealable: VcpuSet::new(cfg.vcpus),
             finite_left: finite,
             done_at: None,
             iterations: 0,

@@ -30,6 +30,7 @@ pub mod ids;
 mod policy;
 mod report;
 mod sync;
+mod vcpuset;
 mod wake;
 
 use gleaner_policy::{Gleaner, PeriodSample, WakeLatencies};
@@ -38,6 +39,7 @@ use accounting::Counters;
 use guest::Vcpu;
 use ids::{BarrierId, MutexId, ProgramId, QueueId, SpinId, Table, ThreadId, VcpuId, VmId};
 use sync::{Barrier, Mutex, Queue, ROp, SpinLock, TState, Thread};
+use vcpuset::VcpuSet;
 use wake::Waker;
 
 use crate::host::{Effect, Host, VState};
@@ -98,7 +100,13 @@ struct Vm {
     /// The VM's first vCPU; its vCPUs are `base..base + n`.
     base: VcpuId,
     n: u32,
-    active: Vec<bool>,
+    /// Where the workload may run (the cpuset Gleaner sets).
+    active: VcpuSet,
+    /// By [`guest::RunState`], for the placement searches ([`vcpuset`]): idle with nothing
+    /// queued; one thread running or queued; a thread waiting behind another.
+    idle: VcpuSet,
+    load_one: VcpuSet,
+    stealable: VcpuSet,
     finite_left: u32,
     done_at: Option<Ns>,
     iterations: u64,
@@ -137,7 +145,7 @@ impl Vm {
 
     /// Is the workload allowed on vCPU `v` (one of this VM's)?
     fn is_active(&self, v: VcpuId) -> bool {
-        self.active[v.local(self.base)]
+        self.active.contains(v.local(self.base))
     }
 }
 
@@ -189,6 +197,8 @@ pub struct Sim {
     q: EventQueue<Event>,
     host: Host,
     vcpus: Table<VcpuId, Vcpu>,
+    /// Each vCPU's [`guest::RunState`], dense for the placement scans.
+    run_state: Table<VcpuId, guest::RunState>,
     threads: Table<ThreadId, Thread>,
     programs: Table<ProgramId, Vec<ROp>>,
     mutexes: Table<MutexId, Mutex>,

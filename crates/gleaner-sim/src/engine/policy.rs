@@ -5,6 +5,7 @@ use gleaner_policy::{PeriodSample, RetentionAction, VcpuSample, WakeLatencies};
 
 use super::guest::Activity;
 use super::ids::{ThreadId, VcpuId, VmId};
+use super::vcpuset::VcpuSet;
 use super::wake::Waker;
 use super::Sim;
 use crate::time::Ns;
@@ -19,7 +20,7 @@ impl Sim {
     /// and CPUs.
     pub(super) fn wait_sample(&mut self, vm_id: VmId) {
         let vm = &self.vms[vm_id];
-        if vm.active.iter().filter(|&&a| a).count() < 2 {
+        if vm.active.len() < 2 {
             return;
         }
         let (mut queued, mut empty) = (false, false);
@@ -131,13 +132,11 @@ impl Sim {
                 self.halt(u);
             }
         }
-        let new_active: Vec<bool> = (0..n as usize)
-            .map(|i| decision.active.contains(i))
-            .collect();
-        if new_active.iter().any(|&a| a) && new_active != self.vms[vm_id].active {
+        let new_active = VcpuSet::from_flags((0..n as usize).map(|i| decision.active.contains(i)));
+        if !new_active.is_empty() && new_active != self.vms[vm_id].active {
             self.vms[vm_id].active = new_active.clone();
             for i in 0..n {
-                if !new_active[i as usize] {
+                if !new_active.contains(i as usize) {
                     self.evict(base.offset(i));
                 }
             }
@@ -147,7 +146,7 @@ impl Sim {
     /// vCPU `u` was deactivated: move its workload threads to active vCPUs (a cpuset change
     /// migrates them at once).
     pub(super) fn evict(&mut self, u: VcpuId) {
-        while let Some(t) = self.vcpus[u].runq.pop_front() {
+        while let Some(t) = self.runq_pop(u) {
             self.requeue(t);
         }
         if let Activity::Switching(t) | Activity::Running(t) = self.vcpus[u].act {

@@ -40,11 +40,7 @@ impl Sim {
     }
 
     pub(super) fn vcpu_idle(&self, u: VcpuId) -> bool {
-        let vc = &self.vcpus[u];
-        matches!(
-            vc.act,
-            Activity::Polling | Activity::Retaining | Activity::Idle
-        ) && vc.runq.is_empty()
+        self.run_state(u).idle()
     }
 
     /// Guest wakeup placement: the previous vCPU if idle, else any idle vCPU, else the least
@@ -62,31 +58,44 @@ impl Sim {
         let th = &self.threads[t];
         let vm = &self.vms[th.vm];
         let prev = th.vcpu;
-        if self.allowed_on(t, prev) && self.vcpu_idle(prev) {
+        // `allowed_on` with the thread and its VM looked up once: this runs at every wakeup.
+        let allowed = |u: VcpuId| match th.pin {
+            Some(p) => p == u,
+            None => vm.is_active(u),
+        };
+        if allowed(prev) && self.vcpu_idle(prev) {
             return prev;
         }
-        // (prev + i) % n without a division (both terms < n): this runs at every wakeup.
+        let local = prev.local(vm.base);
+        if th.pin.is_none() {
+            // The walk below, from the VM's sets: the first active idle vCPU after prev (prev
+            // itself is not one), else, none being idle, the first from prev with the least
+            // load there can be, one thread.
+            let next = if local + 1 == vm.n as usize {
+                0
+            } else {
+                local + 1
+            };
+            if let Some(i) = vm
+                .idle
+                .first_common_from(&vm.active, next)
+                .or_else(|| vm.load_one.first_common_from(&vm.active, local))
+            {
+                return vm.base.offset(i as u32);
+            }
+        }
+        // (prev + i) % n without a division (both terms < n).
         let at = |i: u32| {
-            let j = prev.local(vm.base) as u32 + i;
+            let j = local as u32 + i;
             vm.base.offset(if j >= vm.n { j - vm.n } else { j })
         };
-        if let Some(u) = (1..vm.n)
-            .map(at)
-            .find(|&u| self.allowed_on(t, u) && self.vcpu_idle(u))
-        {
+        if let Some(u) = (1..vm.n).map(at).find(|&u| allowed(u) && self.vcpu_idle(u)) {
             return u;
         }
         (0..vm.n)
             .map(at)
-            .filter(|&u| self.allowed_on(t, u))
-            .min_by_key(|&u| {
-                let vc = &self.vcpus[u];
-                vc.runq.len()
-                    + usize::from(matches!(
-                        vc.act,
-                        Activity::Switching(_) | Activity::Running(_)
-                    ))
-            })
+            .filter(|&u| allowed(u))
+            .min_by_key(|&u| self.run_state(u).load())
             .unwrap_or(prev)
     }
 

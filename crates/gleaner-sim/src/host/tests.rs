@@ -37,6 +37,7 @@ fn running(h: &mut Host, v: u32, p: usize, vruntime: u64) {
     h.tree_remove(p, v);
     h.vcpus[v as usize].state = VState::Running(p as u32);
     h.pcpus[p].curr = Some(v);
+    h.sync_rq_load(p);
     h.pcpus[p].last_ran = Some(v);
 }
 
