@@ -92,10 +92,18 @@ def compact_timeline(rows: list[dict]) -> list[dict]:
     field=value: reason". Per-run timelines stay small in the results JSON (events come a few per run),
     yet a run that never consolidated says whether it held instead or what stopped it: the
     suite's timelines of active sets alone could not tell (a ping-pong left unpacked in one
-    of twelve runs on 2026-11-28)."""
+    of twelve runs on 2026-11-28). Also each period's utilization and g_comp, rounded, where
+    the row has them: what the policy's tests judge (a ping-pong's packing undone by one
+    window's g_comp, 2026-11-28 on a `none` guest, showed only in by-hand timelines)."""
     compact = []
     for row in rows:
         kept = {key: row[key] for key in TIMELINE_FIELDS}
+        c = row.get("characteristics")
+        if isinstance(c, dict):
+            if isinstance(c.get("total_util"), (int, float)):
+                kept["util"] = round(c["total_util"], 2)
+            if isinstance(c.get("g_comp_ns"), (int, float)):
+                kept["g_comp_us"] = round(c["g_comp_ns"] / 1e3, 1)
         if row.get("retaining"):
             kept["retaining"] = row["retaining"]
         events = [_event_text(event) for event in row.get("events") or [] if isinstance(event, dict)]

@@ -89,6 +89,7 @@ def test_compact_timeline_keeps_holds_and_events(tmp_path):
         '"kind":"retention-on","cpus":[0,1],"reason":"many idle periods"}],"rho":1.0}\n'
         '{"t_s":0.2,"active":"0","n_active":1,"retaining":[],"events":[{"period":4,"kind":"major-change","reason":"moved"}]}\n'
         '{"t_s":0.3,"active":"0","n_active":1,"retaining":[],"events":[]}\n'
+        '{"t_s":0.4,"active":"0","n_active":1,"characteristics":{"total_util":0.99961,"g_comp_ns":20912.4,"l_comp_ns":5.0}}\n'
     )
     rows = parse.compact_timeline(parse.read_timeline(path))
     assert rows[0] == {
@@ -100,6 +101,7 @@ def test_compact_timeline_keeps_holds_and_events(tmp_path):
     }
     assert rows[1]["events"] == ["major-change: moved"] and "retaining" not in rows[1]
     assert rows[2] == {"t_s": 0.3, "active": "0", "n_active": 1}
+    assert rows[3] == {"t_s": 0.4, "active": "0", "n_active": 1, "util": 1.0, "g_comp_us": 20.9}
 
 
 @pytest.mark.parametrize("content, message", [("not json\n", "not JSON"), ('{"t_s": 1}\n', "expected an object")])
