@@ -613,6 +613,12 @@ impl<'a> Controller<'a> {
                 }
             }
             tracing::debug!(characteristics = ?decision.characteristics, active = %decision.active, "period");
+            // A change of grain seen in one measurement window is acted on only once a fresh
+            // window repeats it (`PeriodSample::rates_from`): measure the next period rather
+            // than carry this window's counts over.
+            if decision.fresh_rates_wanted {
+                self.sampler.measure_next_period();
+            }
             if !self.opts.observe {
                 self.apply(&decision)?;
             }
@@ -847,6 +853,8 @@ impl<'a> Controller<'a> {
                 "events": d.events,
                 "observe": self.opts.observe,
                 "wake_latency": sample.wake_latency,
+                "rates_from": sample.rates_from,
+                "fresh_rates_wanted": d.fresh_rates_wanted,
             });
             self.recorder.send(Record::Timeline(line.to_string()));
         }

@@ -48,7 +48,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use gleaner_policy::{Cpuset, PeriodSample, VcpuSample, WakeLatencies};
+use gleaner_policy::{Cpuset, PeriodSample, RatesFrom, VcpuSample, WakeLatencies};
 
 use crate::bpf::{CpuCounters, IdleSpan, KernelSampler, Unavailable};
 use crate::error::Result;
@@ -788,6 +788,7 @@ impl Sampler {
             progress: None,
             // Switch counts read every few periods under a tight budget are not windows.
             stale_rates: false,
+            rates_from: RatesFrom::Counting,
         }))
     }
 
@@ -1001,15 +1002,18 @@ impl Sampler {
                 }
             }
         }
+        let mut rates_from = RatesFrom::Counting;
         let len_ns = match self.last_window.as_ref().filter(|_| skipped) {
             // No window this period: the last one's rates stand for it, and size the next.
             Some(last) => {
                 work_between(&prev, &snap, &spare, period_ns, &mut vcpus);
                 (switches, crowded_ns, wake) = last.scaled_to(period_ns, total_work(&vcpus), false);
+                rates_from = RatesFrom::EarlierWindow;
                 Window::next_len(last.events, last.covered_ns, period_ns)
             }
             None => {
                 if windowed && !unopened {
+                    rates_from = RatesFrom::ThisWindow;
                     // Counts from a window stand for the whole period; the CPU time is
                     // read whole.
                     self.last_window = Some(WindowCounts {
@@ -1104,6 +1108,7 @@ impl Sampler {
             progress: None,
             // Counts carried over from a window whose pace this period no longer keeps.
             stale_rates: skipped && !rates_still_hold,
+            rates_from,
         }))
     }
 

@@ -98,6 +98,7 @@ mod tests {
             wake_latency: None,
             progress: None,
             stale_rates: false,
+            rates_from: Default::default(),
         };
         let c = characterize(&s, &Cpuset::first_n(3));
         assert_eq!(c.l_comp_ns, 2.0 * t as f64);

@@ -21,6 +21,6 @@ pub use engine::{Decision, EventKind, Gleaner, PolicyEvent, RetentionAction, FOR
 pub use observe::RunSummary;
 pub use retention::RetentionTimeout;
 pub use sample::{
-    progress_signal, Characteristics, LatencyHistogram, PeriodSample, VcpuSample, WakeLatencies,
-    LATENCY_BUCKETS,
+    progress_signal, Characteristics, LatencyHistogram, PeriodSample, RatesFrom, VcpuSample,
+    WakeLatencies, LATENCY_BUCKETS,
 };

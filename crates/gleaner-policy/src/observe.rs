@@ -172,6 +172,7 @@ mod tests {
             rho: 1.0,
             eta: 1.0,
             retention_timeout: crate::RetentionTimeout::default(),
+            fresh_rates_wanted: false,
         }
     }
 

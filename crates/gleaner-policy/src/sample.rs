@@ -71,6 +71,39 @@ pub struct PeriodSample {
     /// consolidating it) in 1 to 4 runs of 10 on the haltpoll guest.
     #[serde(default)]
     pub stale_rates: bool,
+    /// How the switch and wake-up counts were measured: counted over whole periods, or scaled
+    /// up from a window of a few milliseconds (this period's, or an earlier one's). One window
+    /// can be far off where the whole period is not: a window holds a few thousand switches,
+    /// and one run interval in it stretched by the host (a vCPU descheduled for tens of
+    /// milliseconds, which a guest sees as run time where steal is not reported) multiplies
+    /// its g_comp. On the `none` guest of 2026-11-28 single windows of a steady, packed
+    /// ping-pong gave g_comp 10-20x the others', and each undid the packing as a "major
+    /// change" (`results/pingpong-none-2026-11-28/`). The policy acts on a change seen in
+    /// windows only once a second, fresh window shows it too (`Decision::fresh_rates_wanted`).
+    #[serde(default)]
+    pub rates_from: RatesFrom,
+}
+
+/// Where a [`PeriodSample`]'s switch and wake-up counts come from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RatesFrom {
+    /// Counted over the whole period, or over the last few whole periods and averaged (the
+    /// procfs sampler under a tight budget): every switch is in the count. The simulator's.
+    #[default]
+    Counting,
+    /// Counted in a window of this period and scaled up to the whole period.
+    ThisWindow,
+    /// Carried over from an earlier period's window: the same measurement as that period's,
+    /// no new evidence.
+    EarlierWindow,
+}
+
+impl RatesFrom {
+    /// The counts are a window's sample rather than a count of every event.
+    pub fn windowed(self) -> bool {
+        !matches!(self, RatesFrom::Counting)
+    }
 }
 
 /// Number of buckets in a [`LatencyHistogram`]: buckets 0..4 hold 0, 1, 2 and 3 ns; from

@@ -89,6 +89,7 @@ impl Gleaner {
                 // Whatever the verdict, the workload's pace moved because of us: the settled
                 // state against which major changes are detected is measured afresh.
                 self.reference = None;
+                self.grain.reset();
             }
         }
 
@@ -165,6 +166,7 @@ impl Gleaner {
         }
         if !turned_off.is_empty() || !turned_on.is_empty() {
             self.reference = None;
+            self.grain.reset();
         }
         if !turned_off.is_empty() {
             events.push(self.event(EventKind::RetentionOff { cpus: turned_off }, why_off));

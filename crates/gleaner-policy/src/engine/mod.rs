@@ -24,7 +24,9 @@ use crate::judge::{
 use crate::retention::RetentionTimeout;
 use crate::sample::{progress_signal, Characteristics, PeriodSample, VcpuSample, WakeLatencies};
 
+mod grain;
 mod hold;
+use grain::{GrainTrack, GrainVerdict};
 use hold::{hold_hit_ratio, min_idle_rate};
 
 /// What to do with one vCPU's idle time.
@@ -78,6 +80,11 @@ pub struct Decision {
     pub eta: f64,
     /// The hold in force after adapting to steal.
     pub retention_timeout: RetentionTimeout,
+    /// The next period's switch counts should be measured afresh rather than carried over
+    /// from an earlier window (`PeriodSample::rates_from`): the policy is building its
+    /// reference grain from windows, or one window showed a change the next must confirm.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fresh_rates_wanted: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -134,6 +141,13 @@ pub struct Gleaner {
     judging: Option<Deactivation>,
     /// Characteristics of the settled state, against which major changes are detected.
     reference: Option<Characteristics>,
+    /// The grain measured in windows since the configuration last changed: the reference
+    /// g_comp where switch counts come from windows (`grain`).
+    grain: GrainTrack,
+    /// This period's grain verdict asks for a fresh window next period.
+    fresh_rates_wanted: bool,
+    /// This period a window showed the grain moved, unconfirmed: nothing starts on it.
+    grain_suspect: bool,
     vcpus: Vec<(usize, VcpuState)>,
     trial: Option<RetentionTrial>,
     /// Retention may not be tried again before this period (exponential back-off).
@@ -202,6 +216,9 @@ impl Gleaner {
             deactivated: Vec::new(),
             judging: None,
             reference: None,
+            grain: GrainTrack::default(),
+            fresh_rates_wanted: false,
+            grain_suspect: false,
             vcpus,
             trial: None,
             retention_blocked_until: 0,
@@ -362,6 +379,8 @@ impl Gleaner {
     pub fn step(&mut self, sample: &PeriodSample) -> Decision {
         self.period += 1;
         self.consolidation_waits = false;
+        self.fresh_rates_wanted = false;
+        self.grain_suspect = false;
         let measured = characterize(sample, &self.active);
         self.workload_idle = measured.total_util < self.cfg.idle_util;
         // Changes are judged by progress: the application's own count where it gives one.
@@ -430,7 +449,7 @@ impl Gleaner {
                 return self.decision(measured, retention, events, FOREVER_NS);
             }
             Mode::Full | Mode::Consolidation => {
-                let undone = self.watch_trial(&c, judged, &mut events);
+                let undone = self.watch_trial(sample, &c, judged, &mut events);
                 if !settling && !undone {
                     straddles_change = self.consolidation_step(sample, &c, &mut events);
                 }
@@ -443,7 +462,7 @@ impl Gleaner {
                 sample,
                 &c,
                 timeout,
-                settling || straddles_change,
+                settling || straddles_change || self.grain_suspect,
                 &mut events,
             ),
             _ => self
@@ -486,6 +505,7 @@ impl Gleaner {
             rho: self.rho,
             eta: self.eta,
             retention_timeout: RetentionTimeout { ns: timeout_ns },
+            fresh_rates_wanted: self.fresh_rates_wanted,
         }
     }
 
@@ -622,9 +642,10 @@ impl Gleaner {
             return false;
         }
         if let Some(r) = self.reference {
-            if let Some(reason) = self.major_change(&r, c) {
+            if let Some(reason) = self.major_change(sample, &r, c) {
                 let consolidated = self.active != self.allowed;
                 self.reference = None;
+                self.grain.reset();
                 // A different workload: what failed before may pay now.
                 self.consolidation_backoff = CONSOLIDATION_BACKOFF_START;
                 self.consolidation_blocked_until = 0;
@@ -654,7 +675,8 @@ impl Gleaner {
             self.reference = Some(*c);
         }
         // One kind of change at a time: a retention trial in progress would confound the judge.
-        if self.trial.is_some() {
+        // Nor does one start while a window's change of grain awaits its confirmation.
+        if self.trial.is_some() || self.grain_suspect {
             return false;
         }
         self.try_deactivate(sample, c, events);
@@ -669,6 +691,7 @@ impl Gleaner {
     /// ended.
     fn watch_trial(
         &mut self,
+        sample: &PeriodSample,
         c: &Characteristics,
         judged: Measured,
         events: &mut Vec<PolicyEvent>,
@@ -676,35 +699,42 @@ impl Gleaner {
         if self.is_idle() {
             return false;
         }
-        let Some(d) = self.judging.as_mut() else {
+        let before_g = {
+            let Some(d) = self.judging.as_mut() else {
+                return false;
+            };
+            d.since.push(judged);
+            *d.grain_after.get_or_insert(c.g_comp_ns)
+        };
+        let moved = if sample.rates_from.windowed() {
+            self.grain_moved(sample, c)
+        } else {
+            grain_beyond(before_g, c.g_comp_ns, self.cfg.major_gcomp_factor)
+        };
+        if let Some((before_g, now_g)) = moved {
+            self.judging = None;
+            self.grain.reset();
+            self.verdict = Verdict::default();
+            self.active = self.allowed.clone();
+            self.deactivated.clear();
+            self.settle = self.cfg.settle_periods;
+            self.reference = None;
+            self.consolidation_backoff = CONSOLIDATION_BACKOFF_START;
+            self.consolidation_blocked_until = 0;
+            events.push(self.event(
+                EventKind::MajorChange,
+                format!(
+                    "g_comp changed {:.1}x ({} -> {}) while a consolidation was on trial: the workload changed, so the trial proves nothing; reactivating all vCPUs",
+                    now_g / before_g,
+                    us(before_g),
+                    us(now_g)
+                ),
+            ));
+            return true;
+        }
+        let Some(d) = self.judging.as_ref() else {
             return false;
         };
-        d.since.push(judged);
-        let before_g = *d.grain_after.get_or_insert(c.g_comp_ns);
-        let now_g = c.g_comp_ns;
-        if before_g > 0.0 && now_g > 0.0 {
-            let f = now_g / before_g;
-            if f > self.cfg.major_gcomp_factor || f < 1.0 / self.cfg.major_gcomp_factor {
-                self.judging = None;
-                self.verdict = Verdict::default();
-                self.active = self.allowed.clone();
-                self.deactivated.clear();
-                self.settle = self.cfg.settle_periods;
-                self.reference = None;
-                self.consolidation_backoff = CONSOLIDATION_BACKOFF_START;
-                self.consolidation_blocked_until = 0;
-                events.push(self.event(
-                    EventKind::MajorChange,
-                    format!(
-                        "g_comp changed {:.1}x ({} -> {}) while a consolidation was on trial: the workload changed, so the trial proves nothing; reactivating all vCPUs",
-                        f,
-                        us(before_g),
-                        us(now_g)
-                    ),
-                ));
-                return true;
-            }
-        }
         // With one period before the change, the test takes the noise from the periods after
         // it alone (`clear_drop`); the settling periods counted here may still be moving, so
         // only the judging window's verdict (`significant_drop`) applies it.
@@ -739,6 +769,7 @@ impl Gleaner {
         let b = &d.before;
         self.settle = self.cfg.settle_periods;
         self.reference = None;
+        self.grain.reset();
         self.consolidation_blocked_until = self.period + u64::from(self.consolidation_backoff);
         self.consolidation_backoff =
             (self.consolidation_backoff * 2).min(self.cfg.max_backoff_periods.max(1));
@@ -800,7 +831,12 @@ impl Gleaner {
         ));
     }
 
-    fn major_change(&self, r: &Characteristics, c: &Characteristics) -> Option<String> {
+    fn major_change(
+        &mut self,
+        sample: &PeriodSample,
+        r: &Characteristics,
+        c: &Characteristics,
+    ) -> Option<String> {
         let now = self.util_now(c);
         let util_change = (now - r.total_util).abs() / r.total_util.max(self.cfg.idle_util);
         if util_change > self.cfg.major_util_change.max(2.0 * self.noise()) {
@@ -822,18 +858,51 @@ impl Gleaner {
                 c.max_vcpu_util * 100.0
             ));
         }
-        if r.g_comp_ns > 0.0 && c.g_comp_ns > 0.0 {
-            let f = c.g_comp_ns / r.g_comp_ns;
-            if f > self.cfg.major_gcomp_factor || f < 1.0 / self.cfg.major_gcomp_factor {
-                return Some(format!(
-                    "g_comp changed {:.1}x ({} -> {})",
-                    f,
-                    us(r.g_comp_ns),
-                    us(c.g_comp_ns)
-                ));
+        let moved = if sample.rates_from.windowed() {
+            self.grain_moved(sample, c)
+        } else {
+            grain_beyond(r.g_comp_ns, c.g_comp_ns, self.cfg.major_gcomp_factor)
+        };
+        moved.map(|(from, to)| {
+            let windows = if sample.rates_from.windowed() {
+                " (two fresh windows against the median of the ones before)"
+            } else {
+                ""
+            };
+            format!(
+                "g_comp changed {:.1}x ({} -> {}){windows}",
+                to / from,
+                us(from),
+                us(to)
+            )
+        })
+    }
+
+    /// The grain test where switch counts come from windows (`grain`): `(from, to)` once two
+    /// fresh windows confirm a move. While the workload is consolidated (or on trial), where a
+    /// false move would undo the packing, it asks for the fresh windows it needs and keeps
+    /// anything else from starting while a suspicion stands. With every vCPU active a move
+    /// only keeps a change from starting on the period that shows it, so the windows the
+    /// sampler takes anyway (one period in ten) serve, and a window every period (observing,
+    /// or a workload the policy leaves alone) would cost the sampler ten times its events.
+    fn grain_moved(&mut self, sample: &PeriodSample, c: &Characteristics) -> Option<(f64, f64)> {
+        let consolidated = self.active != self.allowed;
+        match self
+            .grain
+            .observe(c.g_comp_ns, sample.rates_from, self.cfg.major_gcomp_factor)
+        {
+            GrainVerdict::Steady => None,
+            GrainVerdict::Building => {
+                self.fresh_rates_wanted |= consolidated;
+                None
             }
+            GrainVerdict::Suspect => {
+                self.fresh_rates_wanted |= consolidated;
+                self.grain_suspect |= consolidated;
+                None
+            }
+            GrainVerdict::Moved { from_ns, to_ns } => Some((from_ns, to_ns)),
         }
-        None
     }
 
     /// Whether a trial started now is worth what the judge could miss (its blind spot): a
@@ -924,6 +993,7 @@ impl Gleaner {
         };
         self.deactivated.push(d.clone());
         self.judging = Some(d);
+        self.grain.reset();
         self.verdict = Verdict::default();
         self.settle = self.cfg.settle_periods;
         for &cpu in &victims[1..] {
@@ -950,6 +1020,18 @@ impl Gleaner {
             ),
         ));
     }
+}
+
+/// `(before, now)` where g_comp moved by more than `factor` either way between two periods
+/// whose every switch was counted.
+fn grain_beyond(before_ns: f64, now_ns: f64, factor: f64) -> Option<(f64, f64)> {
+    if before_ns > 0.0 && now_ns > 0.0 {
+        let f = now_ns / before_ns;
+        if f > factor || f < 1.0 / factor {
+            return Some((before_ns, now_ns));
+        }
+    }
+    None
 }
 
 fn least_busy(vcpus: &[VcpuSample], active: &Cpuset) -> Option<usize> {

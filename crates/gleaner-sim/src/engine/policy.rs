@@ -87,6 +87,7 @@ impl Sim {
                 .then_some((vm.work_done_ns - vm.last_work_done_ns) / 1_000),
             // The simulator counts every event of every period: nothing is carried over.
             stale_rates: false,
+            rates_from: gleaner_policy::RatesFrom::Counting,
         };
         let vm = &mut self.vms[vm_id];
         vm.period_wake = WakeLatencies::default();
