@@ -442,6 +442,46 @@ fn one_window_s_change_of_grain_waits_for_a_fresh_window() {
     assert_eq!(d.active, all);
 }
 
+/// The none guest, 2026-11-28 (run 4 of `fresh-window.sh`): after the packing the windows of
+/// the settling periods read g_comp 4.3 and 2.3 us, the threads still moving, and then 1.3,
+/// 1.1 us steady. Built from the settling windows, the reference (2.3 us) took the steady
+/// 1.1 us for a move and asked for three more windows, each stretching the periods.
+#[test]
+fn settling_windows_do_not_make_the_reference() {
+    let cfg = PolicyConfig {
+        mode: Mode::Consolidation,
+        settle_periods: 2,
+        warmup_periods: 0,
+        ..Default::default()
+    };
+    let mut g = Gleaner::new(cfg, Cpuset::first_n(3)).unwrap();
+    let d = g.step(&from_window(
+        sample(&Cpuset::first_n(3), 3, 2 * T, T, T, 10),
+        RatesFrom::ThisWindow,
+    ));
+    let packed = d.active.clone();
+    assert_eq!(packed.len(), 2, "{:?}", d.events);
+    let grains = [4.3, 2.3, 1.3, 1.1, 1.2, 1.1, 1.3, 1.1, 1.2];
+    let mut asked = 0;
+    for (i, x) in grains.iter().enumerate() {
+        let grain = (x * T as f64 / 1.3) as u64;
+        let d = g.step(&from_window(
+            spread(&packed, 3, 2 * T, T, grain, 10),
+            RatesFrom::ThisWindow,
+        ));
+        assert_eq!(
+            major_changes(std::slice::from_ref(&d)),
+            0,
+            "period {i}: {:?}",
+            d.events
+        );
+        assert_eq!(d.active, packed, "period {i}");
+        asked += usize::from(d.fresh_rates_wanted);
+    }
+    // Two windows to complete the reference after the first judged one, no suspicion.
+    assert_eq!(asked, 2);
+}
+
 /// Fresh windows cost the sampler its events every period instead of one in ten: they are
 /// asked for only while a consolidation stands or is on trial. Observing (`forget_changes`
 /// every period) asked for one every period, and the own-CPU budget stretched the periods
