@@ -135,7 +135,9 @@ fn side_of(ratio: f64, factor: f64) -> i8 {
 
 #[cfg(test)]
 mod tests {
+    use super::GrainVerdict::*;
     use super::*;
+    use RatesFrom::{EarlierWindow, ThisWindow};
 
     fn feed(t: &mut GrainTrack, gs: &[f64]) -> Vec<GrainVerdict> {
         gs.iter()
@@ -149,7 +151,6 @@ mod tests {
         // one of 20.9 us with utilization unchanged; the next window is back at 1.9.
         let mut t = GrainTrack::default();
         let v = feed(&mut t, &[1.9e3, 1.8e3, 2.0e3, 20.9e3, 1.9e3, 1.85e3]);
-        use GrainVerdict::*;
         assert_eq!(v[..3], [Building, Building, Steady]);
         assert_eq!(v[3], Suspect);
         assert_eq!(v[4..], [Steady, Steady]);
@@ -169,45 +170,45 @@ mod tests {
         assert_eq!(t.reference_ns(), Some(1.9e3));
     }
 
-    #[test]
-    fn a_change_two_windows_show_is_a_change() {
-        let mut t = GrainTrack::default();
-        feed(&mut t, &[2.0e3, 2.1e3, 1.9e3]);
-        assert_eq!(
-            t.observe(30e3, RatesFrom::ThisWindow, 2.0),
-            GrainVerdict::Suspect
-        );
-        // A carried-over period repeats the suspect window: not a confirmation.
-        assert_eq!(
-            t.observe(30e3, RatesFrom::EarlierWindow, 2.0),
-            GrainVerdict::Suspect
-        );
-        assert_eq!(
-            t.observe(25e3, RatesFrom::ThisWindow, 2.0),
-            GrainVerdict::Moved {
-                from_ns: 2.0e3,
-                to_ns: 25e3
-            }
-        );
+    /// One period's g_comp and where its counts came from.
+    type Window = (f64, RatesFrom);
+
+    /// The verdicts on windows of g_comp `g` from `from`, in order, with the factor 2.
+    fn verdicts(t: &mut GrainTrack, windows: &[Window]) -> Vec<GrainVerdict> {
+        windows
+            .iter()
+            .map(|&(g, from)| t.observe(g, from, 2.0))
+            .collect()
     }
 
+    /// After three windows at about 2 us: a change two fresh windows show on one side is a
+    /// change; a carried-over period repeats the suspect window and confirms nothing; windows
+    /// on opposite sides confirm nothing either.
     #[test]
-    fn windows_on_opposite_sides_confirm_nothing() {
-        let mut t = GrainTrack::default();
-        feed(&mut t, &[2.0e3, 2.0e3, 2.0e3]);
-        assert_eq!(
-            t.observe(9e3, RatesFrom::ThisWindow, 2.0),
-            GrainVerdict::Suspect
-        );
-        // Below instead of above: a new suspicion, not a confirmation.
-        assert_eq!(
-            t.observe(0.5e3, RatesFrom::ThisWindow, 2.0),
-            GrainVerdict::Suspect
-        );
-        assert_eq!(
-            t.observe(2.0e3, RatesFrom::ThisWindow, 2.0),
-            GrainVerdict::Steady
-        );
+    fn only_two_fresh_windows_on_one_side_make_a_change() {
+        let moved = Moved {
+            from_ns: 2.0e3,
+            to_ns: 25e3,
+        };
+        let cases: [(&[Window], &[GrainVerdict]); 2] = [
+            (
+                &[
+                    (30e3, ThisWindow),
+                    (30e3, EarlierWindow),
+                    (25e3, ThisWindow),
+                ],
+                &[Suspect, Suspect, moved],
+            ),
+            (
+                &[(9e3, ThisWindow), (0.5e3, ThisWindow), (2.0e3, ThisWindow)],
+                &[Suspect, Suspect, Steady],
+            ),
+        ];
+        for (windows, expected) in cases {
+            let mut t = GrainTrack::default();
+            feed(&mut t, &[2.0e3, 2.1e3, 1.9e3]);
+            assert_eq!(verdicts(&mut t, windows), expected, "{windows:?}");
+        }
     }
 
     #[test]
