@@ -9,9 +9,11 @@
 //! of 2026-11-28 single windows of a steady, packed ping-pong read 2-20x the others and undid
 //! the packing in 11 of 28 runs (`results/pingpong-none-2026-11-28/`). So for windows the
 //! reference is the median of the windows measured since the configuration last changed (at
-//! least [`MIN_WINDOWS`] of them, asked for period by period until there), and a window
+//! least [`MIN_WINDOWS`] of them; the settling periods' windows left out), and a window
 //! beyond the factor is a suspicion that the next fresh window must repeat, on the same
-//! side, before the grain counts as moved.
+//! side, before the grain counts as moved. While a consolidation stands the policy asks the
+//! sampler for the windows this needs (`Decision::fresh_rates_wanted`); otherwise the windows
+//! the sampler takes anyway serve.
 
 use std::collections::VecDeque;
 

@@ -81,8 +81,9 @@ pub struct Decision {
     /// The hold in force after adapting to steal.
     pub retention_timeout: RetentionTimeout,
     /// The next period's switch counts should be measured afresh rather than carried over
-    /// from an earlier window (`PeriodSample::rates_from`): the policy is building its
-    /// reference grain from windows, or one window showed a change the next must confirm.
+    /// from an earlier window (`PeriodSample::rates_from`): a consolidation stands and the
+    /// policy is building its reference grain from windows, or one window showed a change the
+    /// next must confirm. Never set where the counts are counted, not windowed.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub fresh_rates_wanted: bool,
 }
