@@ -482,6 +482,51 @@ fn settling_windows_do_not_make_the_reference() {
     assert_eq!(asked, 2);
 }
 
+/// The none guest, 2026-11-28 (`results/daemon-2026-11-28-223322.json`, run 49): after the
+/// settling periods the first two windows of the packed ping-pong read 16.1 and 8.2 us, the
+/// rest 1.3-1.8 us. The median of the first three (8.2 us) was taken for the reference, and
+/// the steady windows after it for a move down that undid the packing (in 3 runs of 16).
+#[test]
+fn a_reference_needs_its_windows_to_agree() {
+    let cfg = PolicyConfig {
+        mode: Mode::Consolidation,
+        settle_periods: 2,
+        warmup_periods: 0,
+        ..Default::default()
+    };
+    let mut g = Gleaner::new(cfg, Cpuset::first_n(3)).unwrap();
+    let d = g.step(&from_window(
+        sample(&Cpuset::first_n(3), 3, 2 * T, T, T, 10),
+        RatesFrom::ThisWindow,
+    ));
+    let packed = d.active.clone();
+    assert_eq!(packed.len(), 2, "{:?}", d.events);
+    let grains = [1.8, 1.8, 16.1, 8.2, 1.7, 1.7, 1.3, 1.4, 1.7, 1.8, 1.6];
+    let mut asked = Vec::new();
+    for (i, x) in grains.iter().enumerate() {
+        let grain = (x * T as f64 / 1.7) as u64;
+        let d = g.step(&from_window(
+            spread(&packed, 3, 2 * T, T, grain, 10),
+            RatesFrom::ThisWindow,
+        ));
+        assert_eq!(
+            major_changes(std::slice::from_ref(&d)),
+            0,
+            "period {i}: {:?}",
+            d.events
+        );
+        assert_eq!(d.active, packed, "period {i}");
+        asked.push(d.fresh_rates_wanted);
+    }
+    // Windows are asked for until three agree (1.7, 1.7, 1.3: the fifth judged window), then
+    // no more.
+    assert_eq!(
+        asked[2..],
+        [true, true, true, true, false, false, false, false, false],
+        "{asked:?}"
+    );
+}
+
 /// Fresh windows cost the sampler its events every period instead of one in ten: they are
 /// asked for only while a consolidation stands or is on trial. Observing (`forget_changes`
 /// every period) asked for one every period, and the own-CPU budget stretched the periods

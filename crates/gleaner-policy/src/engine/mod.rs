@@ -899,7 +899,7 @@ impl Gleaner {
             .grain
             .observe(c.g_comp_ns, sample.rates_from, self.cfg.major_gcomp_factor)
         {
-            GrainVerdict::Steady => None,
+            GrainVerdict::Steady | GrainVerdict::Scattered => None,
             GrainVerdict::Building => {
                 self.fresh_rates_wanted |= consolidated;
                 None
