@@ -572,6 +572,11 @@ impl Sampler {
                 return;
             }
             k.open_window(now, None);
+            tracing::trace!(
+                len_ns = len,
+                opening_ns = gleaner_sys::clock::monotonic_ns().saturating_sub(now),
+                "window opened"
+            );
         }
         self.window = Window {
             start_ns: now,
@@ -1014,6 +1019,16 @@ impl Sampler {
             None => {
                 if windowed && !unopened {
                     rates_from = RatesFrom::ThisWindow;
+                    tracing::trace!(
+                        covered_ns,
+                        events,
+                        switches,
+                        work_ns = total_work(&vcpus),
+                        cut = cut.map(|c| c.saturating_sub(self.window.start_ns)),
+                        len_ns = self.window.len_ns,
+                        period_ns,
+                        "window"
+                    );
                     // Counts from a window stand for the whole period; the CPU time is
                     // read whole.
                     self.last_window = Some(WindowCounts {
@@ -1033,6 +1048,14 @@ impl Sampler {
                         .map_or_else(Default::default, |w| {
                             w.scaled_to(period_ns, period_work, true)
                         });
+                } else if !unopened {
+                    // The programs counted the whole period (its events fit the budget). Every
+                    // switch is in the count, but the count is still one window's: a
+                    // stretch where the vCPU ran slowly fills a quiet workload's 25 ms period
+                    // as it fills a short window (g_comp 20.6 us against 1.8 in a packed
+                    // ping-pong on the none guest, `daemon-2026-11-28-231357`, run 9), and the
+                    // policy judges windows' grain over more than one of them.
+                    rates_from = RatesFrom::ThisWindow;
                 }
                 Window::next_len(events, covered_ns, period_ns)
             }

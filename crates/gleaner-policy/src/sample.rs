@@ -92,7 +92,8 @@ pub enum RatesFrom {
     /// procfs sampler under a tight budget): every switch is in the count. The simulator's.
     #[default]
     Counting,
-    /// Counted in a window of this period and scaled up to the whole period.
+    /// Counted in a window of this period (the BPF sampler's: a part of the period scaled up
+    /// to the whole, or all of it where its events fit the window's budget).
     ThisWindow,
     /// Carried over from an earlier period's window: the same measurement as that period's,
     /// no new evidence.

@@ -895,10 +895,12 @@ impl Gleaner {
     /// or a workload the policy leaves alone) would cost the sampler ten times its events.
     fn grain_moved(&mut self, sample: &PeriodSample, c: &Characteristics) -> Option<(f64, f64)> {
         let consolidated = self.active != self.allowed;
-        match self
-            .grain
-            .observe(c.g_comp_ns, sample.rates_from, self.cfg.major_gcomp_factor)
-        {
+        match self.grain.observe(
+            c.g_comp_ns,
+            sample.rates_from,
+            self.cfg.major_gcomp_factor,
+            sample.period_ns,
+        ) {
             GrainVerdict::Steady | GrainVerdict::Scattered => None,
             GrainVerdict::Building => {
                 self.fresh_rates_wanted |= consolidated;
