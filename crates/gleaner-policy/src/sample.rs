@@ -71,15 +71,15 @@ pub struct PeriodSample {
     /// consolidating it) in 1 to 4 runs of 10 on the haltpoll guest.
     #[serde(default)]
     pub stale_rates: bool,
-    /// How the switch and wake-up counts were measured: counted over whole periods, or scaled
-    /// up from a window of a few milliseconds (this period's, or an earlier one's). One window
-    /// can be far off where the whole period is not: a window holds a few thousand switches,
-    /// and one run interval in it stretched by the host (a vCPU descheduled for tens of
-    /// milliseconds, which a guest sees as run time where steal is not reported) multiplies
-    /// its g_comp. On the `none` guest of 2026-11-28 single windows of a steady, packed
-    /// ping-pong gave g_comp 10-20x the others', and each undid the packing as a "major
-    /// change" (`results/pingpong-none-2026-11-28/`). The policy acts on a change seen in
-    /// windows only once a second, fresh window shows it too (`Decision::fresh_rates_wanted`).
+    /// How the switch and wake-up counts were measured: counted over whole periods, or in a
+    /// window (a few milliseconds scaled up, or a whole period where its events fit the BPF
+    /// sampler's budget; this period's, or an earlier one's). A window can be far off: one
+    /// that holds a stretch where the vCPU ran slowly counts that stretch as run time between
+    /// few switches. On the `none` guest of 2026-11-28 windows of a steady, packed ping-pong
+    /// gave g_comp 2-20x the others', alone or two or three in a row, and undid the packing
+    /// as a "major change" (`results/pingpong-none-2026-11-28/`). The policy acts on a change
+    /// seen in windows only once fresh windows show it for a while
+    /// (`Decision::fresh_rates_wanted`; `engine/grain.rs`).
     #[serde(default)]
     pub rates_from: RatesFrom,
 }

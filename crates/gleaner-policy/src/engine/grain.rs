@@ -13,9 +13,10 @@
 //! a reference was built from were off (3 of 16 runs). So for windows:
 //! - the reference is the median of the fresh windows since the configuration last changed
 //!   (the settling periods' windows left out), once at least [`MIN_WINDOWS`] of them lie
-//!   within the factor of it;
+//!   close to it;
 //! - a window beyond the factor is a suspicion, and the grain counts as moved only when the
-//!   fresh windows after it stay beyond, on the same side, for [`CONFIRM_SPAN_NS`].
+//!   fresh windows after it (at least [`CONFIRMING_WINDOWS`]) stay beyond, on the same side,
+//!   for [`CONFIRM_SPAN_NS`].
 //!
 //! While a consolidation stands the policy asks the sampler for the windows this needs
 //! (`Decision::fresh_rates_wanted`) and starts nothing while a suspicion stands; otherwise
@@ -25,9 +26,13 @@ use std::collections::VecDeque;
 
 use crate::sample::RatesFrom;
 
-/// Windows that must lie within the factor of the median before it is the reference: with
-/// three, one outlier (the very window a reference period happened to carry) cannot be the
-/// median, and two outliers next to one steady window make no reference at all.
+/// Windows that must lie close to their median (within the square root of the factor, so
+/// that windows the test would call steady on both sides of a reference do not make one)
+/// before it is the reference: with three, one outlier (the very window a reference period
+/// happened to carry) cannot be the median, and two outliers next to one steady window make
+/// no reference at all. Within the whole factor, 2.8, 1.8 and 4.6 us made a reference that
+/// the packed ping-pong's steady 1.2-1.3 us windows then left (`daemon-2026-11-28-233654`,
+/// run 5).
 pub(super) const MIN_WINDOWS: usize = 3;
 
 /// The most recent windows kept: a reference that follows a slow drift of the workload, as a
@@ -43,6 +48,11 @@ const MAX_WINDOWS: usize = 9;
 /// the first 0.3 s; a move of the workload's own grain lasts. With 0.1 s periods this is a
 /// suspicion and three more fresh windows.
 pub(super) const CONFIRM_SPAN_NS: u64 = 300_000_000;
+
+/// Fresh windows after the suspect one that must confirm it, however long the periods: one
+/// window after a period stretched to 0.5 s (the own-CPU budget stretches them) was the whole
+/// evidence of a false move on the same guest (`daemon-2026-11-28-233654`, run 5).
+const CONFIRMING_WINDOWS: u32 = 2;
 
 /// What one period's g_comp says about the grain.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -70,6 +80,8 @@ struct Suspicion {
     side: i8,
     /// Time since the suspect window's period ended.
     since_ns: u64,
+    /// Fresh windows since, all on the same side.
+    confirming: u32,
 }
 
 /// The fresh windows' g_comp since the configuration last changed, and a suspicion awaiting
@@ -89,7 +101,7 @@ impl GrainTrack {
     }
 
     /// The reference grain: the median of the windows kept, once at least [`MIN_WINDOWS`] of
-    /// them lie within `factor` of it (the windows a test against it would call steady).
+    /// them lie within the square root of `factor` of it.
     pub(super) fn reference_ns(&self, factor: f64) -> Option<f64> {
         if self.windows.len() < MIN_WINDOWS {
             return None;
@@ -104,7 +116,7 @@ impl GrainTrack {
         };
         let agreeing = xs
             .iter()
-            .filter(|&&x| side_of(x / median, factor) == 0)
+            .filter(|&&x| side_of(x / median, factor.sqrt()) == 0)
             .count();
         (agreeing >= MIN_WINDOWS).then_some(median)
     }
@@ -154,19 +166,26 @@ impl GrainTrack {
             self.push(g_comp_ns);
             return GrainVerdict::Steady;
         }
-        match self.suspect {
-            Some(s) if s.side == side && s.since_ns >= CONFIRM_SPAN_NS => {
-                self.suspect = None;
-                GrainVerdict::Moved {
-                    from_ns: reference,
-                    to_ns: g_comp_ns,
+        match self.suspect.as_mut() {
+            Some(s) if s.side == side => {
+                s.confirming += 1;
+                if s.since_ns >= CONFIRM_SPAN_NS && s.confirming >= CONFIRMING_WINDOWS {
+                    self.suspect = None;
+                    GrainVerdict::Moved {
+                        from_ns: reference,
+                        to_ns: g_comp_ns,
+                    }
+                } else {
+                    // Not yet for long enough: the suspicion stands, from its first window.
+                    GrainVerdict::Suspect
                 }
             }
-            // The same side, not yet for long enough: the suspicion stands, from its first
-            // window.
-            Some(s) if s.side == side => GrainVerdict::Suspect,
             _ => {
-                self.suspect = Some(Suspicion { side, since_ns: 0 });
+                self.suspect = Some(Suspicion {
+                    side,
+                    since_ns: 0,
+                    confirming: 0,
+                });
                 GrainVerdict::Suspect
             }
         }
@@ -310,6 +329,28 @@ mod tests {
         assert!(v.iter().all(|x| !matches!(x, Moved { .. })), "{v:?}");
         assert_eq!(v[6], Steady, "{v:?}");
         assert_eq!(t.reference_ns(2.0), Some(1.7e3));
+        // `daemon-2026-11-28-233654`, run 5: 2.8, 1.8 and 4.6 us, then the steady 1.2-1.3.
+        let mut t = GrainTrack::default();
+        let v = feed(&mut t, &[2.8e3, 1.8e3, 4.6e3, 1.3e3, 1.2e3, 1.3e3, 1.2e3]);
+        assert_eq!(v[..5], [Building; 5], "{v:?}");
+        assert_eq!(v[5..], [Steady; 2], "{v:?}");
+    }
+
+    /// One window after a period stretched past the span is one window of evidence: it takes
+    /// a second.
+    #[test]
+    fn a_long_period_does_not_stand_for_windows() {
+        let mut t = GrainTrack::default();
+        feed(&mut t, &[2.8e3, 2.6e3, 3.0e3]);
+        assert_eq!(t.observe(1.3e3, ThisWindow, 2.0, 100_000_000), Suspect);
+        assert_eq!(t.observe(1.2e3, ThisWindow, 2.0, 525_000_000), Suspect);
+        assert_eq!(
+            t.observe(1.2e3, ThisWindow, 2.0, 100_000_000),
+            Moved {
+                from_ns: 2.8e3,
+                to_ns: 1.2e3
+            }
+        );
     }
 
     /// Windows that never agree stop asking for more once as many as are kept disagree, and

@@ -873,7 +873,7 @@ impl Gleaner {
         };
         moved.map(|(from, to)| {
             let windows = if sample.rates_from.windowed() {
-                " (two fresh windows against the median of the ones before)"
+                " (fresh windows for 0.3 s against the median of earlier ones)"
             } else {
                 ""
             };
@@ -886,7 +886,7 @@ impl Gleaner {
         })
     }
 
-    /// The grain test where switch counts come from windows (`grain`): `(from, to)` once two
+    /// The grain test where switch counts come from windows (`grain`): `(from, to)` once
     /// fresh windows confirm a move. While the workload is consolidated (or on trial), where a
     /// false move would undo the packing, it asks for the fresh windows it needs and keeps
     /// anything else from starting while a suspicion stands. With every vCPU active a move
