@@ -65,8 +65,8 @@ pub(super) enum GrainVerdict {
     /// called, and fresh windows would only cost the sampler its events. The windows the
     /// sampler takes anyway keep coming and may yet agree.
     Scattered,
-    /// A window lay beyond the factor: the next fresh window decides, and nothing starts until
-    /// then.
+    /// A window lay beyond the factor: the fresh windows over the next [`CONFIRM_SPAN_NS`]
+    /// decide, and nothing starts until then.
     Suspect,
     /// Fresh windows lay beyond the factor on the same side of the reference, none within
     /// it, for [`CONFIRM_SPAN_NS`].
