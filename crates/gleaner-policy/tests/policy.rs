@@ -488,12 +488,11 @@ fn a_slow_stretch_of_windows_is_not_a_change_of_grain() {
     }
 }
 
-/// The none guest, 2026-11-28 (run 4 of `fresh-window.sh`): after the packing the windows of
-/// the settling periods read g_comp 4.3 and 2.3 us, the threads still moving, and then 1.3,
-/// 1.1 us steady. Built from the settling windows, the reference (2.3 us) took the steady
-/// 1.1 us for a move and asked for three more windows, each stretching the periods.
-#[test]
-fn settling_windows_do_not_make_the_reference() {
+/// A 3-vCPU workload packed onto 2 at once (two settling periods), then one period per
+/// entry of `grains_us`, each a fresh window whose g_comp is that many microseconds (the
+/// packing's own grain scaled to `packed_us`). Asserts that no period makes a major change
+/// or leaves the packing, and returns which periods asked for a fresh window next.
+fn packed_windows(grains_us: &[f64], packed_us: f64) -> Vec<bool> {
     let cfg = PolicyConfig {
         mode: Mode::Consolidation,
         settle_periods: 2,
@@ -507,50 +506,9 @@ fn settling_windows_do_not_make_the_reference() {
     ));
     let packed = d.active.clone();
     assert_eq!(packed.len(), 2, "{:?}", d.events);
-    let grains = [4.3, 2.3, 1.3, 1.1, 1.2, 1.1, 1.3, 1.1, 1.2];
-    let mut asked = 0;
-    for (i, x) in grains.iter().enumerate() {
-        let grain = (x * T as f64 / 1.3) as u64;
-        let d = g.step(&from_window(
-            spread(&packed, 3, 2 * T, T, grain, 10),
-            RatesFrom::ThisWindow,
-        ));
-        assert_eq!(
-            major_changes(std::slice::from_ref(&d)),
-            0,
-            "period {i}: {:?}",
-            d.events
-        );
-        assert_eq!(d.active, packed, "period {i}");
-        asked += usize::from(d.fresh_rates_wanted);
-    }
-    // Two windows to complete the reference after the first judged one, no suspicion.
-    assert_eq!(asked, 2);
-}
-
-/// The none guest, 2026-11-28 (`results/daemon-2026-11-28-223322.json`, run 49): after the
-/// settling periods the first two windows of the packed ping-pong read 16.1 and 8.2 us, the
-/// rest 1.3-1.8 us. The median of the first three (8.2 us) was taken for the reference, and
-/// the steady windows after it for a move down that undid the packing (in 3 runs of 16).
-#[test]
-fn a_reference_needs_its_windows_to_agree() {
-    let cfg = PolicyConfig {
-        mode: Mode::Consolidation,
-        settle_periods: 2,
-        warmup_periods: 0,
-        ..Default::default()
-    };
-    let mut g = Gleaner::new(cfg, Cpuset::first_n(3)).unwrap();
-    let d = g.step(&from_window(
-        sample(&Cpuset::first_n(3), 3, 2 * T, T, T, 10),
-        RatesFrom::ThisWindow,
-    ));
-    let packed = d.active.clone();
-    assert_eq!(packed.len(), 2, "{:?}", d.events);
-    let grains = [1.8, 1.8, 16.1, 8.2, 1.7, 1.7, 1.3, 1.4, 1.7, 1.8, 1.6];
     let mut asked = Vec::new();
-    for (i, x) in grains.iter().enumerate() {
-        let grain = (x * T as f64 / 1.7) as u64;
+    for (i, x) in grains_us.iter().enumerate() {
+        let grain = (x * T as f64 / packed_us) as u64;
         let d = g.step(&from_window(
             spread(&packed, 3, 2 * T, T, grain, 10),
             RatesFrom::ThisWindow,
@@ -564,6 +522,30 @@ fn a_reference_needs_its_windows_to_agree() {
         assert_eq!(d.active, packed, "period {i}");
         asked.push(d.fresh_rates_wanted);
     }
+    asked
+}
+
+/// The none guest, 2026-11-28 (run 4 of `fresh-window.sh`): after the packing the windows of
+/// the settling periods read g_comp 4.3 and 2.3 us, the threads still moving, and then 1.3,
+/// 1.1 us steady. Built from the settling windows, the reference (2.3 us) took the steady
+/// 1.1 us for a move and asked for three more windows, each stretching the periods.
+#[test]
+fn settling_windows_do_not_make_the_reference() {
+    let asked = packed_windows(&[4.3, 2.3, 1.3, 1.1, 1.2, 1.1, 1.3, 1.1, 1.2], 1.3);
+    // Two windows to complete the reference after the first judged one, no suspicion.
+    assert_eq!(asked.iter().filter(|&&a| a).count(), 2, "{asked:?}");
+}
+
+/// The none guest, 2026-11-28 (`results/daemon-2026-11-28-223322.json`, run 49): after the
+/// settling periods the first two windows of the packed ping-pong read 16.1 and 8.2 us, the
+/// rest 1.3-1.8 us. The median of the first three (8.2 us) was taken for the reference, and
+/// the steady windows after it for a move down that undid the packing (in 3 runs of 16).
+#[test]
+fn a_reference_needs_its_windows_to_agree() {
+    let asked = packed_windows(
+        &[1.8, 1.8, 16.1, 8.2, 1.7, 1.7, 1.3, 1.4, 1.7, 1.8, 1.6],
+        1.7,
+    );
     // Windows are asked for until three agree (1.7, 1.7, 1.3: the fifth judged window), then
     // no more.
     assert_eq!(
