@@ -82,8 +82,9 @@ pub struct Decision {
     pub retention_timeout: RetentionTimeout,
     /// The next period's switch counts should be measured afresh rather than carried over
     /// from an earlier window (`PeriodSample::rates_from`): a consolidation stands and the
-    /// policy is building its reference grain from windows, or one window showed a change the
-    /// next must confirm. Never set where the counts are counted, not windowed.
+    /// policy is building its reference grain from windows, or a window showed a change that
+    /// fresh windows must confirm (`engine/grain.rs`). Never set where the counts are
+    /// counted, not windowed.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub fresh_rates_wanted: bool,
 }
@@ -873,9 +874,12 @@ impl Gleaner {
         };
         moved.map(|(from, to)| {
             let windows = if sample.rates_from.windowed() {
-                " (fresh windows for 0.3 s against the median of earlier ones)"
+                format!(
+                    " (fresh windows for {:.1} s against the median of earlier ones)",
+                    grain::CONFIRM_SPAN_NS as f64 / 1e9
+                )
             } else {
-                ""
+                String::new()
             };
             format!(
                 "g_comp changed {:.1}x ({} -> {}){windows}",
