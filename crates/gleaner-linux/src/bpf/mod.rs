@@ -1148,6 +1148,81 @@ pub(crate) mod tests {
         assert!(running >= 1, "the sleeper's wake-ups were timed");
     }
 
+    /// A wakee woken while its vCPU runs another thread queues behind it: with another vCPU
+    /// idle meanwhile, a wait over 1 ms is a crowd the load balancer should have spread (the
+    /// program counts waits for vCPUs idle at the waking apart: those are wake-ups, however
+    /// long a contended host makes them, and not counted).
+    #[test]
+    fn a_wakee_queued_behind_a_running_thread_is_a_crowd() {
+        const NAME: &str = "a_wakee_queued_behind_a_running_thread_is_a_crowd";
+        if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+            eprintln!("{NAME}: skipped: needs two CPUs");
+            return;
+        }
+        let Some(k) = sampler_for_this_process(NAME) else {
+            return;
+        };
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        use std::time::{Duration, Instant};
+        pin_to(1);
+        // On vCPU 0: a thread running in 5 ms bursts, and a SCHED_IDLE wakee that the burst
+        // does not give way to when it is woken.
+        let spin = Arc::new(AtomicBool::new(true));
+        let spinning = spin.clone();
+        let spinner = std::thread::spawn(move || {
+            pin_to(0);
+            while spinning.load(Ordering::Relaxed) {
+                let burst = Instant::now();
+                while burst.elapsed() < Duration::from_millis(5) {
+                    std::hint::spin_loop();
+                }
+                std::thread::sleep(Duration::from_micros(500));
+            }
+        });
+        let (wake_tx, wake_rx) = std::sync::mpsc::channel::<()>();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let wakee = std::thread::spawn(move || {
+            pin_to(0);
+            let param = libc::sched_param { sched_priority: 0 };
+            // SAFETY: sets the calling thread's policy; `param` outlives the call.
+            let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+            assert_eq!(rc, 0, "SCHED_IDLE: {}", std::io::Error::last_os_error());
+            for () in wake_rx.iter() {
+                let _ = done_tx.send(());
+            }
+        });
+        let stat = crate::procfs::ProcFs::new("/proc");
+        let cpu_before = stat.stat().unwrap().total;
+        let before = k.read().unwrap();
+        // From vCPU 1, which idles while each wakee waits for its turn.
+        for _ in 0..20 {
+            wake_tx.send(()).unwrap();
+            done_rx.recv().unwrap();
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let after = k.read().unwrap();
+        let busy = stat.stat().unwrap().total.busy_fraction_since(&cpu_before);
+        spin.store(false, Ordering::Relaxed);
+        spinner.join().unwrap();
+        drop(wake_tx);
+        wakee.join().unwrap();
+        let waits = after[0].crowded_waits - before[0].crowded_waits;
+        let wait_ms = (after[0].crowded_wait_ns - before[0].crowded_wait_ns) as f64 / 1e6;
+        eprintln!(
+            "{NAME}: {waits} crowded waits on vCPU 0, {wait_ms:.1} ms, the CPUs {:.0} % busy",
+            busy * 100.0
+        );
+        if busy > 0.9 && waits == 0 {
+            eprintln!("{NAME}: skipped: vCPU 1 was busy with other work, so no vCPU idled");
+            return;
+        }
+        assert!(
+            waits >= 1,
+            "20 wake-ups behind 5 ms bursts, none counted as a crowd"
+        );
+    }
+
     /// A window opened without an end (sized for a quiet workload) that meets a busy one
     /// ends itself once a CPU has measured its budget, and says where; the programs then stop
     /// measuring, so the window's counts stay near the budget however busy the workload is.
