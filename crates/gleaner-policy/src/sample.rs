@@ -448,8 +448,8 @@ pub struct Characteristics {
     pub g_comp_ns: f64,
     /// l_idle: average length of an idle period, T_idle / S_yield.
     pub l_idle_ns: f64,
-    /// Workload utilization of each active vCPU, 0..=1, indexed like `PeriodSample::vcpus`
-    /// filtered to the active set.
+    /// Workload utilization of the busiest active vCPU, 0..=1, of the time it ran: the period
+    /// less its steal.
     pub max_vcpu_util: f64,
     /// Workload utilization summed over active vCPUs (1.0 = one vCPU's worth).
     pub total_util: f64,
