@@ -40,8 +40,8 @@ pub fn characterize(sample: &PeriodSample, active: &Cpuset) -> Characteristics {
         s_yield += v.idle_periods();
         steal += v.steal_ns;
         // How busy the vCPU was while it ran: time the host took from it is neither work
-        // nor room for more. Per period of wall time, a packed ping-pong's vCPU read 0.55-0.72
-        // under 40-80 % steal on the `none` guest, and 1.00 when the steal ended: taken for a
+        // nor room for more. Per period of wall time, a packed ping-pong's vCPU read 0.37-0.72
+        // under 39-81 % steal on the `none` guest, and 1.00 when the steal ended: taken for a
         // vCPU newly driven past the limit, which undid the packing.
         let ran = (period - v.steal_ns as f64).max(v.work_ns as f64).max(1.0);
         max_util = max_util.max(v.work_ns as f64 / ran);
