@@ -1083,6 +1083,15 @@ pub(crate) mod tests {
         value
     }
 
+    /// Whether this machine has the two CPUs test `name` needs; if not, it says it skipped.
+    fn two_cpus(name: &str) -> bool {
+        let enough = std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2;
+        if !enough {
+            eprintln!("{name}: skipped: needs two CPUs");
+        }
+        enough
+    }
+
     /// Pins the calling thread to `cpu`.
     fn pin_to(cpu: usize) {
         let mut set = nix::sched::CpuSet::new();
@@ -1097,8 +1106,7 @@ pub(crate) mod tests {
     #[test]
     fn a_vcpu_busy_when_cpu_idle_comes_back_is_not_taken_for_idle() {
         const NAME: &str = "a_vcpu_busy_when_cpu_idle_comes_back_is_not_taken_for_idle";
-        if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
-            eprintln!("{NAME}: skipped: needs two CPUs");
+        if !two_cpus(NAME) {
             return;
         }
         let Some(mut k) = sampler_counting_idle(NAME, true) else {
@@ -1155,8 +1163,7 @@ pub(crate) mod tests {
     #[test]
     fn a_wakee_queued_behind_a_running_thread_is_a_crowd() {
         const NAME: &str = "a_wakee_queued_behind_a_running_thread_is_a_crowd";
-        if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
-            eprintln!("{NAME}: skipped: needs two CPUs");
+        if !two_cpus(NAME) {
             return;
         }
         let Some(k) = sampler_for_this_process(NAME) else {
