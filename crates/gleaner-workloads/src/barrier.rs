@@ -10,7 +10,6 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Barrier;
 use std::thread;
-use std::time::Instant;
 
 use crate::harness::{join, spawn_gated, PhaseTally, Schedule, StartGate};
 use crate::hash::{hash_work, mix};
@@ -77,8 +76,7 @@ pub fn barrier(cfg: &BarrierConfig) -> Result<Report, WorkloadError> {
             )?);
         }
 
-        gate.open();
-        let start = Instant::now();
+        let start = gate.open();
         schedule.run_clock();
 
         let mut checksum = 0u64;

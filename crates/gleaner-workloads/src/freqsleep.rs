@@ -63,8 +63,7 @@ pub fn freqsleep(cfg: &FreqsleepConfig) -> Result<Report, WorkloadError> {
             )?);
         }
 
-        gate.open();
-        let start = Instant::now();
+        let start = gate.open();
         let mut sleeps = 0u64;
         for handle in workers {
             sleeps += join(handle)?;

@@ -126,8 +126,7 @@ pub fn messaging(cfg: &MessagingConfig) -> Result<Report, WorkloadError> {
             }
         }
 
-        gate.open();
-        let start = Instant::now();
+        let start = gate.open();
         for handle in senders {
             join(handle)?;
         }

@@ -11,7 +11,6 @@
 
 use std::sync::{Mutex, PoisonError};
 use std::thread;
-use std::time::Instant;
 
 use crate::harness::{join, spawn_gated, PhaseTally, Schedule, StartGate};
 use crate::hash::{hash_work, mix};
@@ -73,8 +72,7 @@ pub fn mutex(cfg: &MutexConfig) -> Result<Report, WorkloadError> {
             )?);
         }
 
-        gate.open();
-        let start = Instant::now();
+        let start = gate.open();
         schedule.run_clock();
 
         let mut tally = PhaseTally::new(schedule.phase_count());

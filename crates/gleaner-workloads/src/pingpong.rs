@@ -134,8 +134,7 @@ pub fn pingpong(cfg: &PingpongConfig) -> Result<Report, WorkloadError> {
         let length = cfg.length;
         let pong_handle = spawn_gated(scope, &gate, "gw-pong".into(), move || pong(word))?;
         let ping_handle = spawn_gated(scope, &gate, "gw-ping".into(), move || ping(word, length))?;
-        gate.open();
-        let start = Instant::now();
+        let start = gate.open();
         let round_trips = join(ping_handle)?;
         let returned = join(pong_handle)?;
         let elapsed = start.elapsed();

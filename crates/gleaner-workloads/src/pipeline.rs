@@ -13,7 +13,6 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
-use std::time::Instant;
 
 use crate::harness::{join, spawn_gated, PhaseTally, Schedule, StartGate};
 use crate::hash::{fold_ordered, hash_work, mix};
@@ -218,8 +217,7 @@ pub fn pipeline(cfg: &PipelineConfig) -> Result<Report, WorkloadError> {
             }
         })?;
 
-        gate.open();
-        let start = Instant::now();
+        let start = gate.open();
         schedule.run_clock();
 
         let injected = join(source)?;
