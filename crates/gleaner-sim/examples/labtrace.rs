@@ -73,9 +73,22 @@ fn print_trace(
     samples: &[(usize, gleaner_policy::PeriodSample)],
 ) {
     let vm = &report.vms[0];
+    let per_s = |v: &gleaner_sim::report::VmReport| {
+        v.completed_work_ns as f64 / report.simulated_ns.max(1) as f64
+    };
+    let others: Vec<String> = report.vms[1..]
+        .iter()
+        .map(|v| format!("{} {:.3}", v.name, per_s(v)))
+        .collect();
     println!(
-        "== {title} bench compute/s {:.3} vCPUs",
-        vm.completed_work_ns as f64 / report.simulated_ns.max(1) as f64
+        "== {title} bench compute/s {:.3} vCPUs (others: {}; host migrations {})",
+        per_s(vm),
+        if others.is_empty() {
+            "none".into()
+        } else {
+            others.join(", ")
+        },
+        report.host.migrations
     );
     let bench: Vec<_> = samples.iter().filter(|(v, _)| *v == 0).collect();
     for (i, (_, smp)) in bench.iter().enumerate() {

@@ -6,7 +6,9 @@
 //! preemption when the woken task is ahead by more than wakeup_granularity; wakeup placement
 //! on the previous pCPU if idle, else an idle pCPU in its LLC domain; new-idle balancing (an
 //! idle pCPU pulls a queued task) and periodic balancing (every balance_interval, from the
-//! busiest queue of the domain, and of the whole host every 8th time).
+//! busiest queue of the domain, and of the whole host every 8th time), including the pull a
+//! busy pCPU one vCPU short makes after failed tries (`nr_balance_failed`), by which always-
+//! busy vCPUs on an oversubscribed host take turns on the pCPUs they share.
 //!
 //! Host policies on top (scenario `host.policy`):
 //! * `bal`: sibling vCPUs never share a run queue (placement and migration avoid it).
@@ -97,6 +99,10 @@ pub struct Pcpu {
     /// would be unfair by more than wakeup_granularity.
     next_buddy: Option<u32>,
     balances: u64,
+    /// Periodic balances in a row that found this busy pCPU one vCPU short of a queue in its
+    /// span (the kernel's `nr_balance_failed`, kept per pCPU here), and at how many it pulls.
+    one_short: u32,
+    one_short_pull_at: u32,
     busy_since: Option<Ns>,
     pub busy_ns: Ns,
     /// Gang bindings: (VM, vCPU) pairs bound to this pCPU under co-scheduling.
@@ -124,6 +130,10 @@ pub struct HostStats {
     pub gang_slots: u64,
 }
 
+/// A busy CPU balances this many times less often than an idle one (`sd->busy_factor`, set
+/// in the kernel's `sd_init`).
+const BUSY_FACTOR: u32 = 16;
+
 /// What the host's scans read of a pCPU (wake-up placement, balancing): kept apart from
 /// [`Pcpu`] (192 bytes) in a dense array, updated wherever the run queue or `curr` changes
 /// ([`Host::sync_rq_load`]). A periodic balance looks at the whole host every 8th time: in
@@ -147,6 +157,8 @@ pub struct Host {
     /// [vm × pcpus + p]: vCPUs of the VM running or queued on p (spreading policies only).
     occupancy: Vec<u16>,
     slot_vm: u32,
+    /// Draws when a busy pCPU one vCPU short next pulls (see [`Host::balance`]).
+    rng: ChaCha8Rng,
     pub stats: HostStats,
     pub fx: Vec<Effect>,
 }
@@ -211,6 +223,7 @@ impl Host {
             vm_allowed: vms.iter().map(|v| v.allowed.clone()).collect(),
             occupancy,
             slot_vm: 0,
+            rng,
             stats: HostStats::default(),
             fx: Vec::new(),
         }
@@ -254,13 +267,19 @@ impl Host {
     }
 
     /// The pCPU of `span` other than `p` with the most vCPUs (running or queued) among those
-    /// with one waiting; the lowest-numbered on a tie. A plain loop over the dense loads: a
-    /// whole-host balance looks at every pCPU.
+    /// with one waiting; on a tie the first after `p` in circular order, as the kernel's
+    /// domain walk starts at the balancing CPU's own group (a lowest-numbered rule would
+    /// always drain the same queues first, and favour the vCPUs on them). A plain loop over
+    /// the dense loads: a whole-host balance looks at every pCPU.
     fn busiest(&self, span: std::ops::Range<usize>, p: usize) -> Option<usize> {
         let mut best: Option<(usize, usize)> = None;
-        for q in span {
+        let len = span.len();
+        for i in 1..len {
+            // (p - start + i) % len without a division (both terms < len).
+            let j = p - span.start + i;
+            let q = span.start + if j >= len { j - len } else { j };
             let l = self.rq_load(q);
-            if q == p || l.queued == 0 {
+            if l.queued == 0 {
                 continue;
             }
             let nr = l.queued as usize + usize::from(l.running);
@@ -753,11 +772,41 @@ impl Host {
         };
         let here = self.nr_running(p);
         let Some(q) = self.busiest(span, p) else {
+            self.pcpus[p].one_short = 0;
             return;
         };
-        if self.nr_running(q) < here + 2 {
+        let there = self.nr_running(q);
+        if there < here + 2 {
+            // One vCPU more over there (2 against 1, say): moving one only swaps the
+            // imbalance, and the kernel's first try moves nothing (a vCPU's load exceeds the
+            // half-vCPU imbalance). A failed try halves the load it compares
+            // (`nr_balance_failed`), so the next one moves a vCPU: over a few hundred ms the
+            // vCPUs that share pCPUs take turns, and no VM keeps the pCPUs of its own that a
+            // start-up's placement gave it (the kernel relies on this since "sched/fair:
+            // Reduce cases for active balance", 2021). A busy pCPU balances every
+            // `BUSY_FACTOR` intervals, so the pull comes after about two of its balances; when
+            // exactly is drawn (1 to 3 busy intervals): in lockstep with the queues' slices
+            // it would find the same vCPU waiting every time and toss that one back and forth
+            // while the others kept their pCPUs.
+            if there == here + 1 && here >= 1 {
+                if self.pcpus[p].one_short == 0 {
+                    self.pcpus[p].one_short_pull_at =
+                        self.rng.gen_range(BUSY_FACTOR..=3 * BUSY_FACTOR);
+                }
+                self.pcpus[p].one_short += 1;
+                if self.pcpus[p].one_short >= self.pcpus[p].one_short_pull_at {
+                    self.pcpus[p].one_short = 0;
+                    if let Some(v) = self.movable(q, p) {
+                        self.migrate(v, q, p, now);
+                        self.after_enqueue(p, v, now);
+                    }
+                }
+            } else {
+                self.pcpus[p].one_short = 0;
+            }
             return;
         }
+        self.pcpus[p].one_short = 0;
         if let Some(v) = self.movable(q, p) {
             self.migrate(v, q, p, now);
             self.after_enqueue(p, v, now);

@@ -223,6 +223,75 @@ fn two_vcpus_on_one_pcpu_switch_every_half_latency() {
 }
 
 #[test]
+fn always_busy_vcpus_share_an_oversubscribed_host_fairly() {
+    // Six always-busy vCPUs on four pCPUs settle two to a queue on two pCPUs and one on the
+    // others; moving one vCPU only swaps that, but the kernel's failed balances end up moving
+    // one anyway, so over time the vCPUs take turns and each VM gets its vCPUs' share: 2 of
+    // 6 vCPUs, 4/6 × 2 = 1.33 pCPUs. Without the turns, whoever the start-up placed alone
+    // keeps a pCPU to itself (the 2-vCPU VM kept 1.0 or 2.0 pCPUs, depending on placement).
+    let s = inline(
+        r#"
+        [sim]
+        duration = "4s"
+        [host]
+        pcpus = 4
+        [[vm]]
+        name = "small"
+        vcpus = 2
+        [[vm.threads]]
+        count = 2
+        program = [{ compute = "1ms" }]
+        [[vm]]
+        name = "large"
+        vcpus = 4
+        [[vm.threads]]
+        count = 4
+        program = [{ compute = "1ms" }]
+        "#,
+    );
+    let r = simulate(&s);
+    let pcpus = |i: usize| r.vms[i].completed_work_ns as f64 / r.simulated_ns as f64;
+    assert!(
+        (1.2..=1.47).contains(&pcpus(0)),
+        "small VM ran {:.2} pCPUs, large {:.2}",
+        pcpus(0),
+        pcpus(1)
+    );
+    assert!(r.host.migrations > 0);
+
+    // Two equal VMs, four vCPUs on three pCPUs: a turn taken by the same vCPU each time (a
+    // pull in step with the queues' slices) would leave one VM with most of the waiting.
+    let s = inline(
+        r#"
+        [sim]
+        duration = "20s"
+        [host]
+        pcpus = 3
+        [[vm]]
+        vcpus = 2
+        [[vm.threads]]
+        count = 2
+        program = [{ compute = "1ms" }]
+        [[vm]]
+        vcpus = 2
+        [[vm.threads]]
+        count = 2
+        program = [{ compute = "1ms" }]
+        "#,
+    );
+    let r = simulate(&s);
+    for v in &r.vms {
+        let steal = v.steal_ns as f64 / (2.0 * r.simulated_ns as f64);
+        assert!(
+            (0.22..=0.28).contains(&steal),
+            "{}: {:.1} % steal, fair is 25 %",
+            v.name,
+            steal * 100.0
+        );
+    }
+}
+
+#[test]
 fn strict_gang_runs_siblings_together_relaxed_backfills() {
     // Two 2-vCPU VMs on 2 pCPUs, one always busy, one pingponging (halting often). Strict
     // co-scheduling never lets the busy VM onto a pCPU during the pingpong VM's slot, so it

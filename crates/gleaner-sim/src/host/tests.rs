@@ -225,3 +225,41 @@ fn periodic_balance_pulls_from_a_busier_queue() {
     );
     assert_eq!(h.nr_running(0), 2);
 }
+
+#[test]
+fn a_busy_pcpu_one_vcpu_short_pulls_only_after_its_failed_tries() {
+    // pCPU 0 runs vCPU 0 with vCPU 1 queued; pCPU 1 runs vCPU 2 alone. Moving one only swaps
+    // the imbalance, so the kernel's first busy balances move nothing; once their failures
+    // have halved the load it compares, one does (and the queues take turns): after one to
+    // three busy intervals, the instant drawn.
+    for seed in 0..8 {
+        let mut h = Host::new(params(HostPolicy::Cfs), 2, &[vm(2), vm(1)], seed);
+        running(&mut h, 0, 0, 0);
+        queue(&mut h, 1, 0, 10);
+        running(&mut h, 2, 1, 0);
+        let mut moved_at = None;
+        for i in 1..=3 * BUSY_FACTOR {
+            h.balance(1, u64::from(i) * 4 * MS);
+            if h.nr_running(1) == 2 {
+                moved_at = Some(i);
+                break;
+            }
+        }
+        let i = moved_at.expect("the queued vCPU moves within three busy intervals");
+        assert!(i >= BUSY_FACTOR, "seed {seed}: moved at balance {i}");
+        assert_eq!(h.nr_running(0), 1);
+        assert_eq!(h.vcpus[1].state, VState::Queued(1));
+    }
+}
+
+#[test]
+fn busiest_ties_go_to_the_first_queue_after_the_balancing_pcpu() {
+    // pCPUs 0 and 2 both hold two vCPUs; pCPU 1 pulls from 2 (next after it), pCPU 3 from 0.
+    let mut h = Host::new(params(HostPolicy::Cfs), 4, &[vm(4)], 0);
+    running(&mut h, 0, 0, 0);
+    queue(&mut h, 1, 0, 10);
+    running(&mut h, 2, 2, 0);
+    queue(&mut h, 3, 2, 10);
+    assert_eq!(h.busiest(0..4, 1), Some(2));
+    assert_eq!(h.busiest(0..4, 3), Some(0));
+}
