@@ -222,6 +222,17 @@ fn two_vcpus_on_one_pcpu_switch_every_half_latency() {
     assert_eq!(overhead, 21 * 8_000 + 21 * 59_000);
 }
 
+/// VMs of `vcpus[i]` vCPUs, each vCPU's one thread always computing, on `pcpus` pCPUs.
+fn cpu_bound_vms(duration: &str, pcpus: usize, vcpus: &[usize]) -> Scenario {
+    let mut text = format!("[sim]\nduration = \"{duration}\"\n[host]\npcpus = {pcpus}\n");
+    for (i, n) in vcpus.iter().enumerate() {
+        text += &format!(
+            "[[vm]]\nname = \"vm{i}\"\nvcpus = {n}\n[[vm.threads]]\ncount = {n}\nprogram = [{{ compute = \"1ms\" }}]\n"
+        );
+    }
+    inline(&text)
+}
+
 #[test]
 fn always_busy_vcpus_share_an_oversubscribed_host_fairly() {
     // Six always-busy vCPUs on four pCPUs settle two to a queue on two pCPUs and one on the
@@ -229,27 +240,7 @@ fn always_busy_vcpus_share_an_oversubscribed_host_fairly() {
     // one anyway, so over time the vCPUs take turns and each VM gets its vCPUs' share: 2 of
     // 6 vCPUs, 4/6 × 2 = 1.33 pCPUs. Without the turns, whoever the start-up placed alone
     // keeps a pCPU to itself (the 2-vCPU VM kept 1.0 or 2.0 pCPUs, depending on placement).
-    let s = inline(
-        r#"
-        [sim]
-        duration = "4s"
-        [host]
-        pcpus = 4
-        [[vm]]
-        name = "small"
-        vcpus = 2
-        [[vm.threads]]
-        count = 2
-        program = [{ compute = "1ms" }]
-        [[vm]]
-        name = "large"
-        vcpus = 4
-        [[vm.threads]]
-        count = 4
-        program = [{ compute = "1ms" }]
-        "#,
-    );
-    let r = simulate(&s);
+    let r = simulate(&cpu_bound_vms("4s", 4, &[2, 4]));
     let pcpus = |i: usize| r.vms[i].completed_work_ns as f64 / r.simulated_ns as f64;
     assert!(
         (1.2..=1.47).contains(&pcpus(0)),
@@ -261,25 +252,7 @@ fn always_busy_vcpus_share_an_oversubscribed_host_fairly() {
 
     // Two equal VMs, four vCPUs on three pCPUs: a turn taken by the same vCPU each time (a
     // pull in step with the queues' slices) would leave one VM with most of the waiting.
-    let s = inline(
-        r#"
-        [sim]
-        duration = "20s"
-        [host]
-        pcpus = 3
-        [[vm]]
-        vcpus = 2
-        [[vm.threads]]
-        count = 2
-        program = [{ compute = "1ms" }]
-        [[vm]]
-        vcpus = 2
-        [[vm.threads]]
-        count = 2
-        program = [{ compute = "1ms" }]
-        "#,
-    );
-    let r = simulate(&s);
+    let r = simulate(&cpu_bound_vms("20s", 3, &[2, 2]));
     for v in &r.vms {
         let steal = v.steal_ns as f64 / (2.0 * r.simulated_ns as f64);
         assert!(
