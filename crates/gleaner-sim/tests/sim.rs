@@ -239,7 +239,7 @@ fn always_busy_vcpus_share_an_oversubscribed_host_fairly() {
     // others; moving one vCPU only swaps that, but the kernel's failed balances end up moving
     // one anyway, so over time the vCPUs take turns and each VM gets its vCPUs' share: 2 of
     // 6 vCPUs, 4/6 × 2 = 1.33 pCPUs. Without the turns, whoever the start-up placed alone
-    // keeps a pCPU to itself (the 2-vCPU VM kept 1.0 or 2.0 pCPUs, depending on placement).
+    // keeps a pCPU to itself (the 2-vCPU VM ran 0.99 pCPUs: its two vCPUs shared queues for good).
     let r = simulate(&cpu_bound_vms("4s", 4, &[2, 4]));
     let pcpus = |i: usize| r.vms[i].completed_work_ns as f64 / r.simulated_ns as f64;
     assert!(
