@@ -31,6 +31,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::ostree::OsTree;
 use crate::scenario::HostPolicy;
 use crate::time::Ns;
+use pcpuset::PcpuSet;
 
 #[derive(Debug, Clone)]
 pub struct HostParams {
@@ -152,6 +153,10 @@ pub struct Host {
     pub pcpus: Vec<Pcpu>,
     /// Each pCPU's [`RqLoad`].
     rq_load: Vec<RqLoad>,
+    /// The pCPUs whose [`RqLoad`] is empty (nothing runs or waits), and those with a vCPU
+    /// waiting: what wake-up placement and balancing search ([`pcpuset`]).
+    idle_pcpus: PcpuSet,
+    queued_pcpus: PcpuSet,
     vm_vcpus: Vec<Vec<u32>>,
     vm_allowed: Vec<Option<Vec<u32>>>,
     /// [vm × pcpus + p]: vCPUs of the VM running or queued on p (spreading policies only).
@@ -218,6 +223,8 @@ impl Host {
             p,
             vcpus,
             rq_load: vec![RqLoad::default(); pcpu_list.len()],
+            idle_pcpus: PcpuSet::new(pcpu_list.len(), true),
+            queued_pcpus: PcpuSet::new(pcpu_list.len(), false),
             pcpus: pcpu_list,
             vm_vcpus,
             vm_allowed: vms.iter().map(|v| v.allowed.clone()).collect(),
@@ -263,25 +270,25 @@ impl Host {
 
     /// Call after every change of `p`'s run queue or `curr`.
     fn sync_rq_load(&mut self, p: usize) {
-        self.rq_load[p] = self.rq_load_of(p);
+        let l = self.rq_load_of(p);
+        self.rq_load[p] = l;
+        self.idle_pcpus.set(p, l == RqLoad::default());
+        self.queued_pcpus.set(p, l.queued > 0);
     }
 
     /// The pCPU of `span` other than `p` with the most vCPUs (running or queued) among those
     /// with one waiting; on a tie the first after `p` in circular order, as the kernel's
     /// domain walk starts at the balancing CPU's own group (a lowest-numbered rule would
-    /// always drain the same queues first, and favour the vCPUs on them). A plain loop over
-    /// the dense loads: a whole-host balance looks at every pCPU.
+    /// always drain the same queues first, and favour the vCPUs on them). Only the pCPUs
+    /// with one waiting are visited ([`Host::queued_pcpus`]): a whole-host balance spans
+    /// every pCPU.
     fn busiest(&self, span: std::ops::Range<usize>, p: usize) -> Option<usize> {
         let mut best: Option<(usize, usize)> = None;
-        let len = span.len();
-        for i in 1..len {
-            // (p - start + i) % len without a division (both terms < len).
-            let j = p - span.start + i;
-            let q = span.start + if j >= len { j - len } else { j };
-            let l = self.rq_load(q);
-            if l.queued == 0 {
+        for q in self.queued_pcpus.iter_cyclic(span, p) {
+            if q == p {
                 continue;
             }
+            let l = self.rq_load(q);
             let nr = l.queued as usize + usize::from(l.running);
             if best.is_none_or(|(b, _)| nr > b) {
                 best = Some((nr, q));
@@ -700,7 +707,14 @@ impl Host {
                     d.start + if j >= len { j - len } else { j }
                 }))
         };
-        if let Some(q) = candidates().find(|&q| ok(q) && self.is_idle(q)) {
+        if self.vm_allowed[vm as usize].is_none() {
+            // Every pCPU of the domain is allowed (no pin either, see above), and an idle one
+            // has no sibling on it (it runs and queues nothing): the first idle one from prev
+            // is the walk's.
+            if let Some(q) = self.idle_pcpus.iter_cyclic(d.clone(), prev).next() {
+                return q;
+            }
+        } else if let Some(q) = candidates().find(|&q| ok(q) && self.is_idle(q)) {
             return q;
         }
         if ok(prev) {
@@ -872,5 +886,6 @@ impl Host {
     }
 }
 
+mod pcpuset;
 #[cfg(test)]
 mod tests;
