@@ -28,7 +28,7 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::ostree::OsTree;
+use crate::rankset::RankSet;
 use crate::scenario::HostPolicy;
 use crate::time::Ns;
 use pcpuset::PcpuSet;
@@ -87,7 +87,7 @@ pub struct HostVcpu {
 
 #[derive(Default, Clone)]
 pub struct Pcpu {
-    rq: OsTree<(u64, u32)>,
+    rq: RankSet<(u64, u32)>,
     curr: Option<u32>,
     last_ran: Option<u32>,
     min_vruntime: u64,

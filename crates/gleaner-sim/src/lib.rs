@@ -7,7 +7,7 @@
 //! without Gleaner, reproducibly (same seed, same bytes of output). See `README.md` for the
 //! model, the cost defaults and their calibration to the paper's Table 2.
 //!
-//! Modules: [`time`] and [`queue`] (integer time, the event queue), [`ostree`] (run-queue order
+//! Modules: [`time`] and [`queue`] (integer time, the event queue), [`rankset`] (run-queue order
 //! statistics), [`host`] (CFS, BAL, SBCO, co-scheduling), [`engine`] (guests, threads, the event
 //! loop, Gleaner glue), [`workload`] (thread programs and presets), [`scenario`] (TOML files and
 //! sweeps), [`report`] (results), [`cli`] (`SimArgs`, `run`).
@@ -16,8 +16,8 @@ pub mod cli;
 pub mod engine;
 pub mod host;
 pub mod lab;
-pub mod ostree;
 pub mod queue;
+pub mod rankset;
 pub mod report;
 pub mod scenario;
 pub mod time;
