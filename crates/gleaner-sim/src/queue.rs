@@ -21,12 +21,15 @@ use crate::time::Ns;
 /// host's kick of a halted vCPU, a vCPU's switch-in overhead: a third of perf-1024's events)
 /// are due in the order they are pushed, so they wait in first-in first-out lanes, one per
 /// delay ([`EventQueue::push_delayed`]), pushed and popped in O(1); pop takes the smallest of
-/// the heaps' and lanes' first keys.
+/// the heaps' and lanes' first keys. The lanes' smallest first key is kept
+/// ([`EventQueue::lanes_first`]), so a pop compares three keys, not one per lane as well.
 pub struct EventQueue<E> {
     near: Heap<E>,
     far: Heap<E>,
     /// (delay, its events).
     lanes: Vec<(Ns, VecDeque<(Key, E)>)>,
+    /// The smallest first key of the lanes and its lane; [`NO_EVENT`] when they are empty.
+    lanes_first: (Key, usize),
     /// The time of the last event popped.
     now: Ns,
     next_seq: u64,
@@ -38,13 +41,14 @@ impl<E> Default for EventQueue<E> {
             near: Heap::default(),
             far: Heap::default(),
             lanes: Vec::new(),
+            lanes_first: (NO_EVENT, 0),
             now: 0,
             next_seq: 0,
         }
     }
 }
 
-/// At most this many lanes: each costs every pop a comparison.
+/// At most this many lanes: each costs every pop from a lane a comparison.
 const MAX_LANES: usize = 4;
 
 /// Events due this far after the last one popped, or later, go to the far heap.
@@ -52,6 +56,10 @@ const HORIZON: Ns = 200_000;
 
 /// An event's place in the order: `time << 64 | seq`.
 pub type Key = u128;
+
+/// Larger than every key [`EventQueue::key_at`] makes (it would take the 2^64th sequence
+/// number): where no event is.
+const NO_EVENT: Key = Key::MAX;
 
 /// The time of a key.
 pub fn time_of(key: Key) -> Ns {
@@ -105,6 +113,10 @@ impl<E: Copy> EventQueue<E> {
         match lane {
             Some(l) if self.lanes[l].1.back().is_none_or(|&(last, _)| last < key) => {
                 self.lanes[l].1.push_back((key, event));
+                if key < self.lanes_first.0 {
+                    // The lane was empty (a lane's keys only grow) and this is the lanes' first.
+                    self.lanes_first = (key, l);
+                }
             }
             _ => self.push_key(key, event),
         }
@@ -116,29 +128,37 @@ impl<E: Copy> EventQueue<E> {
     }
 
     pub fn pop_key(&mut self) -> Option<(Key, E)> {
-        // Where the smallest first key is: None the near heap, Some(None) the far heap,
-        // Some(Some(l)) lane l.
-        let mut best: Option<(Key, Option<Option<usize>>)> = self.near.first().map(|k| (k, None));
-        let mut consider = |k: Option<Key>, at: Option<usize>| {
-            if let Some(k) = k {
-                if best.is_none_or(|(b, _)| k < b) {
-                    best = Some((k, Some(at)));
-                }
-            }
-        };
-        consider(self.far.first(), None);
-        for (l, (_, lane)) in self.lanes.iter().enumerate() {
-            consider(lane.front().map(|&(k, _)| k), Some(l));
-        }
-        let popped = match best?.1 {
-            None => self.near.pop(),
-            Some(None) => self.far.pop(),
-            Some(Some(l)) => self.lanes[l].1.pop_front(),
+        let near = self.near.first().unwrap_or(NO_EVENT);
+        let far = self.far.first().unwrap_or(NO_EVENT);
+        let (lane_key, lane) = self.lanes_first;
+        let popped = if near < far && near < lane_key {
+            self.near.pop()
+        } else if far < lane_key {
+            self.far.pop()
+        } else if lane_key != NO_EVENT {
+            let popped = self.lanes[lane].1.pop_front();
+            self.lanes_first = self.lanes_first_key();
+            popped
+        } else {
+            None
         };
         if let Some((key, _)) = popped {
             self.now = time_of(key);
         }
         popped
+    }
+
+    /// The smallest first key of the lanes and its lane (the first lane if they are empty).
+    fn lanes_first_key(&self) -> (Key, usize) {
+        let mut first = (NO_EVENT, 0);
+        for (l, (_, lane)) in self.lanes.iter().enumerate() {
+            if let Some(&(key, _)) = lane.front() {
+                if key < first.0 {
+                    first = (key, l);
+                }
+            }
+        }
+        first
     }
 
     pub fn len(&self) -> usize {
@@ -219,22 +239,12 @@ impl<E: Copy> Heap<E> {
                 break;
             }
             let best = if first + ARITY <= len {
-                // Full node: a tournament of two pairs, which compiles to conditional moves.
-                let a = if keys[first + 1] < keys[first] {
-                    first + 1
-                } else {
-                    first
-                };
-                let b = if keys[first + 3] < keys[first + 2] {
-                    first + 3
-                } else {
-                    first + 2
-                };
-                if keys[b] < keys[a] {
-                    b
-                } else {
-                    a
-                }
+                // Full node: a tournament of two pairs, which compiles to conditional moves
+                // (the children as one slice of known length: one bounds check, not four).
+                let c = &keys[first..first + ARITY];
+                let (a, ka) = if c[1] < c[0] { (1, c[1]) } else { (0, c[0]) };
+                let (b, kb) = if c[3] < c[2] { (3, c[3]) } else { (2, c[2]) };
+                first + if kb < ka { b } else { a }
             } else {
                 let mut best = first;
                 for c in first + 1..len {
