@@ -231,20 +231,22 @@ impl<E: Copy> Heap<E> {
         // children without comparing them with the last entry (which, taken from the bottom,
         // nearly always belongs near the bottom), then sift that entry up from the leaf. About
         // one comparison per level fewer than the textbook sift-down.
-        let keys = &mut self.keys;
+        // Both arrays as slices of the one length `len`: an index checked against one needs
+        // no check against the other.
+        let keys = &mut self.keys[..len];
+        let events = &mut self.events[..len];
         let mut i = 0;
         loop {
             let first = i * ARITY + 1;
             if first >= len {
                 break;
             }
-            let best = if first + ARITY <= len {
+            let best = if let Some(c) = keys.get(first..first + ARITY) {
                 // Full node: a tournament of two pairs, which compiles to conditional moves
                 // (the children as one slice of known length: one bounds check, not four).
-                let c = &keys[first..first + ARITY];
-                let (a, ka) = if c[1] < c[0] { (1, c[1]) } else { (0, c[0]) };
-                let (b, kb) = if c[3] < c[2] { (3, c[3]) } else { (2, c[2]) };
-                first + if kb < ka { b } else { a }
+                let a = if c[1] < c[0] { 1 } else { 0 };
+                let b = if c[3] < c[2] { 3 } else { 2 };
+                first + if c[b] < c[a] { b } else { a }
             } else {
                 let mut best = first;
                 for c in first + 1..len {
@@ -255,7 +257,7 @@ impl<E: Copy> Heap<E> {
                 best
             };
             keys[i] = keys[best];
-            self.events[i] = self.events[best];
+            events[i] = events[best];
             i = best;
         }
         while i > 0 {
@@ -264,11 +266,11 @@ impl<E: Copy> Heap<E> {
                 break;
             }
             keys[i] = keys[parent];
-            self.events[i] = self.events[parent];
+            events[i] = events[parent];
             i = parent;
         }
         keys[i] = last_key;
-        self.events[i] = last_event;
+        events[i] = last_event;
         Some(top)
     }
 
