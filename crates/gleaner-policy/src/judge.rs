@@ -169,18 +169,20 @@ pub(crate) const ONE_PERIOD_DROP_FACTOR: f64 = 3.0;
 /// periods understate it), and never for a drop under `min_drop`. Needs two after-periods
 /// and two before-periods, or one before-period and three after-periods: then the
 /// before-period's spread is taken as the after-sample's and only the latter gives degrees
-/// of freedom. One after-period suffices where three or more before-periods give the noise
-/// and the drop is over [`ONE_PERIOD_DROP_FACTOR`] times `min_drop`: a step that cut the
-/// workload by a sixth or more at once is not worth a second period of the same. Policy lab,
-/// 540 drawn scenarios never used in tuning: benchmark-VM losses over 3 % 20 -> 17, system
-/// losses 19 -> 17, 14 scenarios moved, by +3.2 points on average (phase-grain-146us-16v-2:1
-/// -14.0 % -> +8.3 %, phase-grain-22us-16v-2:1 -14.5 -> -4.2 %; the worst move a system
-/// gain of 4.1 -> 0.2 %); the tuning and held-out sets did not move, the fresh set by one
-/// scenario (+1.0 point), fig7's system x0.906 -> x0.903 of the best static setting
-/// (`results/not-kept-2026-11-29/README.md`, which holds the measurement). A change made just after the workload changed has a before-sample of one
+/// of freedom. A change made just after the workload changed has a before-sample of one
 /// period; without this, its loss was judged by the fallback rule alone (lab draw 8,
 /// phase-threads-70us-4v-2:1: a 4 -> 3 step cut utilization 20 % (1.08 -> 0.86, three
 /// periods within 2 %) and stayed). Periods weigh by their length (see the module's doc).
+///
+/// One after-period suffices where three or more before-periods give the noise and the drop
+/// is over [`ONE_PERIOD_DROP_FACTOR`] times `min_drop`: a step that cut the workload by a
+/// sixth or more at once is not worth a second period of the same. Policy lab, 540 drawn
+/// scenarios never used in tuning: benchmark-VM losses over 3 % 20 -> 17, system losses
+/// 19 -> 17, 14 scenarios moved, by +3.2 points on average (phase-grain-146us-16v-2:1
+/// -14.0 % -> +8.3 %, phase-grain-22us-16v-2:1 -14.5 -> -4.2 %; the worst move a system gain
+/// of 4.1 -> 0.2 %); the tuning and held-out sets did not move, the fresh set by one scenario
+/// (+1.0 point), fig7's system x0.906 -> x0.903 of the best static setting
+/// (`results/lab-ideas-2026-11-29/README.md`).
 pub(crate) fn clear_drop(before: &[Measured], after: &[Measured], min_drop: f64) -> Option<f64> {
     let enough = match (before.len(), after.len()) {
         (0, _) | (_, 0) => false,
