@@ -1122,40 +1122,41 @@ fn a_clear_loss_is_undone_early_and_not_retried_at_once() {
 /// 19 -> 17 (phase-grain-146us-16v-2:1, draw 8: -14.0 % -> +8.3 % against `none`).
 #[test]
 fn a_clear_loss_against_a_known_noise_is_undone_after_one_period() {
-    let mut g = Gleaner::new(
-        PolicyConfig {
-            mode: Mode::Consolidation,
-            warmup_periods: 3,
-            ..Default::default()
-        },
-        Cpuset::first_n(4),
-    )
-    .unwrap();
     let all = Cpuset::first_n(4);
-    let steady = |i: usize| {
-        let mut s = sample(&all, 4, T, 2 * T, T / 2, 10);
-        s.vcpus[0].work_ns += (i as u64 % 3) * 10_000;
-        s
-    };
     // Warm-up (3 periods; the first is the start-up and does not count), then the decision
-    // period: three quiet periods before the change.
-    let mut ds: Vec<Decision> = (0..4).map(|i| g.step(&steady(i))).collect();
-    assert!(ds[3].active.len() < 4, "{:?}", events(&ds));
-    let slowed = |a: &Cpuset, by: (u64, u64)| {
-        let mut s = spread(a, 4, T, 2 * T, T / 2, 10);
-        for v in &mut s.vcpus {
-            v.work_ns = v.work_ns * by.0 / by.1;
-            v.idle_ns = s.period_ns - v.work_ns;
-        }
-        s
+    // period: three quiet periods before the change. Then three periods in which the smaller
+    // set runs the workload at `kept` of its pace.
+    let after_a_step = |kept: (u64, u64)| {
+        let mut g = Gleaner::new(
+            PolicyConfig {
+                mode: Mode::Consolidation,
+                warmup_periods: 3,
+                ..Default::default()
+            },
+            all.clone(),
+        )
+        .unwrap();
+        let steady: Vec<Decision> = (0..4u64)
+            .map(|i| {
+                let mut s = sample(&all, 4, T, 2 * T, T / 2, 10);
+                s.vcpus[0].work_ns += (i % 3) * 10_000;
+                g.step(&s)
+            })
+            .collect();
+        assert!(steady[3].active.len() < 4, "{:?}", events(&steady));
+        drive(&mut g, 3, |a| {
+            if a.len() == 4 {
+                return sample(a, 4, T, 2 * T, T / 2, 10);
+            }
+            let mut s = spread(a, 4, T, 2 * T, T / 2, 10);
+            for v in &mut s.vcpus {
+                v.work_ns = v.work_ns * kept.0 / kept.1;
+                v.idle_ns = s.period_ns - v.work_ns;
+            }
+            s
+        })
     };
-    ds = drive(&mut g, 3, |a| {
-        if a.len() == 4 {
-            sample(a, 4, T, 2 * T, T / 2, 10)
-        } else {
-            slowed(a, (2, 3))
-        }
-    });
+    let ds = after_a_step((2, 3));
     assert!(
         ds[0]
             .events
@@ -1165,27 +1166,9 @@ fn a_clear_loss_against_a_known_noise_is_undone_after_one_period() {
         events(&ds)
     );
     assert_eq!(ds[0].active, all);
-
     // A loss of a tenth, over the usual minimum but not three times it, waits for the second
     // period as before.
-    let mut g = Gleaner::new(
-        PolicyConfig {
-            mode: Mode::Consolidation,
-            warmup_periods: 3,
-            ..Default::default()
-        },
-        Cpuset::first_n(4),
-    )
-    .unwrap();
-    let ds: Vec<Decision> = (0..4).map(|i| g.step(&steady(i))).collect();
-    assert!(ds[3].active.len() < 4, "{:?}", events(&ds));
-    let ds = drive(&mut g, 3, |a| {
-        if a.len() == 4 {
-            sample(a, 4, T, 2 * T, T / 2, 10)
-        } else {
-            slowed(a, (9, 10))
-        }
-    });
+    let ds = after_a_step((9, 10));
     assert!(ds[0].events.is_empty(), "{:?}", events(&ds));
     assert_ne!(ds[0].active, all);
 }
