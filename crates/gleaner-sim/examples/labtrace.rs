@@ -7,29 +7,41 @@
 //! `--draw SEED` first, SCENARIO is looked for in the population `gleaner sim lab --draw SEED`
 //! draws (as many as it draws by default).
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a debugging tool
-
 use gleaner_sim::engine::Sim;
 use gleaner_sim::lab::population::{drawn_population, population, LabSet};
 
+const USAGE: &str = "usage: labtrace [--draw SEED] SCENARIO [CONFIG...]";
+
 fn main() {
+    if let Err(e) = run() {
+        eprintln!("labtrace: {e}");
+        std::process::exit(2);
+    }
+}
+
+fn run() -> Result<(), String> {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
-    let draw: Option<u64> = (args.first().map(String::as_str) == Some("--draw")).then(|| {
-        let seed = args
-            .get(1)
-            .expect("--draw SEED")
+    let draw: Option<u64> = if args.first().map(String::as_str) == Some("--draw") {
+        let seed = args.get(1).ok_or(format!("--draw needs a seed; {USAGE}"))?;
+        let seed = seed
             .parse()
-            .expect("--draw takes an integer");
+            .map_err(|_| format!("--draw takes an integer seed, not {seed:?}"))?;
         args.drain(..2);
-        seed
-    });
-    let want = args.first().expect("usage: labtrace SCENARIO [CONFIG...]");
+        Some(seed)
+    } else {
+        None
+    };
+    let want = args
+        .first()
+        .filter(|a| !a.starts_with('-'))
+        .ok_or(USAGE.to_string())?;
     // A scenario file runs as written (its own guest policies), e.g. scenarios/fig7-*.toml.
     if want.ends_with(".toml") {
-        let scenario = gleaner_sim::scenario::Scenario::load(std::path::Path::new(want)).unwrap();
+        let scenario = gleaner_sim::scenario::Scenario::load(std::path::Path::new(want))
+            .map_err(|e| format!("{want}: {e}"))?;
         let (report, samples) = Sim::new(&scenario).run_keeping_samples();
         print_trace(want, &report, &samples);
-        return;
+        return Ok(());
     }
     let mut labels: Vec<String> = args[1..].to_vec();
     if labels.is_empty() {
@@ -47,7 +59,11 @@ fn main() {
         .into_iter()
         .filter(|s| s.name == *want || s.name.contains(want.as_str()))
         .collect();
-    assert!(!scenarios.is_empty(), "no lab scenario matches {want}");
+    if scenarios.is_empty() {
+        return Err(format!(
+            "no lab scenario matches {want:?} (a name or part of one from `gleaner sim lab`'s tables; add --draw SEED for a drawn population)"
+        ));
+    }
     for s in &scenarios {
         for label in &labels {
             let Some(choice) = s.choices().into_iter().find(|c| &c.label() == label) else {
@@ -59,11 +75,14 @@ fn main() {
             // `gleaner+progress` (the sample's progress is what it judges by when present).
             let traced = label == "gleaner+progress";
             choice.app_progress = traced;
-            let scenario = s.build(choice, None).unwrap();
+            let scenario = s
+                .build(choice, None)
+                .map_err(|e| format!("{} [{label}]: {e}", s.name))?;
             let (report, samples) = Sim::new(&scenario).run_keeping_samples();
             print_trace(&format!("{} [{label}]", s.name), &report, &samples);
         }
     }
+    Ok(())
 }
 
 /// Each period of the first VM (the benchmark VM): what the policy saw and did.

@@ -58,8 +58,22 @@ fn measure(label: &str, s: &Scenario) {
     );
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("perf: {e:#}");
+        std::process::exit(2);
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     let only = std::env::args().nth(1).unwrap_or_default();
+    const RUNS: [&str; 3] = ["fig7", "perf-1024", "2x"];
+    if !only.is_empty() && !RUNS.contains(&only.as_str()) {
+        anyhow::bail!(
+            "no run {only:?}: name one of {} or none for all",
+            RUNS.join(", ")
+        );
+    }
     let measure = |key: &str, label: &str, s: &Scenario| {
         if only.is_empty() || only == key {
             measure(label, s);
