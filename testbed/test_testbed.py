@@ -278,6 +278,25 @@ def test_paired_speedups_and_weighted_speedup():
     assert s["paper"] == {"benchmark": "dedup"}
 
 
+def test_pooled_batches_keep_their_pairs_apart(tmp_path):
+    """Two batches both numbered from repetition 0: pooled, each pair stays within its batch
+    (a 2.0 pair and a 4.0 pair, not an on of one batch over an off of the other)."""
+    first, second = tmp_path / "a", tmp_path / "b"
+    for d, on in ((first, 200), (second, 400)):
+        d.mkdir()
+        rows = [record("c", 0, "off", 100, 50), record("c", 0, "on", on, 50)]
+        (d / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (first / "image-manifest.json").write_text(json.dumps({"git_commit": "abcdef1234567890"}))
+    md = summary.pool_markdown([first, second])
+    assert "Pooled over 2 batch(es): `a` (gleaner abcdef123456), `b` (gleaner ?)" in md
+    assert "| c | 2 | 3.00 [2.00, 4.00] |" in md
+    with pytest.raises(DriverError, match="named twice"):
+        summary.pool_markdown([first, first])
+    (second / "runs.jsonl").write_text("")
+    with pytest.raises(DriverError, match="holds no runs"):
+        summary.pool_markdown([first, second])
+
+
 def test_failed_runs_are_left_out():
     records = [record("c", 0, "off", 100, 50), record("c", 0, "on", 0, 50, bench_rc=1)]
     s = summary.summarize(records)["c"]

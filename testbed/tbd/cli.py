@@ -1,4 +1,4 @@
-"""The test bed's command line: run, smoke, summarize.
+"""The test bed's command line: run, smoke, summarize, pool.
 
 Why it exists: it is the wiring between the user's command and the parts (experiment,
 runner, summary) and turns a TestbedError into one line on stderr and exit code 2.
@@ -18,7 +18,7 @@ from .experiment import SETTINGS, GuestSpec, guest_command, load_experiment
 from .guest import GuestSet, parse_result
 from .lock import RunLock, install_signal_handlers
 from .runner import check_image, run_experiment
-from .summary import write_summary
+from .summary import pool_markdown, write_summary
 
 HERE = Path(__file__).resolve().parent.parent
 DEFAULT_IMAGE_DIR = HERE / "build"
@@ -105,6 +105,11 @@ def cmd_summarize(args) -> int:
     return 0
 
 
+def cmd_pool(args) -> int:
+    print(pool_markdown(args.results_dirs), end="")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Oversubscribed test bed: real Linux guests under QEMU sharing this machine's CPUs.")
     parser.add_argument("--image", type=Path, default=DEFAULT_IMAGE_DIR, help="image dir (testbed/build)")
@@ -122,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     p_sum = sub.add_parser("summarize", help="redo summary.md/json and the plot of a results dir")
     p_sum.add_argument("results_dir", type=Path)
     p_sum.set_defaults(func=cmd_summarize)
+    p_pool = sub.add_parser("pool", help="summarise the pairs of several results dirs of one experiment together")
+    p_pool.add_argument("results_dirs", type=Path, nargs="+")
+    p_pool.set_defaults(func=cmd_pool)
     args = parser.parse_args(argv)
     install_signal_handlers()
     try:

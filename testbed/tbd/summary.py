@@ -194,7 +194,7 @@ def plot(summary: dict, path: Path) -> str | None:
     return None
 
 
-def write_summary(out_dir: Path, exp: Experiment | None) -> Path:
+def _read_runs(out_dir: Path) -> list[dict]:
     runs_path = out_dir / "runs.jsonl"
     try:
         records = [json.loads(line) for line in runs_path.read_text().splitlines() if line.strip()]
@@ -202,6 +202,41 @@ def write_summary(out_dir: Path, exp: Experiment | None) -> Path:
         raise TestbedError(f"cannot read {runs_path}: {err}; is this a test bed results directory?") from err
     if not records:
         raise TestbedError(f"{runs_path} holds no runs; nothing to summarise")
+    return records
+
+
+def pool_markdown(dirs: list[Path]) -> str:
+    """The pairs of several results directories of one experiment summarised together.
+
+    Why: eight pairs of 20 s runs here stray ±20 % from one another, so one batch cannot tell
+    a few percent from zero; batches whose Gleaner did the same (e.g. nothing) can be pooled.
+    Repetitions are renumbered so that pairs stay within their batch.
+    """
+    if len(set(dirs)) != len(dirs):
+        raise TestbedError("a results directory is named twice; pool each batch once")
+    pooled: list[dict] = []
+    batches = []
+    for d in dirs:
+        records = _read_runs(d)
+        offset = 1 + max((r["rep"] for r in pooled), default=-1)
+        pooled += [{**r, "rep": r["rep"] + offset} if r["rep"] >= 0 else r for r in records]
+        manifest_path = d / "image-manifest.json"
+        manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+        batches.append(f"`{d.name}` (gleaner {manifest.get('git_commit', '?')[:12]})")
+    table = summary_markdown(summarize(pooled), {}, "pooled").split("\n")
+    first_table = table[table.index("| case | pairs | benchmark speedup | interval | co-runner speedup | weighted speedup | interval | paper |"):]
+    first_table = first_table[: first_table.index("")]
+    return "\n".join([
+        f"Pooled over {len(dirs)} batch(es): {', '.join(batches)}.",
+        "Speedup = throughput with Gleaner on / off, paired per repetition within its batch; "
+        "median [min, max] of the pairs, then the 95 % bootstrap interval of that median.",
+        "",
+        *first_table,
+    ]) + "\n"
+
+
+def write_summary(out_dir: Path, exp: Experiment | None) -> Path:
+    records = _read_runs(out_dir)
     if exp is None and (out_dir / "experiment.toml").is_file():
         exp = load_experiment(out_dir / "experiment.toml")
     papers = {c.name: c.paper for c in exp.cases} if exp else {}
