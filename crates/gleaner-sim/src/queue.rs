@@ -23,9 +23,10 @@ use crate::time::Ns;
 /// delay ([`EventQueue::push_delayed`]), pushed and popped in O(1); pop takes the smallest of
 /// the heaps' and lanes' first keys. The lanes' smallest first key is kept
 /// ([`EventQueue::lanes_first`]), so a pop compares three keys, not one per lane as well.
+/// The near heap keeps its keys in 64 bits ([`NearHeap`]).
 pub struct EventQueue<E> {
-    near: Heap<E>,
-    far: Heap<E>,
+    near: NearHeap<E>,
+    far: Heap<Key, E>,
     /// (delay, its events).
     lanes: Vec<(Ns, VecDeque<(Key, E)>)>,
     /// The smallest first key of the lanes and its lane; [`NO_EVENT`] when they are empty.
@@ -38,7 +39,7 @@ pub struct EventQueue<E> {
 impl<E> Default for EventQueue<E> {
     fn default() -> Self {
         Self {
-            near: Heap::default(),
+            near: NearHeap::default(),
             far: Heap::default(),
             lanes: Vec::new(),
             lanes_first: (NO_EVENT, 0),
@@ -66,6 +67,11 @@ pub fn time_of(key: Key) -> Ns {
     (key >> 64) as Ns
 }
 
+/// The sequence number of a key.
+fn seq_of(key: Key) -> u64 {
+    key as u64
+}
+
 /// The largest key at time `at`: every event at `at` or before orders at or before it.
 pub fn last_key_at(at: Ns) -> Key {
     (at as u128) << 64 | u64::MAX as u128
@@ -89,10 +95,8 @@ impl<E: Copy> EventQueue<E> {
     /// Push an event with a key from [`EventQueue::key_at`] (each key at most once in the
     /// queue at a time).
     pub fn push_key(&mut self, key: Key, event: E) {
-        if time_of(key) >= self.now.saturating_add(HORIZON) {
+        if time_of(key) >= self.now.saturating_add(HORIZON) || !self.near.push(key, event) {
             self.far.push(key, event);
-        } else {
-            self.near.push(key, event);
         }
     }
 
@@ -162,7 +166,9 @@ impl<E: Copy> EventQueue<E> {
     }
 
     pub fn len(&self) -> usize {
-        self.near.len() + self.far.len() + self.lanes.iter().map(|(_, l)| l.len()).sum::<usize>()
+        self.near.heap.len()
+            + self.far.len()
+            + self.lanes.iter().map(|(_, l)| l.len()).sum::<usize>()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -170,21 +176,116 @@ impl<E: Copy> EventQueue<E> {
     }
 }
 
-/// A 4-ary min-heap keyed by `time << 64 | seq`: half the depth of a binary heap and one
-/// integer comparison per step, which matters because push and pop are most of the cost of a
-/// simulated event.
+/// The near heap, its keys packed into 64 bits relative to a base time and sequence number:
+/// `(time - base_time) << SEQ_BITS | (seq - base_seq)`. Subtracting a constant from each part
+/// keeps the order of the keys, so the packed keys order as the full ones do; a comparison and
+/// a move of a key are then one instruction instead of two, in the sift-down that is most of a
+/// pop. The near heap's keys lie within [`HORIZON`] of the last event popped, so they fit
+/// with a base that moves forward now and then ([`NearHeap::rebase`]); a key that does not fit
+/// goes to the far heap, which takes any key, so the order is right either way.
+struct NearHeap<E> {
+    heap: Heap<u64, E>,
+    base_time: Ns,
+    base_seq: u64,
+}
+
+impl<E> Default for NearHeap<E> {
+    fn default() -> Self {
+        Self {
+            heap: Heap::default(),
+            base_time: 0,
+            base_seq: 0,
+        }
+    }
+}
+
+/// The low bits of a packed near key: the sequence number past `base_seq`. The high 28 bits
+/// leave 268 ms of time past `base_time`.
+const SEQ_BITS: u32 = 36;
+
+impl<E: Copy> NearHeap<E> {
+    /// `key` relative to the base, if it fits.
+    fn pack(&self, key: Key) -> Option<u64> {
+        let dt = time_of(key).checked_sub(self.base_time)?;
+        let ds = seq_of(key).checked_sub(self.base_seq)?;
+        (dt < 1 << (64 - SEQ_BITS) && ds < 1 << SEQ_BITS).then_some(dt << SEQ_BITS | ds)
+    }
+
+    fn unpack(&self, packed: u64) -> Key {
+        let time = self.base_time + (packed >> SEQ_BITS);
+        let seq = self.base_seq + (packed & ((1 << SEQ_BITS) - 1));
+        (time as u128) << 64 | seq as u128
+    }
+
+    /// Push `key` if it fits (rebasing if it lies too far past the base); false if it does not.
+    fn push(&mut self, key: Key, event: E) -> bool {
+        let packed = match self.pack(key) {
+            Some(packed) => packed,
+            None if time_of(key) >= self.base_time && seq_of(key) >= self.base_seq => {
+                self.rebase(key);
+                match self.pack(key) {
+                    Some(packed) => packed,
+                    None => return false,
+                }
+            }
+            None => return false,
+        };
+        self.heap.push(packed, event);
+        true
+    }
+
+    /// Move the base up to the smallest time and sequence number of the queued keys (those of
+    /// `key` when there are none), which every queued key still fits above. Runs when a key
+    /// lies past the packed range: about once per 268 ms of simulated time.
+    fn rebase(&mut self, key: Key) {
+        let Some(&smallest) = self.heap.keys.iter().min() else {
+            (self.base_time, self.base_seq) = (time_of(key), seq_of(key));
+            return;
+        };
+        // The smallest key has the smallest time; the smallest sequence number may be another's.
+        let time_shift = smallest >> SEQ_BITS;
+        let seq_mask = (1 << SEQ_BITS) - 1;
+        let seq_shift = self
+            .heap
+            .keys
+            .iter()
+            .map(|&p| p & seq_mask)
+            .min()
+            .unwrap_or(0);
+        for packed in &mut self.heap.keys {
+            // Each part of every key is at least its shift: no borrow from one to the other.
+            *packed -= time_shift << SEQ_BITS | seq_shift;
+        }
+        self.base_time += time_shift;
+        self.base_seq += seq_shift;
+    }
+
+    fn first(&self) -> Option<Key> {
+        self.heap.first().map(|packed| self.unpack(packed))
+    }
+
+    fn pop(&mut self) -> Option<(Key, E)> {
+        let (packed, event) = self.heap.pop()?;
+        Some((self.unpack(packed), event))
+    }
+}
+
+/// A 4-ary min-heap keyed by `time << 64 | seq` (packed, in the near heap): half the depth of a
+/// binary heap and one integer comparison per step, which matters because push and pop are most
+/// of the cost of a simulated event.
 ///
 /// Keys and events are kept in two parallel arrays rather than one array of pairs: the
-/// comparisons, which are most of the memory traffic, then read 16-byte keys only (a node's
-/// four children are 64 bytes, one or two cache lines, instead of 128 bytes of pairs), and the
-/// event is moved only along the one path that changes. Every key is distinct (the sequence
-/// number), so any correct heap pops the same order: the layout cannot change a run.
-struct Heap<E> {
-    keys: Vec<Key>,
+/// comparisons, which are most of the memory traffic, then read keys only (a node's four
+/// children's keys are 64 bytes, one or two cache lines, instead of 128 bytes of pairs; 32 in the
+/// near heap), and the event is moved only along the one path that changes. Every key is
+/// distinct (the sequence number), so any correct heap pops the same order: the layout cannot
+/// change a run.
+struct Heap<K, E> {
+    keys: Vec<K>,
     events: Vec<E>,
 }
 
-impl<E> Default for Heap<E> {
+impl<K, E> Default for Heap<K, E> {
     fn default() -> Self {
         Self {
             keys: Vec::new(),
@@ -195,12 +296,12 @@ impl<E> Default for Heap<E> {
 
 const ARITY: usize = 4;
 
-impl<E: Copy> Heap<E> {
-    fn first(&self) -> Option<Key> {
+impl<K: Ord + Copy, E: Copy> Heap<K, E> {
+    fn first(&self) -> Option<K> {
         self.keys.first().copied()
     }
 
-    fn push(&mut self, key: Key, event: E) {
+    fn push(&mut self, key: K, event: E) {
         // Sift up with a hole: parents move down one step each, the new entry is written once.
         let mut i = self.keys.len();
         self.keys.push(key);
@@ -218,7 +319,7 @@ impl<E: Copy> Heap<E> {
         self.events[i] = event;
     }
 
-    fn pop(&mut self) -> Option<(Key, E)> {
+    fn pop(&mut self) -> Option<(K, E)> {
         let top = (*self.keys.first()?, self.events[0]);
         let (Some(last_key), Some(last_event)) = (self.keys.pop(), self.events.pop()) else {
             return None;
@@ -339,6 +440,42 @@ mod tests {
         let rest: Vec<_> = std::iter::from_fn(|| q.pop_key()).collect();
         assert_eq!(rest, expect);
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn near_heap_rebases_and_pops_what_it_took_in_order() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        let mut near = NearHeap::default();
+        // What the near heap took; a key it gives back goes to the far heap.
+        let mut taken = std::collections::BTreeSet::new();
+        let mut misfits = 0;
+        let mut now: Ns = 0;
+        for i in 0..20_000u64 {
+            // Times up to a second past `now`, past the 268 ms the packing holds, and now and
+            // then a sequence number taken long ago or a time in the past.
+            let at = (now + rng.gen_range(0..1_000_000_000)).saturating_sub(rng.gen_range(0..2));
+            let seq = if i % 7 == 0 { i / 2 } else { i };
+            let key = (at as u128) << 64 | seq as u128;
+            if near.push(key, i) {
+                taken.insert((key, i));
+            } else {
+                misfits += 1;
+            }
+            if i % 2 == 0 {
+                let popped = near.pop();
+                assert_eq!(popped, taken.pop_first());
+                if let Some((key, _)) = popped {
+                    now = now.max(time_of(key));
+                }
+            }
+        }
+        assert!(near.base_time > 0 && near.base_seq > 0, "it rebased");
+        assert!(misfits > 0);
+        assert_eq!(
+            std::iter::from_fn(|| near.pop()).collect::<Vec<_>>(),
+            Vec::from_iter(taken)
+        );
     }
 
     #[test]
