@@ -11,6 +11,8 @@ use super::{Event, Sim, NO_KEY};
 use crate::host::VState;
 use crate::time::Ns;
 
+/// A vCPU's accounting state; its discriminant is its counter's index in
+/// [`Counters::time_ns`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Acct {
     Work,
@@ -20,26 +22,63 @@ pub(super) enum Acct {
     Overhead,
 }
 
+/// The counter that also takes the time of an accounting state, by what the guest was doing
+/// when the state began (see [`Counters::halt_wait_ns`] and [`Counters::overhead_busy_ns`]);
+/// its discriminant is its index in [`Counters::time_ns`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Overlap {
+    HaltWait = 5,
+    OverheadBusy = 6,
+    /// No second counter: a slot of [`Counters::time_ns`] that nothing reads.
+    Nothing = 7,
+}
+
 #[derive(Debug, Clone, Default)]
 pub(super) struct Counters {
-    pub(super) work_ns: Ns,
-    pub(super) yield_ns: Ns,
-    pub(super) idle_ns: Ns,
-    pub(super) steal_ns: Ns,
-    pub(super) overhead_ns: Ns,
+    /// Time by [`Acct`], then by [`Overlap`]: each state change adds the time spent to two
+    /// slots, with no branch on which.
+    time_ns: [Ns; 8],
     pub(super) yield_preemptions: u64,
     pub(super) idle_entries: u64,
     pub(super) halts: u64,
     pub(super) ipis: u64,
     pub(super) ple_exits: u64,
+}
+
+impl Counters {
+    pub(super) fn work_ns(&self) -> Ns {
+        self.time_ns[Acct::Work as usize]
+    }
+
+    pub(super) fn yield_ns(&self) -> Ns {
+        self.time_ns[Acct::Yield as usize]
+    }
+
+    pub(super) fn idle_ns(&self) -> Ns {
+        self.time_ns[Acct::Idle as usize]
+    }
+
+    pub(super) fn steal_ns(&self) -> Ns {
+        self.time_ns[Acct::Steal as usize]
+    }
+
+    pub(super) fn overhead_ns(&self) -> Ns {
+        self.time_ns[Acct::Overhead as usize]
+    }
+
     /// Steal and switch-in overhead while the guest sits in HLT (kicked, waiting for or
     /// entering a pCPU). The guest's own idle clock (`/proc/timer_list` idle_sleeptime, which
     /// gleaner-linux reads) runs from HLT until the guest resumes, so Gleaner's sample counts
     /// this as idle time too (and the host's run delay also as steal, as `/proc/stat` does).
-    pub(super) halt_wait_ns: Ns,
+    pub(super) fn halt_wait_ns(&self) -> Ns {
+        self.time_ns[Overlap::HaltWait as usize]
+    }
+
     /// Switch-in overhead (host switch, cache refill) while a workload thread is current:
     /// the guest cannot see it apart from the thread's own run time.
-    pub(super) overhead_busy_ns: Ns,
+    pub(super) fn overhead_busy_ns(&self) -> Ns {
+        self.time_ns[Overlap::OverheadBusy as usize]
+    }
 }
 
 impl Sim {
@@ -106,44 +145,35 @@ impl Sim {
     }
 
     pub(super) fn refresh_acct(&mut self, v: VcpuId) {
-        let state = {
-            let vc = &self.vcpus[v];
-            if !vc.host_running {
-                match self.host.vcpus[v.index()].state {
-                    VState::Halted => Acct::Idle,
-                    _ => Acct::Steal,
-                }
-            } else if vc.in_overhead {
-                Acct::Overhead
-            } else {
-                match vc.act {
-                    Activity::Switching(_) | Activity::Running(_) => Acct::Work,
-                    Activity::Retaining => Acct::Yield,
-                    Activity::Polling | Activity::Idle => Acct::Idle,
-                }
+        let vc = &self.vcpus[v];
+        // The guest's activity: idle (HLT or polling), a workload thread, or a retention hold.
+        let (busy_state, guest_idle, guest_thread) = match vc.act {
+            Activity::Switching(_) | Activity::Running(_) => (Acct::Work, false, true),
+            Activity::Retaining => (Acct::Yield, false, false),
+            Activity::Polling | Activity::Idle => (Acct::Idle, true, false),
+        };
+        let state = if !vc.host_running {
+            match self.host.vcpus[v.index()].state {
+                VState::Halted => Acct::Idle,
+                _ => Acct::Steal,
             }
+        } else if vc.in_overhead {
+            Acct::Overhead
+        } else {
+            busy_state
+        };
+        let overlap = match state {
+            Acct::Steal | Acct::Overhead if guest_idle => Overlap::HaltWait,
+            Acct::Overhead if guest_thread => Overlap::OverheadBusy,
+            _ => Overlap::Nothing,
         };
         let now = self.now;
         let vc = &mut self.vcpus[v];
         let spent = now - vc.acct_since;
-        match vc.acct {
-            Acct::Work => vc.c.work_ns += spent,
-            Acct::Yield => vc.c.yield_ns += spent,
-            Acct::Idle => vc.c.idle_ns += spent,
-            Acct::Steal => vc.c.steal_ns += spent,
-            Acct::Overhead => vc.c.overhead_ns += spent,
-        }
-        match (vc.acct, vc.acct_guest) {
-            (Acct::Steal | Acct::Overhead, 0) => vc.c.halt_wait_ns += spent,
-            (Acct::Overhead, 1) => vc.c.overhead_busy_ns += spent,
-            _ => {}
-        }
+        vc.c.time_ns[vc.acct as usize] += spent;
+        vc.c.time_ns[vc.acct_overlap as usize] += spent;
         vc.acct = state;
-        vc.acct_guest = match vc.act {
-            Activity::Polling | Activity::Idle => 0,
-            Activity::Switching(_) | Activity::Running(_) => 1,
-            Activity::Retaining => 2,
-        };
+        vc.acct_overlap = overlap;
         vc.acct_since = now;
     }
 

@@ -7,7 +7,7 @@ use gleaner_policy::{Cpuset, Gleaner, Mode, PolicyConfig, WakeLatencies};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use super::accounting::{Acct, Counters};
+use super::accounting::{Acct, Counters, Overlap};
 use super::guest::{Activity, Vcpu};
 use super::ids::{BarrierId, Id, MutexId, QueueId, SpinId};
 use super::sync::{Barrier, Mutex, Queue, ROp, SpinLock, TState, Thread};
@@ -132,7 +132,7 @@ impl Sim {
                 runq: VecDeque::new(),
                 acct: Acct::Idle,
                 acct_since: 0,
-                acct_guest: 0,
+                acct_overlap: Overlap::Nothing,
                 idle_since: 0,
                 aged_idle_since: None,
                 poll_limit: 0,

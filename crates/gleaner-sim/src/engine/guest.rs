@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 
-use super::accounting::{Acct, Counters};
+use super::accounting::{Acct, Counters, Overlap};
 use super::ids::{ThreadId, VcpuId, VmId};
 use super::sync::{ROp, TState};
 use super::wake::{WakeeState, Waker};
@@ -62,9 +62,8 @@ pub(super) struct Vcpu {
     pub(super) runq: VecDeque<ThreadId>,
     pub(super) acct: Acct,
     pub(super) acct_since: Ns,
-    /// The guest's activity class when `acct` was set: 0 idle (HLT/poll), 1 workload thread,
-    /// 2 other (retention hold).
-    pub(super) acct_guest: u8,
+    /// The counter that `acct`'s time also goes to, by the guest's activity when it was set.
+    pub(super) acct_overlap: Overlap,
     pub(super) idle_since: Ns,
     /// The idle period (its `idle_since`) whose age at its first wake-up was recorded.
     pub(super) aged_idle_since: Option<Ns>,

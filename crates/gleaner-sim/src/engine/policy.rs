@@ -64,11 +64,12 @@ impl Sim {
             let (now, then) = (&self.vcpus[base.offset(i as u32)].c, &vm.last[i]);
             vcpus.push(VcpuSample {
                 cpu: i,
-                work_ns: (now.work_ns + now.overhead_busy_ns)
-                    - (then.work_ns + then.overhead_busy_ns),
-                yield_ns: now.yield_ns - then.yield_ns,
-                idle_ns: (now.idle_ns + now.halt_wait_ns) - (then.idle_ns + then.halt_wait_ns),
-                steal_ns: now.steal_ns - then.steal_ns,
+                work_ns: (now.work_ns() + now.overhead_busy_ns())
+                    - (then.work_ns() + then.overhead_busy_ns()),
+                yield_ns: now.yield_ns() - then.yield_ns(),
+                idle_ns: (now.idle_ns() + now.halt_wait_ns())
+                    - (then.idle_ns() + then.halt_wait_ns()),
+                steal_ns: now.steal_ns() - then.steal_ns(),
                 yield_preemptions: now.yield_preemptions - then.yield_preemptions,
                 idle_entries: now.idle_entries - then.idle_entries,
             });

@@ -28,11 +28,11 @@ impl Sim {
                             yield_preemptions: c.yield_preemptions,
                             ipis_received: c.ipis,
                             ple_exits: c.ple_exits,
-                            work_ns: c.work_ns,
-                            yield_ns: c.yield_ns,
-                            idle_ns: c.idle_ns,
-                            steal_ns: c.steal_ns,
-                            overhead_ns: c.overhead_ns,
+                            work_ns: c.work_ns(),
+                            yield_ns: c.yield_ns(),
+                            idle_ns: c.idle_ns(),
+                            steal_ns: c.steal_ns(),
+                            overhead_ns: c.overhead_ns(),
                         }
                     })
                     .collect();
