@@ -29,6 +29,9 @@ pub struct EventQueue<E> {
     far: Heap<Key, E>,
     /// (delay, its events).
     lanes: Vec<(Ns, VecDeque<(Key, E)>)>,
+    /// Each lane's first key, [`NO_EVENT`] for an empty or unused lane: what a pop from a lane
+    /// compares to find the next first, without looking into each lane's ring buffer.
+    lane_fronts: [Key; MAX_LANES],
     /// The smallest first key of the lanes and its lane; [`NO_EVENT`] when they are empty.
     lanes_first: (Key, usize),
     /// The time of the last event popped.
@@ -42,6 +45,7 @@ impl<E> Default for EventQueue<E> {
             near: NearHeap::default(),
             far: Heap::default(),
             lanes: Vec::new(),
+            lane_fronts: [NO_EVENT; MAX_LANES],
             lanes_first: (NO_EVENT, 0),
             now: 0,
             next_seq: 0,
@@ -117,6 +121,9 @@ impl<E: Copy> EventQueue<E> {
         match lane {
             Some(l) if self.lanes[l].1.back().is_none_or(|&(last, _)| last < key) => {
                 self.lanes[l].1.push_back((key, event));
+                if self.lane_fronts[l] == NO_EVENT {
+                    self.lane_fronts[l] = key;
+                }
                 if key < self.lanes_first.0 {
                     // The lane was empty (a lane's keys only grow) and this is the lanes' first.
                     self.lanes_first = (key, l);
@@ -140,7 +147,9 @@ impl<E: Copy> EventQueue<E> {
         } else if far < lane_key {
             self.far.pop()
         } else if lane_key != NO_EVENT {
-            let popped = self.lanes[lane].1.pop_front();
+            let events = &mut self.lanes[lane].1;
+            let popped = events.pop_front();
+            self.lane_fronts[lane] = events.front().map_or(NO_EVENT, |&(key, _)| key);
             self.lanes_first = self.lanes_first_key();
             popped
         } else {
@@ -154,12 +163,10 @@ impl<E: Copy> EventQueue<E> {
 
     /// The smallest first key of the lanes and its lane (the first lane if they are empty).
     fn lanes_first_key(&self) -> (Key, usize) {
-        let mut first = (NO_EVENT, 0);
-        for (l, (_, lane)) in self.lanes.iter().enumerate() {
-            if let Some(&(key, _)) = lane.front() {
-                if key < first.0 {
-                    first = (key, l);
-                }
+        let mut first = (self.lane_fronts[0], 0);
+        for (l, &key) in self.lane_fronts.iter().enumerate().skip(1) {
+            if key < first.0 {
+                first = (key, l);
             }
         }
         first
