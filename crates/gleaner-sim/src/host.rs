@@ -521,7 +521,9 @@ impl Host {
         }
         match next {
             Some(n) => {
-                self.tree_remove(p, n);
+                // Out of the queue and into `curr`: one sync of the load below for both.
+                let key = self.key(n);
+                self.pcpus[p].rq.remove(&key);
                 let refill = self.pcpus[p].last_ran != Some(n);
                 let overhead = self.p.vcpu_switch + if refill { self.p.cache_refill } else { 0 };
                 let pc = &mut self.pcpus[p];
