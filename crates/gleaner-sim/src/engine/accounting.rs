@@ -87,6 +87,11 @@ impl Sim {
         vc.host_running && !vc.in_overhead
     }
 
+    /// Switching into or running a thread ([`super::guest::RunState::busy`]).
+    pub(super) fn busy(act: Activity) -> bool {
+        matches!(act, Activity::Switching(_) | Activity::Running(_))
+    }
+
     pub(super) fn timed(act: Activity) -> bool {
         !matches!(act, Activity::Idle)
     }
@@ -122,6 +127,7 @@ impl Sim {
     pub(super) fn set_act(&mut self, v: VcpuId, act: Activity, remaining: Ns) {
         self.pause(v);
         let vc = &mut self.vcpus[v];
+        let was_busy = Self::busy(vc.act);
         vc.act = act;
         vc.remaining = remaining;
         if Self::timed(act) {
@@ -129,7 +135,11 @@ impl Sim {
                 .remaining
                 .saturating_add(std::mem::take(&mut vc.exit_debt));
         }
-        self.sync_run_state(v);
+        // The run state reads of the activity only whether it is busy (half the calls here
+        // keep that, switching into a thread and then running it, say).
+        if Self::busy(act) != was_busy {
+            self.sync_run_state(v);
+        }
         self.resume_timer(v);
         self.refresh_acct(v);
     }

@@ -24,9 +24,10 @@ pub(super) enum Activity {
 }
 
 /// What the guest's placement scans read of a vCPU: kept apart from [`Vcpu`] (272 bytes) in a
-/// dense array that every change of `act` or `runq` updates ([`Sim::sync_run_state`]), so a
-/// wake-up's scan of a 32-vCPU VM reads two cache lines instead of 32. The scans of
-/// `select_vcpu` and `steal_thread` were a fifth of perf-1024's run time.
+/// dense array that every change of `runq`, or of `act` between busy and not, updates
+/// ([`Sim::sync_run_state`]), so a wake-up's scan of a 32-vCPU VM reads two cache lines
+/// instead of 32. The scans of `select_vcpu` and `steal_thread` were a fifth of perf-1024's
+/// run time.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) struct RunState {
     /// Threads in the vCPU's run queue.
@@ -297,11 +298,11 @@ impl Sim {
         let vc = &self.vcpus[v];
         RunState {
             queued: vc.runq.len() as u32,
-            busy: matches!(vc.act, Activity::Switching(_) | Activity::Running(_)),
+            busy: Self::busy(vc.act),
         }
     }
 
-    /// Call after every change of vCPU `v`'s `act` or `runq`.
+    /// Call after every change of vCPU `v`'s `runq`, or of its `act` between busy and not.
     pub(super) fn sync_run_state(&mut self, v: VcpuId) {
         let new = self.run_state_of(v);
         if std::mem::replace(&mut self.run_state[v], new) != new {
