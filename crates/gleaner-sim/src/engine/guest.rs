@@ -140,8 +140,8 @@ impl Sim {
                         }
                     }
                 }
+                // Busy before and after: the run state does not change.
                 self.vcpus[v].act = Activity::Running(t);
-                self.sync_run_state(v);
                 self.thread_continue(t);
             }
             Activity::Running(t) => {
