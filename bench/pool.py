@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Pool several batches of a suite: `python3 bench/pool.py results/daemon-*.json`.
 
-Prints, per workload, each configuration's runs against the baseline run of the same round,
+Prints, per workload, each configuration's runs against the baseline run of the same round
+(or another configuration's, `--against one-vcpu`),
 pooled over every batch given (pairs kept), with the 95 % bootstrap interval of the median,
 then every batch's own ratio. Batches of another cpuidle driver than the first's, and batches
 that ran under a load warning, are left out and named.
@@ -25,6 +26,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--driver", help="pool the batches of this cpuidle driver (default: the first file's)")
     parser.add_argument("--configs", help="comma-separated configurations to show (default: every one but baseline)")
     parser.add_argument("--include-busy", action="store_true", help="keep batches that ran under a load warning")
+    parser.add_argument("--against", default="baseline",
+                        help="the configuration each run is paired with in its round (default baseline; "
+                             "e.g. one-vcpu for Gleaner against ping-pong's best fixed setting)")
     args = parser.parse_args(argv)
     batches = []
     for path in args.files:
@@ -41,7 +45,11 @@ def main(argv: list[str]) -> int:
         except PoolError as error:
             print(f"bench/pool.py: {error}", file=sys.stderr)
             return 2
-    pooled = pool(batches, args.driver, args.include_busy)
+    pooled = pool(batches, args.driver, args.include_busy, args.against)
+    if pooled.used and not pooled.ratios:
+        print(f"bench/pool.py: no round has both {args.against} and another configuration; "
+              "name a configuration the batches ran with --against", file=sys.stderr)
+        return 1
     if not pooled.used:
         print("bench/pool.py: no batch left to pool: " + "; ".join(f"{n}: {w}" for n, w in pooled.skipped)
               + " (see --driver, --include-busy)", file=sys.stderr)

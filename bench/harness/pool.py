@@ -33,8 +33,10 @@ class Batch:
 
 @dataclass
 class Pooled:
-    """Per (workload, configuration): every batch's ratios against baseline, and the batches used."""
+    """Per (workload, configuration): every batch's ratios against `against` (baseline unless
+    asked otherwise), and the batches used."""
 
+    against: str = "baseline"
     used: list[Batch] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (name, why)
     ratios: dict[tuple[str, str], list[float]] = field(default_factory=dict)
@@ -52,16 +54,18 @@ def batch_of(name: str, results: dict) -> Batch:
                         "pass the results/<suite>-<date>.json files it writes") from None
 
 
-def ratios_against_baseline(workload: dict, config: str) -> list[float]:
-    """`config`'s runs against the baseline run of the same round (>1: `config` better)."""
-    return paired_ratios(values_by_rep(workload, config), values_by_rep(workload, "baseline"),
+def ratios_against(workload: dict, config: str, against: str = "baseline") -> list[float]:
+    """`config`'s runs against the `against` run of the same round (>1: `config` better)."""
+    return paired_ratios(values_by_rep(workload, config), values_by_rep(workload, against),
                          workload["higher_is_better"])
 
 
-def pool(batches: list[Batch], driver: str | None, include_busy: bool) -> Pooled:
+def pool(batches: list[Batch], driver: str | None, include_busy: bool, against: str = "baseline") -> Pooled:
     """Pools the batches of one cpuidle driver (the first batch's when None), leaving out those
-    that ran under a load warning unless `include_busy`."""
-    pooled = Pooled()
+    that ran under a load warning unless `include_busy`. Each configuration is paired with the
+    `against` run of its round: baseline by default; a fixed setting (e.g. one-vcpu, ping-pong's
+    best) to pool Gleaner against the best static choice."""
+    pooled = Pooled(against=against)
     if driver is None and batches:
         driver = batches[0].driver
     for batch in batches:
@@ -75,9 +79,9 @@ def pool(batches: list[Batch], driver: str | None, include_busy: bool) -> Pooled
         for workload in batch.workloads:
             if workload.get("error"):
                 continue
-            configs = sorted({run["config"] for run in workload["runs"]} - {"baseline"})
+            configs = sorted({run["config"] for run in workload["runs"]} - {against})
             for config in configs:
-                ratios = ratios_against_baseline(workload, config)
+                ratios = ratios_against(workload, config, against)
                 if not ratios:
                     continue
                 pooled.ratios.setdefault((workload["name"], config), []).extend(ratios)
@@ -96,14 +100,14 @@ def markdown(pooled: Pooled, configs: list[str] | None) -> str:
     lines = [f"Pooled over {len(pooled.used)} batch(es): "
              + ", ".join(f"{b.name} ({b.commit}, load {b.load:.2f})" for b in pooled.used) + "."]
     lines += [f"Left out: {name}: {why}." for name, why in pooled.skipped]
-    lines += ["", "Median of the pooled per-round ratios against baseline (>1: better) "
+    lines += ["", f"Median of the pooled per-round ratios against {pooled.against} (>1: better) "
               "[95 % bootstrap interval of that median] (pairs):", ""]
     rows = [[workload] + [_cell(ratio_summary(pooled.ratios[(workload, c)])) if (workload, c) in pooled.ratios
                           else "–" for c in shown]
             for workload in workloads]
-    lines += _table(["workload"] + [f"{c} vs baseline" for c in shown], rows)
+    lines += _table(["workload"] + [f"{c} vs {pooled.against}" for c in shown], rows)
     lines += ["", "Each batch:", ""]
-    lines += _table(["batch", "workload", "configuration", "against baseline"],
+    lines += _table(["batch", "workload", "configuration", f"against {pooled.against}"],
                     [[name, workload, config, _cell(ratio)]
                      for name, workload, config, ratio in pooled.per_batch if config in shown])
     return "\n".join(lines) + "\n"

@@ -87,3 +87,19 @@ def test_the_command_pools_files_and_answers_bad_input_in_one_line(tmp_path):
 
     done = cli("--driver", "none", good)
     assert done.returncode == 1 and "no batch left to pool" in done.stderr and done.stderr.count("\n") == 1
+
+
+def test_runs_pair_with_another_configuration_of_their_round(tmp_path):
+    rows = [run("baseline", 0, 100.0), run("gleaner", 0, 380.0), run("one-vcpu", 0, 400.0),
+            run("baseline", 1, 100.0), run("gleaner", 1, 300.0), run("one-vcpu", 1, 300.0)]
+    batch = pool.batch_of("p.json", results(runs=rows))
+    pooled = pool.pool([batch], None, False, against="one-vcpu")
+    assert sorted(pooled.ratios[("sysbench-threads", "gleaner")]) == pytest.approx([0.95, 1.0])
+    assert ("sysbench-threads", "one-vcpu") not in pooled.ratios
+    assert "| workload | baseline vs one-vcpu | gleaner vs one-vcpu |" in pool.markdown(pooled, None)
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(results(runs=rows)))
+    done = cli(path, "--against", "one-vcpu", "--configs", "gleaner")
+    assert done.returncode == 0 and "| sysbench-threads | ×0.975 [" in done.stdout
+    done = cli(path, "--against", "yield-loop")
+    assert done.returncode == 1 and "no round has both yield-loop" in done.stderr and done.stderr.count("\n") == 1
