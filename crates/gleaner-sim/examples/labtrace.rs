@@ -7,6 +7,8 @@
 //! `--draw SEED` first, SCENARIO is looked for in the population `gleaner sim lab --draw SEED`
 //! draws (as many as it draws by default).
 
+use std::io::Write;
+
 use gleaner_sim::engine::Sim;
 use gleaner_sim::lab::population::{drawn_population, population, LabSet};
 
@@ -40,8 +42,7 @@ fn run() -> Result<(), String> {
         let scenario = gleaner_sim::scenario::Scenario::load(std::path::Path::new(want))
             .map_err(|e| format!("{want}: {e}"))?;
         let (report, samples) = Sim::new(&scenario).run_keeping_samples();
-        print_trace(want, &report, &samples);
-        return Ok(());
+        return print_trace(want, &report, &samples);
     }
     let mut labels: Vec<String> = args[1..].to_vec();
     if labels.is_empty() {
@@ -79,18 +80,33 @@ fn run() -> Result<(), String> {
                 .build(choice, None)
                 .map_err(|e| format!("{} [{label}]: {e}", s.name))?;
             let (report, samples) = Sim::new(&scenario).run_keeping_samples();
-            print_trace(&format!("{} [{label}]", s.name), &report, &samples);
+            print_trace(&format!("{} [{label}]", s.name), &report, &samples)?;
         }
     }
     Ok(())
 }
 
-/// Each period of the first VM (the benchmark VM): what the policy saw and did.
+/// Each period of the first VM (the benchmark VM): what the policy saw and did. A reader that
+/// stops early (`| head`) ends the trace quietly.
 fn print_trace(
     title: &str,
     report: &gleaner_sim::report::SimReport,
     samples: &[(usize, gleaner_policy::PeriodSample)],
-) {
+) -> Result<(), String> {
+    match write_trace(&mut std::io::stdout().lock(), title, report, samples) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(format!("writing the trace: {e}"))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn write_trace(
+    out: &mut impl Write,
+    title: &str,
+    report: &gleaner_sim::report::SimReport,
+    samples: &[(usize, gleaner_policy::PeriodSample)],
+) -> std::io::Result<()> {
     let vm = &report.vms[0];
     let per_s = |v: &gleaner_sim::report::VmReport| {
         v.completed_work_ns as f64 / report.simulated_ns.max(1) as f64
@@ -99,7 +115,8 @@ fn print_trace(
         .iter()
         .map(|v| format!("{} {:.3}", v.name, per_s(v)))
         .collect();
-    println!(
+    writeln!(
+        out,
         "== {title} bench compute/s {:.3} vCPUs (others: {}; host migrations {})",
         per_s(vm),
         if others.is_empty() {
@@ -108,7 +125,7 @@ fn print_trace(
             others.join(", ")
         },
         report.host.migrations
-    );
+    )?;
     let bench: Vec<_> = samples.iter().filter(|(v, _)| *v == 0).collect();
     for (i, (_, smp)) in bench.iter().enumerate() {
         let util = smp.work_ns();
@@ -132,7 +149,8 @@ fn print_trace(
                 m(&w.running)
             )
         });
-        println!(
+        writeln!(
+            out,
             "{:3} active {:2} held {:2} util {:6.3} progress {:>8} idle/s {:>8} steal {:5.2} wakes h(waited)/p/r {h}({waited})/{p}/{r} sw {}{lat}",
             i + 1,
             active,
@@ -142,9 +160,10 @@ fn print_trace(
             idle_p * 1_000_000_000 / smp.period_ns.max(1),
             steal as f64 / smp.period_ns as f64,
             smp.work_switches,
-        );
+        )?;
         for e in vm.policy_events.iter().filter(|e| e.period == i as u64 + 1) {
-            println!("      {:?}: {}", e.kind, e.reason);
+            writeln!(out, "      {:?}: {}", e.kind, e.reason)?;
         }
     }
+    Ok(())
 }
