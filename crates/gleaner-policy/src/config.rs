@@ -78,7 +78,9 @@ pub struct PolicyConfig {
     pub slowdown_threshold: f64,
     /// Major change: relative change of total utilization (paper: 20 %).
     pub major_util_change: f64,
-    /// Major change: a consolidated vCPU busier than this (paper: 90 %).
+    /// A consolidated vCPU newly busier than this (paper: 90 %, a major change): with the
+    /// workload's utilization and grain unchanged it undoes only the last accepted step
+    /// (`Gleaner::step_back`), as the set is a little short rather than facing a new program.
     pub major_vcpu_util: f64,
     /// Major change: g_comp grew by this factor or shrank by its inverse (paper: 2x / 50 %).
     pub major_gcomp_factor: f64,
