@@ -777,17 +777,9 @@ impl Gleaner {
         drop: f64,
         events: &mut Vec<PolicyEvent>,
     ) {
-        for &cpu in &d.cpus {
-            self.active.insert(cpu);
-        }
         self.deactivated.retain(|x| x.cpus != d.cpus);
+        self.reactivate_and_back_off(&d.cpus);
         let b = &d.before;
-        self.settle = self.cfg.settle_periods;
-        self.reference = None;
-        self.grain.reset();
-        self.consolidation_blocked_until = self.period + u64::from(self.consolidation_backoff);
-        self.consolidation_backoff =
-            (self.consolidation_backoff * 2).min(self.cfg.max_backoff_periods.max(1));
         if d.cpus.len() > 1 {
             // A large step failed: try smaller ones before concluding the load condition is
             // too loose.
@@ -846,15 +838,11 @@ impl Gleaner {
         ));
     }
 
-    /// A vCPU of a consolidation the judge accepted is now past the busy limit while the
-    /// workload's utilization and grain stand (`major_change`'s busy-vCPU test): the set is a
-    /// little short, not facing a different program, so only the last accepted step is
-    /// undone, and the same step waits out a back-off. Reactivating every vCPU there threw
-    /// away a run's exploration on a noisy busiest vCPU: in `scenarios/fig7-dedup-matmul.toml`
-    /// seven of eight seeds went from 3-5 vCPUs back to 16 on one period at 90-100 % busy
-    /// against 77-85 % when the set was accepted, with dedup's program unchanged.
-    fn step_back(&mut self, last: Deactivation, reason: &str, events: &mut Vec<PolicyEvent>) {
-        for &cpu in &last.cpus {
+    /// Undoes a step (`cpus` active again) and delays the next one: the change settles and a
+    /// new reference is taken, and the same step, most likely to fail again, waits out an
+    /// exponential back-off (a rollback and a step back alike).
+    fn reactivate_and_back_off(&mut self, cpus: &[usize]) {
+        for &cpu in cpus {
             self.active.insert(cpu);
         }
         self.settle = self.cfg.settle_periods;
@@ -863,6 +851,17 @@ impl Gleaner {
         self.consolidation_blocked_until = self.period + u64::from(self.consolidation_backoff);
         self.consolidation_backoff =
             (self.consolidation_backoff * 2).min(self.cfg.max_backoff_periods.max(1));
+    }
+
+    /// A vCPU of a consolidation the judge accepted is now past the busy limit while the
+    /// workload's utilization and grain stand (`major_change`'s busy-vCPU test): the set is a
+    /// little short, not facing a different program, so only the last accepted step is
+    /// undone, and the same step waits out a back-off. Reactivating every vCPU there threw
+    /// away a run's exploration on a noisy busiest vCPU: in `scenarios/fig7-dedup-matmul.toml`
+    /// seven of eight seeds went from 3-5 vCPUs back to 16 on one period at 90-100 % busy
+    /// against 77-85 % when the set was accepted, with dedup's program unchanged.
+    fn step_back(&mut self, last: Deactivation, reason: &str, events: &mut Vec<PolicyEvent>) {
+        self.reactivate_and_back_off(&last.cpus);
         for &cpu in &last.cpus {
             events.push(self.event(
                 EventKind::Rollback { cpu },
