@@ -83,6 +83,11 @@ pub struct DaemonConfig {
     /// which the daemon sets and `parse` refuses, so a written config reads back.
     #[serde(serialize_with = "serialize_policy")]
     pub policy: PolicyConfig,
+    /// The application's progress counter: a file whose first number is the counter (unset:
+    /// changes are judged by the workload's utilization).
+    pub progress_file: Option<PathBuf>,
+    /// The application's progress counter: a shell command that prints it (unset: as above).
+    pub progress_command: Option<String>,
     /// Per-period JSON lines go here (command line only).
     #[serde(skip)]
     pub timeline: Option<PathBuf>,
@@ -99,6 +104,8 @@ impl Default for DaemonConfig {
             retention_timeout_us: None,
             state_dir: None,
             policy: PolicyConfig::default(),
+            progress_file: None,
+            progress_command: None,
             timeline: None,
         }
     }
@@ -152,6 +159,14 @@ pub struct DaemonFlags {
     /// Directory for the crash journal and status file
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Judge changes by the application's own progress: a file whose first number is a
+    /// counter of work done (transactions, items), read once a period
+    #[arg(long, value_name = "FILE", conflicts_with = "progress_command")]
+    pub progress_file: Option<PathBuf>,
+    /// Judge changes by the application's own progress: a shell command that prints a counter
+    /// of work done, run once a period (e.g. "curl -s localhost:9100/metrics | grep '^tx_total'")
+    #[arg(long, value_name = "CMD")]
+    pub progress_command: Option<String>,
 }
 
 fn parse_mode(s: &str) -> Result<Mode, String> {
@@ -195,6 +210,11 @@ impl DaemonFlags {
         if let Some(d) = &self.state_dir {
             cfg.state_dir = Some(d.clone());
         }
+        // A counter given on the command line replaces one from the file, whichever kind.
+        if self.progress_file.is_some() || self.progress_command.is_some() {
+            cfg.progress_file = self.progress_file.clone();
+            cfg.progress_command = self.progress_command.clone();
+        }
         cfg.timeline = self.timeline.clone();
         cfg.validate()?;
         Ok(cfg)
@@ -219,8 +239,28 @@ impl DaemonConfig {
                 bail!("retention_timeout_us = {t} is out of range: use 1 to 1000000, or leave it unset to derive it");
             }
         }
+        if self.progress_file.is_some() && self.progress_command.is_some() {
+            bail!("both progress_file and progress_command are set: give the counter one way");
+        }
+        if self
+            .progress_command
+            .as_ref()
+            .is_some_and(|c| c.trim().is_empty())
+        {
+            bail!("progress_command is empty: give a command that prints the counter, or leave it unset");
+        }
         self.policy.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
         Ok(())
+    }
+
+    /// Where the application's progress counter is read, if the user gave one.
+    pub fn progress_source(&self) -> Option<gleaner_linux::progress::ProgressSource> {
+        use gleaner_linux::progress::ProgressSource;
+        match (&self.progress_file, &self.progress_command) {
+            (Some(f), _) => Some(ProgressSource::File(f.clone())),
+            (None, Some(c)) => Some(ProgressSource::Command(c.clone())),
+            (None, None) => None,
+        }
     }
 }
 
@@ -338,6 +378,11 @@ mod tests {
             ),
             ("period_ms = 1", "out of range"),
             ("[policy\n", "malformed TOML"),
+            (
+                "progress_file = \"/run/c\"\nprogress_command = \"cat /run/c\"",
+                "give the counter one way",
+            ),
+            ("progress_command = \" \"", "progress_command is empty"),
             // Set by the daemon: accepting it would silently replace it (the simulator refuses it too).
             (
                 "[policy]\nretention_timeout_ns = 30000",
@@ -370,5 +415,32 @@ mod tests {
             let err = format!("{:#}", flags.resolve().unwrap_err());
             assert!(err.contains("chmod go-w"), "{err}");
         }
+    }
+
+    #[test]
+    fn a_progress_counter_comes_from_the_file_or_the_command_line_and_the_flag_wins() {
+        use gleaner_linux::progress::ProgressSource;
+        assert_eq!(parse("").unwrap().progress_source(), None);
+        assert_eq!(
+            parse("progress_command = \"echo 1\"")
+                .unwrap()
+                .progress_source(),
+            Some(ProgressSource::Command("echo 1".into()))
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("g.toml");
+        std::fs::write(&path, "progress_command = \"echo 1\"\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        // A file given on the command line replaces the file's command (not both, an error).
+        let flags = DaemonFlags {
+            config: Some(path),
+            progress_file: Some("/run/tx".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            flags.resolve().unwrap().progress_source(),
+            Some(ProgressSource::File("/run/tx".into()))
+        );
     }
 }

@@ -346,6 +346,12 @@ fn manage_inner(
         placement_name: placement.kind().to_string(),
         retention_backend: retention_name,
         retention_timeout_source: costs.source.clone(),
+        progress: cfg.progress_source().map(|source| {
+            tracing::info!(
+                "changes are judged by the application's progress, read from {source} once a period"
+            );
+            gleaner_linux::progress::ProgressReader::new(source)
+        }),
     };
     let sampler = Sampler::from_prepared(ProcFs::new("/proc"), "/sys", allowed.clone(), prepared);
 

@@ -410,6 +410,16 @@ pub fn render(s: &InstanceStatus) -> String {
         c.runnable_wait_fraction * 100.0,
         c.steal_fraction * 100.0
     );
+    if !s.judged_by.is_empty() {
+        out += &format!("  changes judged by {}", s.judged_by);
+        if s.unjudged_periods > 0 {
+            out += &format!(
+                " ({} periods not judged: the counter could not be read)",
+                s.unjudged_periods
+            );
+        }
+        out += "\n";
+    }
     out += &format!(
         "  consolidations {}  rollbacks {}  major changes {}  retention CPU {:.2} s  gleaner CPU {:.2} s\n",
         s.consolidations, s.rollbacks, s.major_changes, s.retention_cpu_s, s.self_cpu_s

@@ -113,6 +113,9 @@ pub struct ControllerOptions {
     pub retention_backend: String,
     /// How the retention hold was obtained, for `status` (e.g. "measured: 3 runs agreed").
     pub retention_timeout_source: String,
+    /// The application's own progress counter, if the user gave one: changes are then judged
+    /// by what it grew by, and a period whose count could not be read is not judged at all.
+    pub progress: Option<crate::progress::ProgressReader>,
 }
 
 /// How idle vCPUs are held, if at all.
@@ -297,6 +300,8 @@ pub struct Controller<'a> {
     /// Cumulative per-vCPU counters, by CPU number, kept across periods.
     totals: std::collections::BTreeMap<usize, VcpuTotals>,
     slow_log: RateLimit,
+    /// Unreadable progress counters are logged at most once a minute.
+    progress_log: RateLimit,
     /// Gleaner's own CPU against its share of the time: sizes the periods.
     own_cpu: OwnCpuBudget,
     /// Whether the stretch of the period was logged.
@@ -385,6 +390,10 @@ impl<'a> Controller<'a> {
                 .map(|d| d.as_secs_f64())
                 .unwrap_or(0.0),
             retention_timeout_source: opts.retention_timeout_source.clone(),
+            judged_by: match &opts.progress {
+                Some(reader) => format!("the application's progress ({})", reader.source()),
+                None => "utilization".into(),
+            },
             command: opts.command.clone(),
             mode: policy.config().mode.to_string(),
             observe: opts.observe,
@@ -419,6 +428,7 @@ impl<'a> Controller<'a> {
             last_observed: Vec::new(),
             totals: Default::default(),
             slow_log: RateLimit::new(Duration::from_secs(60)),
+            progress_log: RateLimit::new(Duration::from_secs(60)),
             own_cpu: OwnCpuBudget::new(period),
             stretch_logged: false,
             retention_tids_sent: false,
@@ -585,6 +595,24 @@ impl<'a> Controller<'a> {
                 self.note_disrupted(planned_ns, measured_ns);
                 self.policy.period_disrupted();
                 continue;
+            }
+            let mut sample = sample;
+            if let Some(reader) = self.opts.progress.as_mut() {
+                // Judged by the application's count or not at all: a period judged by
+                // utilization among periods judged by the count would compare two units.
+                match reader.delta() {
+                    Ok(Some(done)) => sample.progress = Some(done),
+                    Ok(None) => continue,
+                    Err(e) => {
+                        self.status.unjudged_periods += 1;
+                        if let Some(missed) = self.progress_log.admit(Instant::now()) {
+                            tracing::warn!(
+                                "{e}; this period is not judged ({missed} more since the last warning)"
+                            );
+                        }
+                        continue;
+                    }
+                }
             }
             let decision = self.policy.step(&sample);
             if self.opts.observe {

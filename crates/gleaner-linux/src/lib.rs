@@ -10,7 +10,8 @@
 //!   files), `affinity` (the affinity calls behind a trait; raw calls are in `gleaner-sys`);
 //! * `journal` records changes, `restore` undoes them;
 //! * acting: `cgroup` (placement back ends), `retention` (yielding threads), `pmqos` (polling);
-//! * measuring and control: `idle_entries`, `wakeprobe`, `sampler`, `pacer`, `controller`,
+//! * measuring and control: `idle_entries`, `wakeprobe`, `sampler`, `progress` (the
+//!   application's own counter), `pacer`, `controller`,
 //!   `status`.
 
 pub mod affinity;
@@ -24,6 +25,7 @@ pub mod journal;
 pub mod pacer;
 pub mod pmqos;
 pub mod procfs;
+pub mod progress;
 pub mod restore;
 pub mod retention;
 pub mod sampler;

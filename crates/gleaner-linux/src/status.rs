@@ -53,6 +53,13 @@ pub struct InstanceStatus {
     /// How the retention hold was obtained (configured, measured, cached, default) and why.
     #[serde(default)]
     pub retention_timeout_source: String,
+    /// What changes are judged by: the workload's utilization, or the application's own
+    /// progress counter and where it is read (`--progress-file`, `--progress-command`).
+    #[serde(default)]
+    pub judged_by: String,
+    /// Periods not judged because the progress counter could not be read.
+    #[serde(default)]
+    pub unjudged_periods: u64,
     pub periods: u64,
     /// Periods whose end-of-period work (read, decide, apply, record) took longer than a
     /// sub-sample slice.

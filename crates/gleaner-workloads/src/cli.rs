@@ -151,6 +151,10 @@ pub struct PingpongArgs {
     /// Run for this long instead of a fixed number of rounds (seconds, or e.g. 500ms)
     #[arg(long, value_parser = parse_duration_arg)]
     pub duration: Option<Duration>,
+    /// Write the round trips done so far to FILE every 1,024 rounds: a progress counter for
+    /// `gleaner run --progress-file FILE`
+    #[arg(long, value_name = "FILE")]
+    pub count_file: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -265,7 +269,10 @@ impl PingpongArgs {
         let length = self
             .duration
             .map_or(Length::Count(self.rounds), Length::Duration);
-        PingpongConfig { length }
+        PingpongConfig {
+            length,
+            count_file: self.count_file.clone(),
+        }
     }
 }
 

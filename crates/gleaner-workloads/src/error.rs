@@ -28,6 +28,13 @@ pub enum WorkloadError {
     },
     #[error("cannot {what}: {source}; raise the open-file limit (ulimit -n) or use fewer --groups/--pairs")]
     Io { what: String, source: io::Error },
+    #[error(
+        "cannot write the count file {path}: {source}; give --count-file a path you can write"
+    )]
+    CountFile {
+        path: std::path::PathBuf,
+        source: io::Error,
+    },
     #[error("pingpong partner thread stopped early; see its error")]
     PartnerStopped,
     #[error("pingpong sent {sent} round trips but {returned} came back; this is a bug in gleaner-workloads")]

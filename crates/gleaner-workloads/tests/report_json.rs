@@ -49,6 +49,7 @@ fn pingpong_report_carries_latency_percentiles() {
     let value = json(
         &pingpong(&PingpongConfig {
             length: Length::Count(50),
+            count_file: None,
         })
         .unwrap(),
     );

@@ -301,3 +301,54 @@ fn a_quiet_guard_sleeps_until_its_pipe_closes_or_it_is_told_to_poll() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// `--progress-file`: changes are judged by the application's own counter, read once a
+/// period; while it cannot be read no period is judged (a period judged by utilization among
+/// periods judged by the count would compare two units), and the user is told why, once.
+#[test]
+fn a_progress_counter_is_read_each_period_and_an_unreadable_one_is_said_once() {
+    let state = tempfile::tempdir().unwrap();
+    let run = |counter: &Path, timeline: &Path, script: &str| {
+        gleaner()
+            .args(["run", "--observe", "--period-ms", "50", "--state-dir"])
+            .arg(state.path())
+            .arg("--progress-file")
+            .arg(counter)
+            .arg("--timeline")
+            .arg(timeline)
+            .args(["--", "sh", "-c", script])
+            .output()
+            .unwrap()
+    };
+    // The workload counts its steps into the file for about a second.
+    let counter = state.path().join("count");
+    let timeline = state.path().join("counted.jsonl");
+    let script = format!(
+        "i=0; while [ $i -lt 100 ]; do i=$((i+1)); echo $i > {}; sleep 0.01; done",
+        counter.display()
+    );
+    let out = run(&counter, &timeline, &script);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let judged = std::fs::read_to_string(&timeline).unwrap().lines().count();
+    assert!(judged >= 5, "{judged} periods judged: {}", stderr_of(&out));
+    // A counter that never appears: no period judged, one warning naming the file.
+    let missing = state.path().join("never-written");
+    let timeline = state.path().join("uncounted.jsonl");
+    let out = run(&missing, &timeline, "sleep 0.8");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let err = stderr_of(&out);
+    let warnings: Vec<_> = err
+        .lines()
+        .filter(|l| l.contains("never-written"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{err}");
+    assert!(
+        warnings[0].contains("no such file") && warnings[0].contains("not judged"),
+        "{err}"
+    );
+    let judged = std::fs::read_to_string(&timeline)
+        .unwrap_or_default()
+        .lines()
+        .count();
+    assert_eq!(judged, 0, "{err}");
+}
