@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""Gleaner judging by the application's own progress counter against judging by utilization
+(issue 16: "let the user give it ... and judge by it"), on the ping-pong, whose packing onto
+one vCPU is the change Gleaner makes on a 2-vCPU guest. Writes results/progress-judge-DATE.{json,md}.
+
+Configurations, interleaved (the order rotates every round): the program as is (baseline),
+`gleaner run` (judged by utilization), `gleaner run --progress-file F` (judged by the round
+trips the workload writes to F every 1,024 rounds, `gleaner workload pingpong --count-file F`),
+and `taskset -c 0` (the best fixed setting on this guest). Every configuration runs the
+workload with the count file, so the writes cost all of them alike. Reported: each one's
+round trips/s (median, min-max) and the paired ratios of both Gleaners against one vCPU and of
+the progress-judged one against the utilization-judged one (median with its 95 % bootstrap
+interval), and how many runs ended packed on one vCPU (from the timelines).
+
+    python3 bench/progress_judge.py --gleaner target/release/gleaner --reps 12
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness.preflight import load_check, machine_facts, read_loadavg  # noqa: E402
+from harness.stats import paired_ratio  # noqa: E402
+
+CONFIGS = ("baseline", "gleaner", "gleaner-progress", "one-vcpu")
+
+
+def command(config: str, gleaner: str, count: Path, timeline: Path, rounds: int) -> list[str]:
+    work = [gleaner, "workload", "pingpong", "--json", "--rounds", str(rounds), "--count-file", str(count)]
+    if config == "baseline":
+        return work
+    if config == "one-vcpu":
+        return ["taskset", "-c", "0", *work]
+    run = [gleaner, "run", "--timeline", str(timeline)]
+    if config == "gleaner-progress":
+        run += ["--progress-file", str(count)]
+    return [*run, "--", *work]
+
+
+def packed(timeline: Path) -> bool:
+    """Whether the run's last period had one active vCPU."""
+    try:
+        lines = timeline.read_text().splitlines()
+    except OSError:
+        return False
+    for line in reversed(lines):
+        try:
+            active = json.loads(line).get("active")
+        except json.JSONDecodeError:
+            continue
+        if isinstance(active, str):
+            return "," not in active and "-" not in active
+        if isinstance(active, list):
+            return len(active) == 1
+    return False
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gleaner", default="target/release/gleaner")
+    ap.add_argument("--reps", type=int, default=12)
+    ap.add_argument("--rounds", type=int, default=200_000)
+    ap.add_argument("--out-dir", default="results")
+    args = ap.parse_args()
+    if args.reps < 2:
+        print("progress_judge: --reps must be at least 2 (paired ratios need rounds)", file=sys.stderr)
+        return 2
+    if not Path(args.gleaner).exists():
+        print(f"progress_judge: {args.gleaner} not found: build it with `cargo build --release -p gleaner`",
+              file=sys.stderr)
+        return 2
+    facts = machine_facts()
+    warning = load_check(read_loadavg())
+    if warning:
+        print(f"progress_judge: {warning}", file=sys.stderr)
+    values: dict[str, dict[int, float]] = {c: {} for c in CONFIGS}
+    packs: dict[str, list[bool]] = {c: [] for c in ("gleaner", "gleaner-progress")}
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep in range(args.reps):
+            order = CONFIGS[rep % len(CONFIGS):] + CONFIGS[:rep % len(CONFIGS)]
+            for config in order:
+                count = Path(tmp) / f"count-{config}"
+                timeline = Path(tmp) / f"timeline-{config}-{rep}.jsonl"
+                out = subprocess.run(command(config, args.gleaner, count, timeline, args.rounds),
+                                     capture_output=True, text=True)
+                if out.returncode != 0:
+                    print(f"progress_judge: {config} round {rep} failed: {out.stderr.strip()[-300:]}",
+                          file=sys.stderr)
+                    continue
+                report = json.loads(out.stdout.strip().splitlines()[-1])
+                values[config][rep] = report["throughput_per_s"]
+                if config in packs:
+                    packs[config].append(packed(timeline))
+            print(f"round {rep + 1}/{args.reps}: " + ", ".join(
+                f"{c} {values[c].get(rep, float('nan')):.0f}" for c in CONFIGS), file=sys.stderr)
+    summary = {c: {"median": statistics.median(v.values()), "min": min(v.values()), "max": max(v.values()),
+                   "n": len(v)} for c, v in values.items() if v}
+    pairs = {}
+    for mine, other in (("gleaner", "one-vcpu"), ("gleaner-progress", "one-vcpu"),
+                        ("gleaner-progress", "gleaner"), ("gleaner", "baseline"), ("gleaner-progress", "baseline")):
+        r = paired_ratio(values[mine], values[other], higher_is_better=True)
+        if r:
+            pairs[f"{mine} / {other}"] = {"n": r.n, "median": r.median, "low": r.low, "high": r.high}
+    stamp = time.strftime("%Y-%m-%d-%H%M%S", time.gmtime())
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = {"machine": facts, "load_warning": warning, "rounds": args.rounds, "reps": args.reps,
+            "values": values, "summary": summary, "paired": pairs,
+            "packed": {c: sum(p) for c, p in packs.items()}}
+    (out_dir / f"progress-judge-{stamp}.json").write_text(json.dumps(data, indent=1))
+    md = [f"# Judged by progress or by utilization: ping-pong ({stamp} UTC)", "",
+          f"Commit {facts['commit'][:10]}, cpuidle driver `{facts['cpuidle_driver']}`, kernel "
+          f"{facts['kernel']}, load at the start {facts['loadavg']}"
+          + (f" (**{warning}**)" if warning else "") + f"; {args.reps} interleaved rounds of "
+          f"`gleaner workload pingpong --rounds {args.rounds} --count-file F`.", "",
+          f"    python3 bench/progress_judge.py --gleaner {args.gleaner} --reps {args.reps}", "",
+          "| configuration | round trips/s, median (min–max) | runs ending on one vCPU |", "|---|---|---|"]
+    for c in CONFIGS:
+        s = summary.get(c)
+        if s:
+            p = f"{sum(packs[c])} of {len(packs[c])}" if c in packs else "—"
+            md.append(f"| {c} | {s['median']:.0f} ({s['min']:.0f}–{s['max']:.0f}) | {p} |")
+    md += ["", "| paired ratio (>1: the first is faster) | median [95 % interval] | pairs |", "|---|---|---|"]
+    for k, r in pairs.items():
+        md.append(f"| {k} | ×{r['median']:.3f} [{r['low']:.3f}, {r['high']:.3f}] | {r['n']} |")
+    (out_dir / f"progress-judge-{stamp}.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
