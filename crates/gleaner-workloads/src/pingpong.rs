@@ -154,20 +154,16 @@ pub fn pingpong(cfg: &PingpongConfig) -> Result<Report, WorkloadError> {
     if cfg.length == Length::Count(0) {
         return Err(WorkloadError::ZeroParameter { name: "rounds" });
     }
-    let count_file = match &cfg.count_file {
-        Some(path) => Some(
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(path)
-                .map_err(|source| WorkloadError::CountFile {
-                    path: path.clone(),
-                    source,
-                })?,
-        ),
-        None => None,
-    };
+    let count_file = cfg
+        .count_file
+        .as_ref()
+        .map(|path| {
+            std::fs::File::create(path).map_err(|source| WorkloadError::CountFile {
+                path: path.clone(),
+                source,
+            })
+        })
+        .transpose()?;
     let word = AtomicU32::new(PING_TURN);
     let gate = StartGate::new();
 
