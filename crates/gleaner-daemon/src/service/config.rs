@@ -113,6 +113,11 @@ pub fn parse(text: &str) -> Result<ServiceConfig> {
         .try_into()
         .map_err(|e| anyhow!("{}", one_line(&e.to_string())))?;
     base.validate()?;
+    // One program's counter judging every target's changes would judge the others by a
+    // number they do not move.
+    if base.progress_file.is_some() || base.progress_command.is_some() {
+        bail!("progress_file and progress_command are per target: set them in the [[target]] table of the program they count");
+    }
     let state_dir = base.state_dir.clone().unwrap_or_else(Journal::default_dir);
 
     let mut targets: Vec<TargetConfig> = Vec::new();

@@ -16,6 +16,7 @@ textfile = "/var/lib/node_exporter/textfile/gleaner.prom"
 
 [[target]]
 unit = "mysql.service"
+progress_file = "/run/mysqld/tx_count"
 
 [[target]]
 cgroup = "/sys/fs/cgroup/cpuset/batch"
@@ -37,6 +38,12 @@ fn parses_targets_with_overrides_on_the_service_keys() {
     let (db, batch) = (&cfg.targets[0], &cfg.targets[1]);
     assert_eq!(db.name, "mysql.service");
     assert_eq!(db.cgroup, CgroupRef::Unit("mysql.service".into()));
+    // A progress counter belongs to the target whose program it counts.
+    assert_eq!(
+        db.daemon.progress_file.as_deref(),
+        Some(Path::new("/run/mysqld/tx_count"))
+    );
+    assert_eq!(cfg.targets[1].daemon.progress_file, None);
     assert_eq!(
         (
             db.daemon.period_ms,
@@ -102,6 +109,10 @@ fn bad_configs_are_refused_with_one_line_naming_the_fix() {
         (
             "[[target]]\nunit = \"a.service\"\nstate_dir = \"/tmp\"",
             "service-wide",
+        ),
+        (
+            "progress_file = \"/run/tx\"\n[[target]]\nunit = \"a.service\"",
+            "per target",
         ),
         (
             "[[target]]\nunit = \"a.service\"\n[[target]]\nunit = \"a.service\"",
