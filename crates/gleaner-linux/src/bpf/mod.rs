@@ -862,7 +862,7 @@ pub(crate) mod tests {
     /// Where idle is counted from the cpuidle driver, `cpu_idle` comes and goes with the
     /// windows. When it comes back, each CPU's idle record is refreshed: a vCPU idle since
     /// before is idle from the attach on, not since an entry recorded in an earlier window
-    /// (whose age, 20 ms and more here, would tell a hold that it missed a long idle period),
+    /// (whose age, 100 ms and more here, would tell a hold that it missed a long idle period),
     /// and wake-ups into idle vCPUs are still seen as such. Between windows it counts nothing.
     #[test]
     fn cpu_idle_attached_with_the_windows_still_classifies_wakeups_into_idle_vcpus() {
@@ -876,7 +876,10 @@ pub(crate) mod tests {
             "this kernel runs a program on a chosen CPU (5.10 and later)"
         );
         let pause = Some(std::time::Duration::from_micros(200));
-        let sleep = std::time::Duration::from_millis(20);
+        // Long enough that a stale record (at least this old) stands well apart from an idle
+        // period begun after the attach, which under CI's parallel tests reached 10.5 ms
+        // against a 20 ms sleep's 10 ms bound.
+        let sleep = std::time::Duration::from_millis(100);
         let stat = crate::procfs::ProcFs::new("/proc");
         let (mut into_idle, mut oldest_ns, mut busy) = (0u64, 0u64, 0f64);
         // Detached, then attached again: twice, the vCPUs idle before each attach.
