@@ -476,6 +476,11 @@ impl<'a> Controller<'a> {
         let now_ns = || t0.elapsed().as_nanos() as u64;
         let (view, counters) = (self.view()?, self.retention_counters());
         self.sampler.sample(now_ns(), &view, &counters)?;
+        // The counter's base is taken with the sampler's first window, so that the first
+        // period is judged too (a counter gives a period's count only from a second read).
+        if let Some(reader) = self.opts.progress.as_mut() {
+            reader.start();
+        }
         let mut pacer = Pacer::new(now_ns());
         let mut last_sample_ns = now_ns();
         let full_rate = self.opts.sub_samples.max(1);
@@ -587,6 +592,10 @@ impl<'a> Controller<'a> {
             // stall happened.
             self.accumulate(&sample);
             let sampled = work_start.elapsed();
+            // Read with every sampler window, a disrupted one too: the count then covers the
+            // same period as the sample (skipped on a disrupted period, the next period's
+            // count held two periods' progress against one period's length).
+            let progress = self.opts.progress.as_mut().map(|reader| reader.delta());
             let (planned_ns, measured_ns) =
                 (slice_ns * slices as u64, now.saturating_sub(last_sample_ns));
             last_sample_ns = now;
@@ -597,10 +606,10 @@ impl<'a> Controller<'a> {
                 continue;
             }
             let mut sample = sample;
-            if let Some(reader) = self.opts.progress.as_mut() {
+            if let Some(read) = progress {
                 // Judged by the application's count or not at all: a period judged by
                 // utilization among periods judged by the count would compare two units.
-                match reader.delta() {
+                match read {
                     Ok(Some(done)) => sample.progress = Some(done),
                     Ok(None) => continue,
                     Err(e) => {
@@ -882,6 +891,7 @@ impl<'a> Controller<'a> {
                 "observe": self.opts.observe,
                 "wake_latency": sample.wake_latency,
                 "rates_from": sample.rates_from,
+                "progress": sample.progress,
                 "fresh_rates_wanted": d.fresh_rates_wanted,
             });
             self.recorder.send(Record::Timeline(line.to_string()));

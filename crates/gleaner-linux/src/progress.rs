@@ -66,6 +66,21 @@ impl ProgressReader {
         &self.source
     }
 
+    /// Takes the counter's base as Gleaner's first window opens, so that the first period
+    /// is judged too. A counter file not there yet is one the application creates as it
+    /// starts counting (with `gleaner run`, Gleaner starts before the program it runs): its
+    /// base is zero. A file that cannot be read otherwise, or a failing command, sets no
+    /// base: the first period that reads it does.
+    pub fn start(&mut self) {
+        match self.read_counter() {
+            Ok(now) => self.last = Some(now),
+            Err(_) if matches!(&self.source, ProgressSource::File(p) if !p.exists()) => {
+                self.last = Some(0)
+            }
+            Err(_) => {}
+        }
+    }
+
     /// What the counter grew by since the last read: `None` on the first read and after a
     /// fall (both only set the base), an error where it could not be read (the base stays).
     pub fn delta(&mut self) -> Result<Option<u64>, ProgressError> {
@@ -198,6 +213,30 @@ mod tests {
         assert!(e.contains("no number") && e.contains("n/a"), "{e}");
         std::fs::write(&path, "20\n").unwrap();
         assert_eq!(r.delta().unwrap(), Some(3));
+    }
+
+    #[test]
+    fn a_counter_taken_at_the_start_judges_the_first_period() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("count");
+        // There at the start: its value is the base.
+        std::fs::write(&path, "40\n").unwrap();
+        let mut r = ProgressReader::new(ProgressSource::File(path.clone()));
+        r.start();
+        std::fs::write(&path, "90\n").unwrap();
+        assert_eq!(r.delta().unwrap(), Some(50));
+        // Created by the application after the start: counted from zero.
+        let late = dir.path().join("late");
+        let mut r = ProgressReader::new(ProgressSource::File(late.clone()));
+        r.start();
+        std::fs::write(&late, "30\n").unwrap();
+        assert_eq!(r.delta().unwrap(), Some(30));
+        // Unreadable for another reason (garbage): no base; the first read sets it.
+        std::fs::write(&path, "n/a\n").unwrap();
+        let mut r = ProgressReader::new(ProgressSource::File(path.clone()));
+        r.start();
+        std::fs::write(&path, "30\n").unwrap();
+        assert_eq!(r.delta().unwrap(), None);
     }
 
     #[test]

@@ -331,6 +331,32 @@ fn a_progress_counter_is_read_each_period_and_an_unreadable_one_is_said_once() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     let judged = std::fs::read_to_string(&timeline).unwrap().lines().count();
     assert!(judged >= 5, "{judged} periods judged: {}", stderr_of(&out));
+    // A counter there before the run starts judges the first period too: its base is read
+    // with the sampler's first window. (It was read only at the first period's end, which
+    // left that period unjudged and the first timeline line a period late: 0.2 s here.)
+    std::fs::write(&counter, "0\n").unwrap();
+    let timeline = state.path().join("from-start.jsonl");
+    let out = gleaner()
+        .args(["run", "--observe", "--period-ms", "400", "--state-dir"])
+        .arg(state.path())
+        .arg("--progress-file")
+        .arg(&counter)
+        .arg("--timeline")
+        .arg(&timeline)
+        .args(["--", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let text = std::fs::read_to_string(&timeline).unwrap();
+    let first: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    let (t, planned) = (
+        first["t_s"].as_f64().unwrap(),
+        first["planned_s"].as_f64().unwrap(),
+    );
+    assert!(
+        first["progress"].is_u64() && t < 1.9 * planned,
+        "the first period (planned {planned} s) is not the first judged: {first}"
+    );
     // A counter that never appears: no period judged, one warning naming the file.
     let missing = state.path().join("never-written");
     let timeline = state.path().join("uncounted.jsonl");
