@@ -88,6 +88,12 @@ pub struct DaemonConfig {
     pub progress_file: Option<PathBuf>,
     /// The application's progress counter: a shell command that prints it (unset: as above).
     pub progress_command: Option<String>,
+    /// The application's progress counter: a Prometheus page on loopback
+    /// (`http://127.0.0.1:9100/metrics`) and the series read from it (`progress_metric`).
+    pub progress_url: Option<String>,
+    /// The series of `progress_url` that counts the work: a name (its series summed) or a
+    /// name with labels as the page writes them.
+    pub progress_metric: Option<String>,
     /// Per-period JSON lines go here (command line only).
     #[serde(skip)]
     pub timeline: Option<PathBuf>,
@@ -106,6 +112,8 @@ impl Default for DaemonConfig {
             policy: PolicyConfig::default(),
             progress_file: None,
             progress_command: None,
+            progress_url: None,
+            progress_metric: None,
             timeline: None,
         }
     }
@@ -161,12 +169,20 @@ pub struct DaemonFlags {
     pub state_dir: Option<PathBuf>,
     /// Judge changes by the application's own progress: a file whose first number is a
     /// counter of work done (transactions, items), read once a period
-    #[arg(long, value_name = "FILE", conflicts_with = "progress_command")]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["progress_command", "progress_url"])]
     pub progress_file: Option<PathBuf>,
     /// Judge changes by the application's own progress: a shell command that prints a counter
-    /// of work done, run once a period (e.g. "curl -s localhost:9100/metrics | grep '^tx_total'")
-    #[arg(long, value_name = "CMD")]
+    /// of work done, run once a period
+    #[arg(long, value_name = "CMD", conflicts_with = "progress_url")]
     pub progress_command: Option<String>,
+    /// Judge changes by the application's own progress: a Prometheus page on loopback, read
+    /// once a period (e.g. http://127.0.0.1:9100/metrics), with --progress-metric
+    #[arg(long, value_name = "URL", requires = "progress_metric")]
+    pub progress_url: Option<String>,
+    /// The series of --progress-url that counts work done: a name (e.g. db_tx_total, its
+    /// series summed) or a name with labels as the page writes them
+    #[arg(long, value_name = "SERIES", requires = "progress_url")]
+    pub progress_metric: Option<String>,
 }
 
 fn parse_mode(s: &str) -> Result<Mode, String> {
@@ -211,9 +227,14 @@ impl DaemonFlags {
             cfg.state_dir = Some(d.clone());
         }
         // A counter given on the command line replaces one from the file, whichever kind.
-        if self.progress_file.is_some() || self.progress_command.is_some() {
+        if self.progress_file.is_some()
+            || self.progress_command.is_some()
+            || self.progress_url.is_some()
+        {
             cfg.progress_file = self.progress_file.clone();
             cfg.progress_command = self.progress_command.clone();
+            cfg.progress_url = self.progress_url.clone();
+            cfg.progress_metric = self.progress_metric.clone();
         }
         cfg.timeline = self.timeline.clone();
         cfg.validate()?;
@@ -239,8 +260,29 @@ impl DaemonConfig {
                 bail!("retention_timeout_us = {t} is out of range: use 1 to 1000000, or leave it unset to derive it");
             }
         }
-        if self.progress_file.is_some() && self.progress_command.is_some() {
-            bail!("both progress_file and progress_command are set: give the counter one way");
+        let sources = [
+            self.progress_file.is_some(),
+            self.progress_command.is_some(),
+            self.progress_url.is_some(),
+        ];
+        if sources.iter().filter(|&&given| given).count() > 1 {
+            bail!("more than one of progress_file, progress_command and progress_url is set: give the counter one way");
+        }
+        match (&self.progress_url, &self.progress_metric) {
+            (Some(url), Some(series)) => {
+                gleaner_linux::progress::prometheus::MetricsUrl::parse(url)
+                    .map_err(|e| anyhow::anyhow!("progress_url = {e}"))?;
+                if series.trim().is_empty() {
+                    bail!("progress_metric is empty: name the series that counts the work (e.g. db_tx_total)");
+                }
+            }
+            (Some(_), None) => bail!(
+                "progress_url is set without progress_metric: name the series that counts the work (e.g. db_tx_total)"
+            ),
+            (None, Some(_)) => bail!(
+                "progress_metric is set without progress_url: give the page it is read from (e.g. http://127.0.0.1:9100/metrics)"
+            ),
+            (None, None) => {}
         }
         if self
             .progress_command
@@ -256,11 +298,20 @@ impl DaemonConfig {
     /// Where the application's progress counter is read, if the user gave one.
     pub fn progress_source(&self) -> Option<gleaner_linux::progress::ProgressSource> {
         use gleaner_linux::progress::ProgressSource;
-        match (&self.progress_file, &self.progress_command) {
-            (Some(f), _) => Some(ProgressSource::File(f.clone())),
-            (None, Some(c)) => Some(ProgressSource::Command(c.clone())),
-            (None, None) => None,
+        if let Some(f) = &self.progress_file {
+            return Some(ProgressSource::File(f.clone()));
         }
+        if let Some(c) = &self.progress_command {
+            return Some(ProgressSource::Command(c.clone()));
+        }
+        // Validated before: a URL comes with its series and parses.
+        let url =
+            gleaner_linux::progress::prometheus::MetricsUrl::parse(self.progress_url.as_ref()?)
+                .ok()?;
+        Some(ProgressSource::Metric {
+            url,
+            series: self.progress_metric.clone()?.trim().to_string(),
+        })
     }
 }
 
@@ -383,6 +434,19 @@ mod tests {
                 "give the counter one way",
             ),
             ("progress_command = \" \"", "progress_command is empty"),
+            (
+                "progress_url = \"http://127.0.0.1:9100/metrics\"",
+                "without progress_metric",
+            ),
+            ("progress_metric = \"tx_total\"", "without progress_url"),
+            (
+                "progress_url = \"http://10.1.2.3:9100/metrics\"\nprogress_metric = \"tx\"",
+                "not a loopback address",
+            ),
+            (
+                "progress_url = \"http://127.0.0.1/m\"\nprogress_metric = \"tx\"\nprogress_file = \"/run/c\"",
+                "give the counter one way",
+            ),
             // Set by the daemon: accepting it would silently replace it (the simulator refuses it too).
             (
                 "[policy]\nretention_timeout_ns = 30000",
@@ -441,6 +505,31 @@ mod tests {
         assert_eq!(
             flags.resolve().unwrap().progress_source(),
             Some(ProgressSource::File("/run/tx".into()))
+        );
+        // A metrics page: its URL and series, from the file or the flags.
+        let from_file = parse(
+            "progress_url = \"http://localhost:9100/metrics\"\nprogress_metric = \" db_tx_total \"",
+        )
+        .unwrap()
+        .progress_source()
+        .unwrap();
+        assert_eq!(
+            from_file.to_string(),
+            "metric db_tx_total at http://localhost:9100/metrics"
+        );
+        let flags = DaemonFlags {
+            progress_url: Some("http://[::1]:8080/m".into()),
+            progress_metric: Some("tx{db=\"a\"}".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            flags
+                .resolve()
+                .unwrap()
+                .progress_source()
+                .unwrap()
+                .to_string(),
+            "metric tx{db=\"a\"} at http://[::1]:8080/m"
         );
     }
 }

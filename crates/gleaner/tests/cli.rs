@@ -302,6 +302,99 @@ fn a_quiet_guard_sleeps_until_its_pipe_closes_or_it_is_told_to_poll() {
     }
 }
 
+/// `--progress-url` with `--progress-metric`: the counter is a series of a Prometheus page on
+/// loopback, fetched once a period by Gleaner itself (no curl).
+#[test]
+fn a_prometheus_counter_on_loopback_judges_each_period() {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/metrics", listener.local_addr().unwrap());
+    // The exporter: each GET finds the counter 250 higher, split over two labelled series.
+    let server = std::thread::spawn(move || {
+        let mut served = 0u64;
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { break };
+            let mut request = [0u8; 2048];
+            let n = conn.read(&mut request).unwrap_or(0);
+            if request[..n].starts_with(b"STOP") {
+                break;
+            }
+            served += 1;
+            let page = format!(
+                "# TYPE work_total counter\nwork_total{{kind=\"a\"}} {}\nwork_total{{kind=\"b\"}} {}\n",
+                200 * served,
+                50 * served
+            );
+            let _ = conn.write_all(format!("HTTP/1.0 200 OK\r\n\r\n{page}").as_bytes());
+        }
+        served
+    });
+    let state = tempfile::tempdir().unwrap();
+    let timeline = state.path().join("metric.jsonl");
+    let out = gleaner()
+        .env("GLEANER_LOG", "info")
+        .args(["run", "--observe", "--period-ms", "50", "--state-dir"])
+        .arg(state.path())
+        .args([
+            "--progress-url",
+            &url,
+            "--progress-metric",
+            "work_total",
+            "--timeline",
+        ])
+        .arg(&timeline)
+        .args(["--", "sleep", "0.8"])
+        .output()
+        .unwrap();
+    let mut stop = std::net::TcpStream::connect(
+        url.trim_start_matches("http://")
+            .trim_end_matches("/metrics"),
+    )
+    .unwrap();
+    stop.write_all(b"STOP").unwrap();
+    let served = server.join().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert!(
+        stderr_of(&out).contains("metric work_total at http://127.0.0.1:"),
+        "{}",
+        stderr_of(&out)
+    );
+    let counts: Vec<u64> = std::fs::read_to_string(&timeline)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["progress"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert!(
+        counts.len() >= 5 && served >= counts.len() as u64,
+        "{counts:?}, {served} served"
+    );
+    // Every period saw one GET: both series summed, 250 a read.
+    assert!(counts.iter().all(|&c| c == 250), "{counts:?}");
+    // A URL off loopback is refused before anything runs, in one line.
+    let out = gleaner()
+        .args([
+            "run",
+            "--progress-url",
+            "http://192.0.2.1:9100/metrics",
+            "--progress-metric",
+            "x",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    let err = stderr_of(&out);
+    assert!(
+        err.contains("not a loopback address") && err.trim().lines().count() == 1,
+        "{err}"
+    );
+}
+
 /// `--progress-file`: changes are judged by the application's own counter, read once a
 /// period; while it cannot be read no period is judged (a period judged by utilization among
 /// periods judged by the count would compare two units), and the user is told why, once.

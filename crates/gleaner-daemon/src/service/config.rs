@@ -115,8 +115,8 @@ pub fn parse(text: &str) -> Result<ServiceConfig> {
     base.validate()?;
     // One program's counter judging every target's changes would judge the others by a
     // number they do not move.
-    if base.progress_file.is_some() || base.progress_command.is_some() {
-        bail!("progress_file and progress_command are per target: set them in the [[target]] table of the program they count");
+    if base.progress_source().is_some() {
+        bail!("progress_file, progress_command and progress_url are per target: set them in the [[target]] table of the program they count");
     }
     let state_dir = base.state_dir.clone().unwrap_or_else(Journal::default_dir);
 

@@ -115,6 +115,10 @@ fn bad_configs_are_refused_with_one_line_naming_the_fix() {
             "per target",
         ),
         (
+            "progress_url = \"http://127.0.0.1:9100/metrics\"\nprogress_metric = \"tx\"\n[[target]]\nunit = \"a.service\"",
+            "per target",
+        ),
+        (
             "[[target]]\nunit = \"a.service\"\n[[target]]\nunit = \"a.service\"",
             "two targets",
         ),

@@ -7,9 +7,11 @@
 //! workload whose utilization swings ±20 % a period on its own hides a 10 % loss. Where the
 //! application counts its work, that count is the signal (issue 16). Two sources: a file that
 //! holds the counter (a metrics file, a `/proc`-style stats file, one the application
-//! rewrites), or a command that prints it (`curl -s localhost:9100/metrics | awk ...` for a
-//! Prometheus counter). The first number in what is read is the counter; it only grows, and
-//! a fall (the application restarted) starts it afresh.
+//! rewrites), a command that prints it, or a series of a Prometheus page on loopback
+//! ([`prometheus`]). The first number in a file or a command's output is the counter; it only
+//! grows, and a fall (the application restarted) starts it afresh.
+
+pub mod prometheus;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -23,6 +25,12 @@ pub enum ProgressSource {
     File(PathBuf),
     /// A shell command (`sh -c`) whose output's first number is the counter.
     Command(String),
+    /// A series of a Prometheus text page served on loopback (the sum of the series of that
+    /// name where no labels are given).
+    Metric {
+        url: prometheus::MetricsUrl,
+        series: String,
+    },
 }
 
 impl std::fmt::Display for ProgressSource {
@@ -30,6 +38,7 @@ impl std::fmt::Display for ProgressSource {
         match self {
             ProgressSource::File(p) => write!(f, "file {}", p.display()),
             ProgressSource::Command(c) => write!(f, "command `{c}`"),
+            ProgressSource::Metric { url, series } => write!(f, "metric {series} at {url}"),
         }
     }
 }
@@ -44,10 +53,14 @@ pub enum ProgressError {
         source_desc: String,
         snippet: String,
     },
+    #[error(
+        "progress {source_desc}: the page has no such series; check its name with `curl -s {url}`"
+    )]
+    NoSeries { source_desc: String, url: String },
 }
 
-/// The longest a progress command may run: it is read on the controller's thread, once a
-/// period, and a hung command must not stall the policy.
+/// The longest a progress command may run, or a metrics page take to answer: it is read on
+/// the controller's thread, once a period, and a hung source must not stall the policy.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Reads the counter each period and hands the policy what it grew by.
@@ -98,6 +111,20 @@ impl ProgressReader {
         let text = match &self.source {
             ProgressSource::File(path) => read_file(path),
             ProgressSource::Command(cmd) => run_command(cmd),
+            ProgressSource::Metric { url, series } => {
+                let page = url
+                    .fetch(COMMAND_TIMEOUT)
+                    .map_err(|why| ProgressError::Read {
+                        source_desc: self.source.to_string(),
+                        why,
+                    })?;
+                return prometheus::series_value(&page, series)
+                    .map(|v| v.max(0.0).round() as u64)
+                    .ok_or_else(|| ProgressError::NoSeries {
+                        source_desc: self.source.to_string(),
+                        url: url.to_string(),
+                    });
+            }
         }
         .map_err(|why| ProgressError::Read {
             source_desc: self.source.to_string(),
@@ -259,5 +286,68 @@ mod tests {
         let e = hung.read_counter().unwrap_err().to_string();
         assert!(e.contains("still running"), "{e}");
         assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    }
+
+    /// Serves each of `answers` to one connection, in order, on a loopback port.
+    fn serve(answers: Vec<&'static str>) -> (String, std::thread::JoinHandle<()>) {
+        use std::io::Write;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/metrics", listener.local_addr().unwrap());
+        let server = std::thread::spawn(move || {
+            for answer in answers {
+                let (mut conn, _) = listener.accept().unwrap();
+                let mut request = [0u8; 1024];
+                let n = conn.read(&mut request).unwrap();
+                assert!(request[..n].starts_with(b"GET /metrics HTTP/1.0\r\n"));
+                if answer == "hang" {
+                    std::thread::sleep(Duration::from_secs(2));
+                    continue;
+                }
+                conn.write_all(answer.as_bytes()).unwrap();
+            }
+        });
+        (url, server)
+    }
+
+    #[test]
+    fn a_metric_counter_is_read_from_the_page_each_period() {
+        let ok = |n: u32| -> &'static str {
+            Box::leak(
+                format!("HTTP/1.0 200 OK\r\n\r\n# TYPE tx_total counter\ntx_total{{db=\"a\"}} {n}\ntx_total{{db=\"b\"}} 5\n")
+                    .into_boxed_str(),
+            )
+        };
+        let (url, server) = serve(vec![
+            ok(100),
+            ok(160),
+            "HTTP/1.0 200 OK\r\n\r\nother_total 1\n",
+            "HTTP/1.0 500 Internal Server Error\r\n\r\n",
+            "hang",
+        ]);
+        let source = ProgressSource::Metric {
+            url: prometheus::MetricsUrl::parse(&url).unwrap(),
+            series: "tx_total".into(),
+        };
+        let mut r = ProgressReader::new(source);
+        r.start();
+        assert_eq!(r.delta().unwrap(), Some(60));
+        let e = r.delta().unwrap_err().to_string();
+        assert!(
+            e.contains("no such series") && e.contains("curl -s http://127.0.0.1"),
+            "{e}"
+        );
+        let e = r.delta().unwrap_err().to_string();
+        assert!(e.contains("500"), "{e}");
+        let t = Instant::now();
+        let e = r.delta().unwrap_err().to_string();
+        assert!(e.contains("within 1000 ms"), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        server.join().unwrap();
+        // Nobody listening: said so.
+        let e = r.delta().unwrap_err().to_string();
+        assert!(
+            e.contains("cannot connect") && e.contains("listening"),
+            "{e}"
+        );
     }
 }
