@@ -6,7 +6,9 @@ one vCPU is the change Gleaner makes on a 2-vCPU guest. Writes results/progress-
 Configurations, interleaved (the order rotates every round): the program as is (baseline),
 `gleaner run` (judged by utilization), `gleaner run --progress-file F` (judged by the round
 trips the workload writes to F every 1,024 rounds, `gleaner workload pingpong --count-file F`),
-and `taskset -c 0` (the best fixed setting on this guest). Every configuration runs the
+`gleaner run --progress-url URL --progress-metric M` (the same count served as a Prometheus
+counter on loopback by a thread of this script, as an application's exporter would), and
+`taskset -c 0` (the best fixed setting on this guest). Every configuration runs the
 workload with the count file, so the writes cost all of them alike. Reported: each one's
 round trips/s (median, min-max) and the paired ratios of both Gleaners against one vCPU and of
 the progress-judged one against the utilization-judged one (median with its 95 % bootstrap
@@ -18,11 +20,13 @@ interval), and how many runs ended packed on one vCPU (from the timelines).
 from __future__ import annotations
 
 import argparse
+import http.server
 import json
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -30,10 +34,42 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness.preflight import load_check, machine_facts, read_loadavg  # noqa: E402
 from harness.stats import paired_ratio  # noqa: E402
 
-CONFIGS = ("baseline", "gleaner", "gleaner-progress", "one-vcpu")
+CONFIGS = ("baseline", "gleaner", "gleaner-progress", "gleaner-metric", "one-vcpu")
+METRIC = "pingpong_round_trips_total"
 
 
-def command(config: str, gleaner: str, count: Path, timeline: Path, rounds: int) -> list[str]:
+class Exporter:
+    """A Prometheus page on loopback whose one counter is the current count file's number,
+    as an application's exporter would serve it (`gleaner-metric` reads it with
+    `--progress-url`). A thread of this process; it wakes only when asked."""
+
+    def __init__(self) -> None:
+        self.count: Path | None = None
+        exporter = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+                try:
+                    n = int(exporter.count.read_text().split()[0]) if exporter.count else 0
+                except (OSError, ValueError, IndexError):
+                    n = 0
+                body = f"# TYPE {METRIC} counter\n{METRIC} {n}\n".encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def command(config: str, gleaner: str, count: Path, timeline: Path, rounds: int,
+            url: str = "") -> list[str]:
     work = [gleaner, "workload", "pingpong", "--json", "--rounds", str(rounds), "--count-file", str(count)]
     if config == "baseline":
         return work
@@ -42,6 +78,8 @@ def command(config: str, gleaner: str, count: Path, timeline: Path, rounds: int)
     run = [gleaner, "run", "--timeline", str(timeline)]
     if config == "gleaner-progress":
         run += ["--progress-file", str(count)]
+    if config == "gleaner-metric":
+        run += ["--progress-url", url, "--progress-metric", METRIC]
     return [*run, "--", *work]
 
 
@@ -82,14 +120,17 @@ def main() -> int:
     if warning:
         print(f"progress_judge: {warning}", file=sys.stderr)
     values: dict[str, dict[int, float]] = {c: {} for c in CONFIGS}
-    packs: dict[str, list[bool]] = {c: [] for c in ("gleaner", "gleaner-progress")}
+    packs: dict[str, list[bool]] = {c: [] for c in ("gleaner", "gleaner-progress", "gleaner-metric")}
+    exporter = Exporter()
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.reps):
             order = CONFIGS[rep % len(CONFIGS):] + CONFIGS[:rep % len(CONFIGS)]
             for config in order:
                 count = Path(tmp) / f"count-{config}"
                 timeline = Path(tmp) / f"timeline-{config}-{rep}.jsonl"
-                out = subprocess.run(command(config, args.gleaner, count, timeline, args.rounds),
+                exporter.count = count
+                out = subprocess.run(command(config, args.gleaner, count, timeline, args.rounds,
+                                             exporter.url),
                                      capture_output=True, text=True)
                 if out.returncode != 0:
                     print(f"progress_judge: {config} round {rep} failed: {out.stderr.strip()[-300:]}",
@@ -105,7 +146,9 @@ def main() -> int:
                    "n": len(v)} for c, v in values.items() if v}
     pairs = {}
     for mine, other in (("gleaner", "one-vcpu"), ("gleaner-progress", "one-vcpu"),
-                        ("gleaner-progress", "gleaner"), ("gleaner", "baseline"), ("gleaner-progress", "baseline")):
+                        ("gleaner-metric", "one-vcpu"), ("gleaner-progress", "gleaner"),
+                        ("gleaner-metric", "gleaner"), ("gleaner", "baseline"),
+                        ("gleaner-progress", "baseline"), ("gleaner-metric", "baseline")):
         r = paired_ratio(values[mine], values[other], higher_is_better=True)
         if r:
             pairs[f"{mine} / {other}"] = {"n": r.n, "median": r.median, "low": r.low, "high": r.high}
@@ -121,7 +164,7 @@ def main() -> int:
           f"{facts['kernel']}, load at the start {facts['loadavg']}"
           + (f" (**{warning}**)" if warning else "") + f"; {args.reps} interleaved rounds of "
           f"`gleaner workload pingpong --rounds {args.rounds} --count-file F`.", "",
-          f"    python3 bench/progress_judge.py --gleaner {args.gleaner} --reps {args.reps}", "",
+          f"    python3 bench/progress_judge.py --gleaner {args.gleaner} --reps {args.reps} --rounds {args.rounds}", "",
           "| configuration | round trips/s, median (min–max) | runs ending on one vCPU |", "|---|---|---|"]
     for c in CONFIGS:
         s = summary.get(c)
