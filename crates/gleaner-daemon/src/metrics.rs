@@ -166,6 +166,29 @@ fn per_target(
     }
 }
 
+/// A counter with one sample per target judged by the application's progress counter (the
+/// value is `None` for the others, which are left out).
+fn per_target_judged(
+    out: &mut String,
+    s: &Snapshot,
+    name: &str,
+    help: &str,
+    value: impl Fn(&InstanceStatus) -> Option<f64>,
+) {
+    let samples: Vec<(&str, f64)> = s
+        .targets
+        .iter()
+        .filter_map(|t| Some((t.name.as_str(), value(t.status.as_ref()?)?)))
+        .collect();
+    if samples.is_empty() {
+        return;
+    }
+    let mut f = Family::new(out, name, "counter", help);
+    for (target, v) in samples {
+        f.sample(name, &[("target", target)], v);
+    }
+}
+
 /// A counter with one sample per target whose sampler measures wake-ups (the BPF sampler);
 /// absent where none does.
 fn per_target_wakes(
@@ -542,6 +565,20 @@ pub fn render(s: &Snapshot) -> String {
         "counter",
         "Periods longer than twice their plan (stall, paused VM); their samples were discarded.",
         |st| st.disrupted_periods as f64,
+    );
+    per_target_judged(
+        &mut out,
+        s,
+        "gleaner_progress_total",
+        "The application's progress counter's growth over the periods Gleaner judged by it (rate() it for the application's throughput as Gleaner saw it); only for targets judged by a counter.",
+        |st| st.progress_total.map(|n| n as f64),
+    );
+    per_target_judged(
+        &mut out,
+        s,
+        "gleaner_unjudged_periods_total",
+        "Periods not judged because the application's progress counter could not be read (see the warning in the log); only for targets judged by a counter.",
+        |st| st.progress_total.map(|_| st.unjudged_periods as f64),
     );
     per_target(
         &mut out,

@@ -412,6 +412,9 @@ pub fn render(s: &InstanceStatus) -> String {
     );
     if !s.judged_by.is_empty() {
         out += &format!("  changes judged by {}", s.judged_by);
+        if let Some(rate) = s.progress_per_sec {
+            out += &format!(", last read {rate:.1}/s");
+        }
         if s.unjudged_periods > 0 {
             out += &format!(
                 " ({} periods not judged: the counter could not be read)",
@@ -475,6 +478,24 @@ mod tests {
             ..s
         };
         assert!(render(&s).contains("retention timeout 18.0 µs"));
+    }
+
+    #[test]
+    fn a_counter_judge_shows_its_source_its_last_rate_and_what_it_could_not_read() {
+        let s = InstanceStatus {
+            judged_by:
+                "the application's progress (metric tx_total at http://127.0.0.1:9100/metrics)"
+                    .into(),
+            progress_total: Some(5_000),
+            progress_per_sec: Some(1234.5),
+            unjudged_periods: 2,
+            ..InstanceStatus::default()
+        };
+        let text = render(&s);
+        assert!(
+            text.contains("changes judged by the application's progress (metric tx_total at http://127.0.0.1:9100/metrics), last read 1234.5/s (2 periods not judged: the counter could not be read)"),
+            "{text}"
+        );
     }
 
     fn daemon_with(targets: Vec<TargetStatus>) -> DaemonStatus {

@@ -394,6 +394,8 @@ impl<'a> Controller<'a> {
                 Some(reader) => format!("the application's progress ({})", reader.source()),
                 None => "utilization".into(),
             },
+            // Zero from the start where a counter judges: "none counted yet", not "no counter".
+            progress_total: opts.progress.as_ref().map(|_| 0),
             command: opts.command.clone(),
             mode: policy.config().mode.to_string(),
             observe: opts.observe,
@@ -610,7 +612,13 @@ impl<'a> Controller<'a> {
                 // Judged by the application's count or not at all: a period judged by
                 // utilization among periods judged by the count would compare two units.
                 match read {
-                    Ok(Some(done)) => sample.progress = Some(done),
+                    Ok(Some(done)) => {
+                        sample.progress = Some(done);
+                        let st = &mut self.status;
+                        st.progress_total = Some(st.progress_total.unwrap_or(0) + done);
+                        st.progress_per_sec =
+                            Some(done as f64 * 1e9 / sample.period_ns.max(1) as f64);
+                    }
                     Ok(None) => continue,
                     Err(e) => {
                         self.status.unjudged_periods += 1;

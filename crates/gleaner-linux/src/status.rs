@@ -60,6 +60,13 @@ pub struct InstanceStatus {
     /// Periods not judged because the progress counter could not be read.
     #[serde(default)]
     pub unjudged_periods: u64,
+    /// The application's progress counted over the judged periods (what its counter grew by
+    /// while Gleaner read it; zero until the first), and the last judged period's rate per
+    /// second; `None` where changes are judged by utilization.
+    #[serde(default)]
+    pub progress_total: Option<u64>,
+    #[serde(default)]
+    pub progress_per_sec: Option<f64>,
     pub periods: u64,
     /// Periods whose end-of-period work (read, decide, apply, record) took longer than a
     /// sub-sample slice.

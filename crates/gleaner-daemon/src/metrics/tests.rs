@@ -375,3 +375,45 @@ fn wake_latency_is_a_histogram_per_target_and_vcpu_state() {
         "{report}"
     );
 }
+
+#[test]
+fn a_target_judged_by_a_counter_exports_its_progress_and_its_unjudged_periods() {
+    let counted = InstanceStatus {
+        judged_by: "the application's progress (file /run/tx)".into(),
+        progress_total: Some(125_000),
+        progress_per_sec: Some(9_800.0),
+        unjudged_periods: 3,
+        ..Default::default()
+    };
+    let snap = Snapshot {
+        targets: vec![
+            TargetMetrics {
+                name: "db".into(),
+                running: true,
+                status: Some(counted),
+                ..Default::default()
+            },
+            TargetMetrics {
+                name: "web".into(),
+                running: true,
+                status: Some(sample_status()),
+                ..Default::default()
+            },
+        ],
+        ..Default::default()
+    };
+    let text = render(&snap);
+    for line in [
+        "# TYPE gleaner_progress_total counter",
+        "gleaner_progress_total{target=\"db\"} 125000",
+        "gleaner_unjudged_periods_total{target=\"db\"} 3",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+    }
+    // The target judged by utilization has neither: no counter, nothing to count.
+    assert!(
+        !text.contains("gleaner_progress_total{target=\"web\"}")
+            && !text.contains("gleaner_unjudged_periods_total{target=\"web\"}"),
+        "{text}"
+    );
+}
