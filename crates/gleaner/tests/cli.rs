@@ -427,7 +427,13 @@ fn a_progress_counter_is_read_each_period_and_an_unreadable_one_is_said_once() {
     // A counter there before the run starts judges the first period too: its base is read
     // with the sampler's first window. (It was read only at the first period's end, which
     // left that period unjudged and the first timeline line a period late: 0.2 s here.)
+    // Written by rename here, so that no read can find it empty and leave a period unjudged
+    // for that reason (the rewrite in place above is read again when found empty).
     std::fs::write(&counter, "0\n").unwrap();
+    let atomic = format!(
+        "i=0; while [ $i -lt 100 ]; do i=$((i+1)); echo $i > {c}.new; mv {c}.new {c}; sleep 0.01; done",
+        c = counter.display()
+    );
     let timeline = state.path().join("from-start.jsonl");
     let out = gleaner()
         .args(["run", "--observe", "--period-ms", "400", "--state-dir"])
@@ -436,7 +442,7 @@ fn a_progress_counter_is_read_each_period_and_an_unreadable_one_is_said_once() {
         .arg(&counter)
         .arg("--timeline")
         .arg(&timeline)
-        .args(["--", "sh", "-c", &script])
+        .args(["--", "sh", "-c", &atomic])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));

@@ -137,11 +137,28 @@ impl ProgressReader {
     }
 }
 
+/// Reads of a counter file found empty before one is taken as its content.
+const EMPTY_FILE_READS: u32 = 4;
+
+/// The file's text. An empty file is read again, 1 ms apart, a few times: one that an
+/// application rewrites in place (`echo $n > file`: truncated, then written) is empty for a
+/// moment now and then, and a period read in that moment was not judged (seen in CI: the
+/// first period of a shell-written counter lost so).
 fn read_file(path: &Path) -> Result<String, String> {
-    std::fs::read_to_string(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => "no such file (yet); the application must create it".into(),
-        _ => e.to_string(),
-    })
+    let mut reads = 0;
+    loop {
+        let text = std::fs::read_to_string(path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => {
+                "no such file (yet); the application must create it".to_string()
+            }
+            _ => e.to_string(),
+        })?;
+        reads += 1;
+        if !text.trim().is_empty() || reads >= EMPTY_FILE_READS {
+            return Ok(text);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// Runs `sh -c cmd` and returns its standard output, killing it after [`COMMAND_TIMEOUT`].
@@ -234,6 +251,13 @@ mod tests {
         assert_eq!(r.delta().unwrap(), None);
         std::fs::write(&path, "17\n").unwrap();
         assert_eq!(r.delta().unwrap(), Some(10));
+        // Empty (an application rewriting it in place, caught between truncating and
+        // writing), and still empty after a few more reads: an error; the base stays.
+        std::fs::write(&path, "").unwrap();
+        let e = r.delta().unwrap_err().to_string();
+        assert!(e.contains("no number"), "{e}");
+        std::fs::write(&path, "17\n").unwrap();
+        assert_eq!(r.delta().unwrap(), Some(0));
         // Garbage: an error that says what is expected; the base stays.
         std::fs::write(&path, "n/a\n").unwrap();
         let e = r.delta().unwrap_err().to_string();
