@@ -1056,6 +1056,20 @@ impl Sampler {
                     // ping-pong on the none guest, `daemon-2026-11-28-231357`, run 9), and the
                     // policy judges windows' grain over more than one of them.
                     rates_from = RatesFrom::ThisWindow;
+                    // It is also the freshest window the next periods may reuse. Kept only
+                    // from windowed periods, a workload that turned busy in a period measured
+                    // whole (a quiet start) had its next period stand on the start-up
+                    // window of the first period: 1 switch where ping-pong made thousands
+                    // (g_comp 86 ms against 33 µs; CI, 2026-11-29 and 2026-12-01).
+                    self.last_window = Some(WindowCounts {
+                        covered_ns,
+                        events,
+                        switches,
+                        work_ns: total_work(&vcpus),
+                        crowded_ns,
+                        crowded_waits,
+                        wake: wake.clone(),
+                    });
                 }
                 Window::next_len(events, covered_ns, period_ns)
             }
