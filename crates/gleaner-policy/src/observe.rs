@@ -94,6 +94,7 @@ impl RunSummary {
             idle_periods_per_sec: of(|c| c.idle_periods_per_sec),
             steal_fraction: of(|c| c.steal_fraction),
             runnable_wait_fraction: of(|c| c.runnable_wait_fraction),
+            l_wake_path_ns: of(|c| c.l_wake_path_ns),
         }
     }
 

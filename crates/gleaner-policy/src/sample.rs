@@ -459,6 +459,23 @@ pub struct Characteristics {
     pub steal_fraction: f64,
     /// Fraction of the period some workload thread waited for a CPU (0 if unknown).
     pub runnable_wait_fraction: f64,
+    /// Per idle period, the active vCPUs' time that was neither the workload's, nor idle,
+    /// nor stolen, up to what the measured halted wake-ups' latency adds up to: the kernel's
+    /// path out of idle to a woken thread (the IPI, the exit from idle, the switch), which a
+    /// vCPU spends busy but not on the workload, and which packing threads that take turns
+    /// onto one vCPU turns into a plain switch (`characteristics::characterize`). 0 where no
+    /// wake-ups were measured (the procfs sampler) or nothing else ran.
+    #[serde(default)]
+    pub l_wake_path_ns: f64,
+}
+
+impl Characteristics {
+    /// How long the workload waits on an active vCPU per idle period, as packing sees it: the
+    /// idle period itself plus the wake-up path out of it ([`Self::l_wake_path_ns`]). §5's
+    /// conditions compare l_comp and g_comp with it.
+    pub fn l_wait_ns(&self) -> f64 {
+        self.l_idle_ns + self.l_wake_path_ns
+    }
 }
 
 /// How much the workload got done in a period, per second: the signal a change is judged by.

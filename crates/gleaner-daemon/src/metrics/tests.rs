@@ -39,6 +39,7 @@ fn sample_status() -> InstanceStatus {
             idle_periods_per_sec: 9000.0,
             steal_fraction: 0.02,
             runnable_wait_fraction: 0.0,
+            l_wake_path_ns: 0.0,
         },
         vcpus: vec![
             VcpuStatus {

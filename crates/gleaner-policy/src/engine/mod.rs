@@ -330,20 +330,22 @@ impl Gleaner {
         }
         if matches!(self.cfg.mode, Mode::Full | Mode::Consolidation) {
             let n = self.allowed.len();
-            let room = self.rho * n.saturating_sub(1) as f64 * c.l_idle_ns;
-            let grain = (self.eta * c.l_idle_ns).min(self.cfg.min_time_slice_ns as f64);
+            let room = self.rho * n.saturating_sub(1) as f64 * c.l_wait_ns();
+            let grain = (self.eta * c.l_wait_ns()).min(self.cfg.min_time_slice_ns as f64);
             if n <= 1 {
                 why.push("consolidation: the workload has one vCPU".into());
             } else if c.l_comp_ns > room {
                 why.push(format!(
-                    "consolidation: l_comp {} > rho x (N-1) x l_idle = {}: the other vCPUs lack the idle time to take one vCPU's work",
+                    "consolidation: l_comp {} > rho x (N-1) x l_idle{} = {}: the other vCPUs lack the idle time to take one vCPU's work",
                     us(c.l_comp_ns),
+                    wake_path_part(c),
                     us(room)
                 ));
             } else if c.g_comp_ns > grain {
                 why.push(format!(
-                    "consolidation: g_comp {} > min(eta x l_idle, slice) = {}: threads synchronize too rarely for packing them to pay",
+                    "consolidation: g_comp {} > min(eta x l_idle{}, slice) = {}: threads synchronize too rarely for packing them to pay",
                     us(c.g_comp_ns),
+                    wake_path_part(c),
                     us(grain)
                 ));
             }
@@ -816,8 +818,8 @@ impl Gleaner {
         // absorb the load, so tighten the load condition. Both are set just below the values
         // that let this consolidation through, so the same situation is refused next time.
         let adjusted = if busiest >= 0.99 {
-            let ratio = if b.l_idle_ns > 0.0 {
-                b.g_comp_ns / b.l_idle_ns
+            let ratio = if b.l_wait_ns() > 0.0 {
+                b.g_comp_ns / b.l_wait_ns()
             } else {
                 self.eta
             };
@@ -828,7 +830,7 @@ impl Gleaner {
                 self.eta
             )
         } else {
-            let denom = (d.n_before.saturating_sub(1)) as f64 * b.l_idle_ns;
+            let denom = (d.n_before.saturating_sub(1)) as f64 * b.l_wait_ns();
             let ratio = if denom > 0.0 {
                 b.l_comp_ns / denom
             } else {
@@ -1022,9 +1024,12 @@ impl Gleaner {
         // Steal means the host is oversubscribed: a held or lightly used vCPU costs other VMs,
         // so consolidation is favoured by relaxing the load factor toward 1.
         let rho = (self.rho * (1.0 + c.steal_fraction)).min(1.0);
-        let room = rho * (n - 1) as f64 * c.l_idle_ns;
+        // The idle period as packing sees it: with the wake-up path out of it, which packing
+        // turns into a switch (`Characteristics::l_wake_path_ns`).
+        let l_wait = c.l_wait_ns();
+        let room = rho * (n - 1) as f64 * l_wait;
         let cond1 = c.l_comp_ns <= room;
-        let grain = (self.eta * c.l_idle_ns).min(self.cfg.min_time_slice_ns as f64);
+        let grain = (self.eta * l_wait).min(self.cfg.min_time_slice_ns as f64);
         let cond2 = c.g_comp_ns <= grain;
         if !(cond1 && cond2) {
             return;
@@ -1051,7 +1056,7 @@ impl Gleaner {
         // a margin, as a failed large step costs the workload for the periods it is judged:
         // k x l_comp <= rho x (n - k) x l_idle / 2), at most `max_step` and half the active set.
         let step = (2..=self.max_step.min(n / 2))
-            .take_while(|&k| k as f64 * c.l_comp_ns <= 0.5 * rho * (n - k) as f64 * c.l_idle_ns)
+            .take_while(|&k| k as f64 * c.l_comp_ns <= 0.5 * rho * (n - k) as f64 * l_wait)
             .last()
             .unwrap_or(1);
         let mut victims = Vec::new();
@@ -1093,16 +1098,26 @@ impl Gleaner {
         events.push(self.event(
             EventKind::Deactivate { cpu: victim },
             format!(
-                "l_comp {} <= rho {:.2} x {} x l_idle {}; g_comp {} <= min(eta {:.2} x l_idle, slice {})",
+                "l_comp {} <= rho {:.2} x {} x l_idle {}{}; g_comp {} <= min(eta {:.2} x l_idle, slice {})",
                 us(c.l_comp_ns),
                 rho,
                 n - 1,
                 us(c.l_idle_ns),
+                wake_path_part(c),
                 us(c.g_comp_ns),
                 self.eta,
                 us(self.cfg.min_time_slice_ns as f64)
             ),
         ));
+    }
+}
+
+/// The wake-up path in a reason's "l_idle X" (" + wake-up path Y"), where there was one.
+fn wake_path_part(c: &Characteristics) -> String {
+    if c.l_wake_path_ns > 0.0 {
+        format!(" + wake-up path {}", us(c.l_wake_path_ns))
+    } else {
+        String::new()
     }
 }
 
