@@ -401,8 +401,16 @@ pub fn render(s: &InstanceStatus) -> String {
         "  active vCPUs {} of {}   rho {:.3}  eta {:.3}  retention timeout {hold}\n",
         s.active, s.allowed, s.rho, s.eta
     );
+    // The wake-up path out of idle, which §5's conditions count as idle time (the
+    // policy's `Characteristics::l_wait_ns`), where there was one: without it a consolidation
+    // of l_comp 7.4 us against l_idle 7.3 us would read as against the rule.
+    let wake_path = if c.l_wake_path_ns > 0.0 {
+        format!(" + wake-up path {}", us(c.l_wake_path_ns))
+    } else {
+        String::new()
+    };
     out += &format!(
-        "  l_comp {}  g_comp {}  l_idle {}  utilization {:.2}  runnable wait {:.0} %  steal {:.1} %\n",
+        "  l_comp {}  g_comp {}  l_idle {}{wake_path}  utilization {:.2}  runnable wait {:.0} %  steal {:.1} %\n",
         us(c.l_comp_ns),
         us(c.g_comp_ns),
         us(c.l_idle_ns),
@@ -494,6 +502,24 @@ mod tests {
         let text = render(&s);
         assert!(
             text.contains("changes judged by the application's progress (metric tx_total at http://127.0.0.1:9100/metrics), last read 1234.5/s (2 periods not judged: the counter could not be read)"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn the_wake_up_path_is_shown_beside_l_idle_where_there_was_one() {
+        let mut s = InstanceStatus::default();
+        s.characteristics.l_comp_ns = 7_400.0;
+        s.characteristics.l_idle_ns = 7_300.0;
+        assert!(
+            render(&s).contains("l_idle 7.3 µs  utilization"),
+            "{}",
+            render(&s)
+        );
+        s.characteristics.l_wake_path_ns = 1_500.0;
+        let text = render(&s);
+        assert!(
+            text.contains("l_idle 7.3 µs + wake-up path 1.5 µs  utilization"),
             "{text}"
         );
     }
