@@ -13,7 +13,6 @@ use crate::sample::{Characteristics, PeriodSample};
 /// * l_idle = T_idle / S_yield: length of an idle period.
 /// * the busiest vCPU's utilization, of the time it ran (the period less its steal); the
 ///   total utilization is of the period, as the workload's progress is.
-///
 /// * l_wake_path: the active vCPUs' time that was neither work, idle nor steal, up to the
 ///   measured halted wake-ups' latency, per idle period.
 ///
@@ -27,8 +26,8 @@ use crate::sample::{Characteristics, PeriodSample};
 /// condition (1) then compares one vCPU's work with the other's idle time, which that path
 /// keeps just short of it: a ping-pong on the `none` guest of 2026-12-01 read l_comp 7.3 us
 /// against l_idle 7.3 us period after period (8 % of each vCPU on that path), and packed in
-/// 0.03 to 2.3 s of its turning busy, or never (2 of 6 runs; x0.45 of one vCPU), as noise
-/// pushed the two apart. Packed, that path is a switch on one vCPU, so it is room for the
+/// 0.03 to 2.3 s of its start, or never (3 of 14 runs, at half of one vCPU's round trips/s),
+/// as noise pushed the two apart (results/wake-path-2026-12-01). Packed, that path is a switch on one vCPU, so it is room for the
 /// work packing brings. It is capped at what the halted wake-ups' latency adds up to (their
 /// count times their median), which holds that path, so that another program's time on
 /// those vCPUs is no room where the workload's vCPUs are seldom woken from a halt. Not only

@@ -937,8 +937,9 @@ fn knife_edge_ping_pong(active: &Cpuset, halted: u64) -> PeriodSample {
 }
 
 /// §5's condition (1) on such a pair compares one vCPU's work with the other's idle time,
-/// which the wake-up path keeps just short of it: Gleaner packed it in 0.03 to 2.3 s, or
-/// never (2 of 6 runs, x0.45 of one vCPU), as the noise moved the two. Counted as the room it
+/// which the wake-up path keeps just short of it: Gleaner packed it 0.03 to 2.3 s after it
+/// began, or never (3 of 14 runs by hand, at half of one vCPU's round trips/s), as the noise
+/// moved the two. Counted as the room it
 /// is once packed, the path lets the pair be packed at the first period it may; with no
 /// halted wake-ups to bound it, the same time on the vCPUs is no room.
 #[test]
