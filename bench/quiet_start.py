@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness.preflight import load_check, machine_facts, read_loadavg  # noqa: E402
-from harness.stats import paired_ratio  # noqa: E402
+from harness.report import paired_pairs, paired_table  # noqa: E402
 
 CONFIGS = ("baseline", "one-vcpu", "gleaner", "against")
 
@@ -111,12 +111,8 @@ def main() -> int:
                 f"{c} {values[c].get(rep, float('nan')):.0f}" for c in CONFIGS), file=sys.stderr)
     summary = {c: {"median": statistics.median(v.values()), "min": min(v.values()),
                    "max": max(v.values()), "n": len(v)} for c, v in values.items() if v}
-    pairs = {}
-    for mine, other in (("gleaner", "against"), ("gleaner", "one-vcpu"), ("against", "one-vcpu"),
-                        ("gleaner", "baseline"), ("against", "baseline")):
-        r = paired_ratio(values[mine], values[other], higher_is_better=True)
-        if r:
-            pairs[f"{mine} / {other}"] = {"n": r.n, "median": r.median, "low": r.low, "high": r.high}
+    pairs = paired_pairs(values, [("gleaner", "against"), ("gleaner", "one-vcpu"), ("against", "one-vcpu"),
+                                  ("gleaner", "baseline"), ("against", "baseline")])
     stamp = time.strftime("%Y-%m-%d-%H%M%S", time.gmtime())
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -150,9 +146,7 @@ def main() -> int:
         else:
             rest = "— | — | —"
         md.append(f"| {c} | {s['median']:.0f} ({s['min']:.0f}–{s['max']:.0f}) | {rest} |")
-    md += ["", "| paired ratio (>1: the first is faster) | median [95 % interval] | pairs |", "|---|---|---|"]
-    for k, r in pairs.items():
-        md.append(f"| {k} | ×{r['median']:.3f} [{r['low']:.3f}, {r['high']:.3f}] | {r['n']} |")
+    md += paired_table(pairs)
     (out_dir / f"quiet-start-{stamp}.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
     return 0

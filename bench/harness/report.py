@@ -220,3 +220,24 @@ def markdown(results: dict) -> str:
     if results.get("notes"):
         lines += ["", "Notes:", ""] + [f"- {note}" for note in results["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def paired_pairs(values: dict[str, dict[int, float]], combos: list[tuple[str, str]],
+                 higher_is_better: bool = True) -> dict[str, dict]:
+    """For the one-workload scripts (progress_judge.py, quiet_start.py): each `(mine, other)`
+    of `combos` paired by round, as `{"mine / other": {n, median, low, high}}`; a combination
+    without a pair is left out."""
+    pairs = {}
+    for mine, other in combos:
+        r = paired_ratio(values[mine], values[other], higher_is_better=higher_is_better)
+        if r:
+            pairs[f"{mine} / {other}"] = {"n": r.n, "median": r.median, "low": r.low, "high": r.high}
+    return pairs
+
+
+def paired_table(pairs: dict[str, dict]) -> list[str]:
+    """[`paired_pairs`] as Markdown lines, a blank line first."""
+    md = ["", "| paired ratio (>1: the first is faster) | median [95 % interval] | pairs |", "|---|---|---|"]
+    for k, r in pairs.items():
+        md.append(f"| {k} | ×{r['median']:.3f} [{r['low']:.3f}, {r['high']:.3f}] | {r['n']} |")
+    return md

@@ -140,3 +140,14 @@ def test_the_control_is_a_yardstick_not_a_setting(results):
     assert "The control column is the same command as baseline run again" in text
     # A straddling interval points at the tool that narrows it.
     assert "pool this batch with others of the same guest (`python3 bench/pool.py FILES`)" in text
+
+
+def test_paired_pairs_leave_out_combinations_without_a_pair_and_the_table_prints_them():
+    from harness.report import paired_pairs, paired_table
+
+    values = {"a": {0: 2.0, 1: 2.2, 2: 1.8}, "b": {0: 1.0, 1: 1.0, 2: 1.0}, "c": {5: 1.0}}
+    pairs = paired_pairs(values, [("a", "b"), ("a", "c")])
+    assert list(pairs) == ["a / b"]
+    assert pairs["a / b"]["median"] == 2.0 and pairs["a / b"]["n"] == 3
+    lines = paired_table(pairs)
+    assert lines[0] == "" and lines[-1] == "| a / b | ×2.000 [1.800, 2.200] | 3 |"

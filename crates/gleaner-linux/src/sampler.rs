@@ -1017,13 +1017,28 @@ impl Sampler {
                 Window::next_len(last.events, last.covered_ns, period_ns)
             }
             None => {
+                // What this period's programs counted, unscaled: the window the next periods
+                // may reuse, whether it covered part of this period or all of it. Kept only
+                // from windowed periods, a workload that turned busy in a period measured
+                // whole (a quiet start) had its next period stand on the start-up window of
+                // the first period: 1 switch where ping-pong made thousands (g_comp 86 ms
+                // against 33 µs; CI, 2026-11-29 and 2026-12-01).
+                let measured = WindowCounts {
+                    covered_ns,
+                    events,
+                    switches,
+                    work_ns: total_work(&vcpus),
+                    crowded_ns,
+                    crowded_waits,
+                    wake: wake.clone(),
+                };
                 if windowed && !unopened {
                     rates_from = RatesFrom::ThisWindow;
                     tracing::trace!(
                         covered_ns,
                         events,
                         switches,
-                        work_ns = total_work(&vcpus),
+                        work_ns = measured.work_ns,
                         cut = cut.map(|c| c.saturating_sub(self.window.start_ns)),
                         len_ns = self.window.len_ns,
                         period_ns,
@@ -1031,23 +1046,10 @@ impl Sampler {
                     );
                     // Counts from a window stand for the whole period; the CPU time is
                     // read whole.
-                    self.last_window = Some(WindowCounts {
-                        covered_ns,
-                        events,
-                        switches,
-                        work_ns: total_work(&vcpus),
-                        crowded_ns,
-                        crowded_waits,
-                        wake: wake.clone(),
-                    });
                     work_between(&prev, &snap, &spare, period_ns, &mut vcpus);
-                    let period_work = total_work(&vcpus);
-                    (switches, crowded_ns, wake) = self
-                        .last_window
-                        .as_ref()
-                        .map_or_else(Default::default, |w| {
-                            w.scaled_to(period_ns, period_work, true)
-                        });
+                    (switches, crowded_ns, wake) =
+                        measured.scaled_to(period_ns, total_work(&vcpus), true);
+                    self.last_window = Some(measured);
                 } else if !unopened {
                     // The programs counted the whole period (its events fit the budget). Every
                     // switch is in the count, but the count is still one window's: a
@@ -1056,20 +1058,7 @@ impl Sampler {
                     // ping-pong on the none guest, `daemon-2026-11-28-231357`, run 9), and the
                     // policy judges windows' grain over more than one of them.
                     rates_from = RatesFrom::ThisWindow;
-                    // It is also the freshest window the next periods may reuse. Kept only
-                    // from windowed periods, a workload that turned busy in a period measured
-                    // whole (a quiet start) had its next period stand on the start-up
-                    // window of the first period: 1 switch where ping-pong made thousands
-                    // (g_comp 86 ms against 33 µs; CI, 2026-11-29 and 2026-12-01).
-                    self.last_window = Some(WindowCounts {
-                        covered_ns,
-                        events,
-                        switches,
-                        work_ns: total_work(&vcpus),
-                        crowded_ns,
-                        crowded_waits,
-                        wake: wake.clone(),
-                    });
+                    self.last_window = Some(measured);
                 }
                 Window::next_len(events, covered_ns, period_ns)
             }
