@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use gleaner_policy::Cpuset;
 
-use crate::error::{parse_num, read_file, read_file_until, Error, Result};
+use crate::error::{parse_num, read_file, read_file_until, Error, RereadFile, Result};
 
 const NS_PER_SEC: u128 = 1_000_000_000;
 
@@ -196,6 +196,37 @@ impl ProcessCgroups {
     }
 }
 
+/// `/proc/stat` read again through one open file ([`ProcFs::stat_file`]); parsed as
+/// [`ProcFs::stat`] parses it.
+#[derive(Debug)]
+pub struct ProcStatFile {
+    file: RereadFile,
+    proc: ProcFs,
+}
+
+impl ProcStatFile {
+    pub fn read(&mut self) -> Result<ProcStat> {
+        let proc = &self.proc;
+        self.file.parse(|path, text| parse_stat(path, text, proc))
+    }
+}
+
+/// A task's `stat` read again through one open file ([`ProcFs::task_stat_file`]); parsed as
+/// [`ProcFs::task_stat`] parses it. `NotFound` once the task has exited.
+#[derive(Debug)]
+pub struct TaskStatFile {
+    file: RereadFile,
+    proc: ProcFs,
+}
+
+impl TaskStatFile {
+    pub fn read(&mut self) -> Result<TaskStat> {
+        let proc = &self.proc;
+        self.file
+            .parse(|path, text| parse_task_stat(path, text, proc))
+    }
+}
+
 /// One line of `/proc/self/mountinfo`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mount {
@@ -244,6 +275,14 @@ impl ProcFs {
     pub fn stat(&self) -> Result<ProcStat> {
         let path = self.path("stat");
         parse_stat(&path, &read_file(&path)?, self)
+    }
+
+    /// `/proc/stat` kept open, for a reader that reads it every period.
+    pub fn stat_file(&self) -> ProcStatFile {
+        ProcStatFile {
+            file: RereadFile::new(self.path("stat")),
+            proc: self.clone(),
+        }
     }
 
     /// CPUs listed in `/proc/stat`, which shows exactly the online ones.
@@ -323,6 +362,14 @@ impl ProcFs {
     pub fn task_stat(&self, pid: u32, tid: u32) -> Result<TaskStat> {
         let path = self.task_dir(pid, tid).join("stat");
         parse_task_stat(&path, &read_file(&path)?, self)
+    }
+
+    /// A task's `stat` kept open, for a reader that reads it every period.
+    pub fn task_stat_file(&self, pid: u32, tid: u32) -> TaskStatFile {
+        TaskStatFile {
+            file: RereadFile::new(self.task_dir(pid, tid).join("stat")),
+            proc: self.clone(),
+        }
     }
 
     /// Three numbers in a small file, which is why the /proc sampler counts switches from it:

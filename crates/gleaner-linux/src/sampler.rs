@@ -45,7 +45,7 @@
 //!   per-thread context switches are read every 2nd, 4th… period and fewer threads' run states
 //!   per sub-sample. It cannot time wake-ups at all.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use gleaner_policy::{Cpuset, PeriodSample, RatesFrom, VcpuSample, WakeLatencies};
@@ -53,7 +53,7 @@ use gleaner_policy::{Cpuset, PeriodSample, RatesFrom, VcpuSample, WakeLatencies}
 use crate::bpf::{CpuCounters, IdleSpan, KernelSampler, Unavailable};
 use crate::error::Result;
 use crate::idle_entries::{IdleEntryCounter, IdleEntrySource};
-use crate::procfs::ProcFs;
+use crate::procfs::{ProcFs, ProcStatFile, TaskStatFile};
 use crate::retention::RetentionCounters;
 use crate::sysfs::{CpuidleCounters, IdleTotals, SysFs};
 
@@ -130,6 +130,11 @@ pub struct PreparedSampler {
 
 pub struct Sampler {
     procfs: ProcFs,
+    /// `/proc/stat`, read every period through one open file.
+    proc_stat: ProcStatFile,
+    /// Each workload process's `stat` (its thread count), read every period by the BPF
+    /// sampler; kept for the processes of the last sample.
+    process_stats: HashMap<u32, TaskStatFile>,
     cpus: Cpuset,
     /// The BPF sampler, when it runs; the procfs sources below are then not read.
     kernel: Option<KernelSampler>,
@@ -380,6 +385,8 @@ impl Sampler {
     ) -> Self {
         let precise_idle = kernel.is_none() && matches!(procfs.timer_list(), Ok(Some(_)));
         Self {
+            proc_stat: procfs.stat_file(),
+            process_stats: HashMap::new(),
             procfs,
             cpus,
             kernel,
@@ -829,7 +836,7 @@ impl Sampler {
                 return Ok(None);
             }
         };
-        let stat = self.procfs.stat()?;
+        let stat = self.proc_stat.read()?;
         let now_retention: HashMap<usize, RetentionCounters> = retention.iter().copied().collect();
         let prev_counters = std::mem::replace(&mut self.kernel_prev, counters);
         // Per vCPU: idle time (and entries, from the driver) from the cpuidle driver or the
@@ -1123,12 +1130,7 @@ impl Sampler {
             period_ns,
             vcpus,
             work_switches: switches,
-            work_threads: work
-                .pids
-                .iter()
-                .filter_map(|&p| self.procfs.task_stat(p, p).ok())
-                .map(|s| s.num_threads as u64)
-                .sum(),
+            work_threads: self.work_threads(&work.pids),
             work_runnable_wait_ns: Some(crowded_ns.min(period_ns)),
             wake_latency: Some(wake),
             progress: None,
@@ -1205,12 +1207,33 @@ impl Sampler {
         }
     }
 
+    /// The threads of the workload's processes, from each one's `stat`.
+    fn work_threads(&mut self, pids: &[u32]) -> u64 {
+        if self.process_stats.len() != pids.len()
+            || !pids.iter().all(|p| self.process_stats.contains_key(p))
+        {
+            let now: HashSet<u32> = pids.iter().copied().collect();
+            self.process_stats.retain(|pid, _| now.contains(pid));
+        }
+        let procfs = &self.procfs;
+        pids.iter()
+            .filter_map(|&pid| {
+                self.process_stats
+                    .entry(pid)
+                    .or_insert_with(|| procfs.task_stat_file(pid, pid))
+                    .read()
+                    .ok()
+            })
+            .map(|s| s.num_threads as u64)
+            .sum()
+    }
+
     fn snapshot(
         &mut self,
         work: &WorkloadView,
         retention: &[(usize, RetentionCounters)],
     ) -> Result<Snapshot> {
-        let stat = self.procfs.stat()?;
+        let stat = self.proc_stat.read()?;
         let cpuidle = self.read_idle_totals();
         // One read of `/proc/timer_list` serves idle time and, where it is their source,
         // idle entries: printing it is most of the procfs sampler's own cost on a guest

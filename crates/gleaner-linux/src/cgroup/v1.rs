@@ -10,13 +10,14 @@
 //! masks of the moved threads are journaled too and put back after they return.
 
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use gleaner_policy::Cpuset;
 
 use super::v2::{pids_in_subtree, threads_of};
 use super::{check_active, CgroupMounts, Placement, PlacementEnv, PlacementKind};
 use crate::cgroupfs::move_process;
-use crate::error::{read_cpuset, read_file, write_file, Error, Result};
+use crate::error::{read_cpuset, read_file, write_file, Error, RereadFile, Result};
 use crate::journal::{UndoAction, UndoLog};
 
 /// Where the v1 hierarchies are mounted.
@@ -41,6 +42,9 @@ pub struct CgroupV1 {
     cpuset_dir: PathBuf,
     /// The cpuacct group with the same relative path, when that hierarchy exists.
     cpuacct_dir: Option<PathBuf>,
+    /// Its `cpuacct.usage_percpu`, read every period through one open file; closed before
+    /// the group is removed.
+    usage_percpu: Mutex<Option<RereadFile>>,
     allowed: Cpuset,
     log: UndoLog,
 }
@@ -66,6 +70,7 @@ impl CgroupV1 {
                 .as_ref()
                 .filter(|m| **m != mounts.cpuset)
                 .map(|m| CgroupMounts::dir_for(m, &rel)),
+            usage_percpu: Mutex::new(None),
             allowed: Cpuset::new(),
             mounts,
             env,
@@ -152,6 +157,7 @@ impl CgroupV1 {
             mounts,
             cpuset_dir: dir.to_path_buf(),
             cpuacct_dir,
+            usage_percpu: Mutex::new(None),
             allowed,
             log,
         })
@@ -239,21 +245,31 @@ impl Placement for CgroupV1 {
         let Some(dir) = &self.cpuacct_dir else {
             return Ok(None);
         };
-        let path = dir.join("cpuacct.usage_percpu");
-        let text = read_file(&path)?;
-        let values = text
-            .split_whitespace()
-            .map(|w| w.parse().map_err(|_| Error::parse(&path, "per-CPU ns", w)))
-            .collect::<Result<Vec<u64>>>()?;
-        if values.is_empty() {
-            return Err(Error::parse(&path, "per-CPU ns", &text));
-        }
-        Ok(Some(values))
+        let mut file = self.usage_percpu.lock().unwrap_or_else(|e| e.into_inner());
+        file.get_or_insert_with(|| RereadFile::new(dir.join("cpuacct.usage_percpu")))
+            .parse(parse_usage_percpu)
+            .map(Some)
     }
 
     fn restore(&mut self) -> Result<()> {
+        *self
+            .usage_percpu
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner()) = None;
         crate::restore::undo_log(&mut self.log, &self.env.proc, self.env.affinity.as_ref())
     }
+}
+
+/// `cpuacct.usage_percpu`: one count of ns per possible CPU.
+fn parse_usage_percpu(path: &Path, text: &str) -> Result<Vec<u64>> {
+    let values = text
+        .split_whitespace()
+        .map(|w| w.parse().map_err(|_| Error::parse(path, "per-CPU ns", w)))
+        .collect::<Result<Vec<u64>>>()?;
+    if values.is_empty() {
+        return Err(Error::parse(path, "per-CPU ns", text));
+    }
+    Ok(values)
 }
 
 impl Drop for CgroupV1 {
