@@ -41,6 +41,10 @@ pub(super) struct Counters {
     pub(super) yield_preemptions: u64,
     pub(super) idle_entries: u64,
     pub(super) halts: u64,
+    /// Idle periods (halted or polling, not retention holds) that ended in a switch to a
+    /// woken thread: each spent `Costs::idle_exit_path` of that switch on the kernel's
+    /// path out of idle.
+    pub(super) idle_exits: u64,
     pub(super) ipis: u64,
     pub(super) ple_exits: u64,
 }

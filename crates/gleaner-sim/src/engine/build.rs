@@ -78,6 +78,7 @@ impl Sim {
             vms: Default::default(),
             costs: Costs {
                 guest_switch: s.costs.guest_switch.0,
+                idle_exit_path: s.costs.idle_exit_path.0.min(s.costs.guest_switch.0),
                 ipi: s.costs.ipi.0,
                 ipi_send: s.costs.ipi_send.0,
                 halt_wake: s.costs.halt_wake.0,

@@ -216,6 +216,8 @@ impl Sim {
         let vc = &mut self.vcpus[v];
         if vc.act == Activity::Retaining {
             vc.c.yield_preemptions += 1;
+        } else {
+            vc.c.idle_exits += 1;
         }
         if policy == GuestPolicy::Haltpoll {
             // cpuidle-haltpoll's adjust_poll_limit().

@@ -151,6 +151,8 @@ impl Vm {
 
 struct Costs {
     guest_switch: Ns,
+    /// At most `guest_switch`.
+    idle_exit_path: Ns,
     ipi: Ns,
     ipi_send: Ns,
     halt_wake: Ns,

@@ -64,8 +64,10 @@ impl Sim {
             let (now, then) = (&self.vcpus[base.offset(i as u32)].c, &vm.last[i]);
             vcpus.push(VcpuSample {
                 cpu: i,
-                work_ns: (now.work_ns() + now.overhead_busy_ns())
-                    - (then.work_ns() + then.overhead_busy_ns()),
+                // The switch out of idle's first part is the kernel's, not the thread's.
+                work_ns: ((now.work_ns() + now.overhead_busy_ns())
+                    - (then.work_ns() + then.overhead_busy_ns()))
+                .saturating_sub((now.idle_exits - then.idle_exits) * self.costs.idle_exit_path),
                 yield_ns: now.yield_ns() - then.yield_ns(),
                 idle_ns: (now.idle_ns() + now.halt_wait_ns())
                     - (then.idle_ns() + then.halt_wait_ns()),
