@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness.preflight import load_check, machine_facts, read_loadavg  # noqa: E402
-from harness.report import paired_pairs, paired_table  # noqa: E402
+from harness.report import finish_markdown, paired_pairs, summary_row  # noqa: E402
 
 CONFIGS = ("baseline", "gleaner", "gleaner-progress", "gleaner-metric", "one-vcpu")
 METRIC = "pingpong_round_trips_total"
@@ -166,10 +166,8 @@ def main() -> int:
         s = summary.get(c)
         if s:
             p = f"{sum(packs[c])} of {len(packs[c])}" if c in packs else "—"
-            md.append(f"| {c} | {s['median']:.0f} ({s['min']:.0f}–{s['max']:.0f}) | {p} |")
-    md += paired_table(pairs)
-    (out_dir / f"progress-judge-{stamp}.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
+            md.append(summary_row(c, s, p))
+    finish_markdown(out_dir / f"progress-judge-{stamp}.md", md, pairs)
     return 0
 
 

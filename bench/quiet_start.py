@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness.preflight import load_check, machine_facts, read_loadavg  # noqa: E402
-from harness.report import paired_pairs, paired_table  # noqa: E402
+from harness.report import finish_markdown, paired_pairs, summary_row  # noqa: E402
 
 CONFIGS = ("baseline", "one-vcpu", "gleaner", "against")
 
@@ -145,10 +145,8 @@ def main() -> int:
                     f"{sum(r['packed_at_end'] for r in runs[c])} of {len(runs[c])}")
         else:
             rest = "— | — | —"
-        md.append(f"| {c} | {s['median']:.0f} ({s['min']:.0f}–{s['max']:.0f}) | {rest} |")
-    md += paired_table(pairs)
-    (out_dir / f"quiet-start-{stamp}.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
+        md.append(summary_row(c, s, rest))
+    finish_markdown(out_dir / f"quiet-start-{stamp}.md", md, pairs)
     return 0
 
 

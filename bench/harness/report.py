@@ -241,3 +241,16 @@ def paired_table(pairs: dict[str, dict]) -> list[str]:
     for k, r in pairs.items():
         md.append(f"| {k} | ×{r['median']:.3f} [{r['low']:.3f}, {r['high']:.3f}] | {r['n']} |")
     return md
+
+
+def summary_row(config: str, s: dict, extra: str) -> str:
+    """One configuration's Markdown row in the one-workload scripts: its median (min–max)
+    rate, then the script's own columns (`extra`, already joined with " | ")."""
+    return f"| {config} | {s['median']:.0f} ({s['min']:.0f}–{s['max']:.0f}) | {extra} |"
+
+
+def finish_markdown(path, md: list[str], pairs: dict[str, dict]) -> None:
+    """Appends [`paired_table`] of `pairs` to `md`, writes it to `path` and prints it."""
+    md = md + paired_table(pairs)
+    path.write_text("\n".join(md) + "\n")
+    print("\n".join(md))

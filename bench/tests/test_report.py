@@ -151,3 +151,15 @@ def test_paired_pairs_leave_out_combinations_without_a_pair_and_the_table_prints
     assert pairs["a / b"]["median"] == 2.0 and pairs["a / b"]["n"] == 3
     lines = paired_table(pairs)
     assert lines[0] == "" and lines[-1] == "| a / b | ×2.000 [1.800, 2.200] | 3 |"
+
+
+def test_the_one_workload_scripts_write_and_print_the_same_report(tmp_path, capsys):
+    row = report.summary_row("gleaner", {"median": 1234.4, "min": 999.6, "max": 1500.2}, "0.08 | 3 of 4")
+    assert row == "| gleaner | 1234 (1000–1500) | 0.08 | 3 of 4 |"
+    pairs = {"gleaner / baseline": {"n": 4, "median": 1.5, "low": 1.2, "high": 1.8}}
+    out = tmp_path / "r.md"
+    report.finish_markdown(out, ["# title", row], pairs)
+    text = out.read_text()
+    assert text.endswith("| gleaner / baseline | ×1.500 [1.200, 1.800] | 4 |\n")
+    assert text.startswith("# title\n" + row + "\n\n| paired ratio")
+    assert capsys.readouterr().out == text
