@@ -33,6 +33,10 @@ pub enum IdleEntrySource {
     /// kernel's own per-CPU records (`tick_sched`), times the shares `power:cpu_idle` saw halt
     /// inside its measurement windows (never chosen by [`IdleEntryCounter`]).
     TickSched,
+    /// The same records where their passes miss halts (a kernel that counts only the passes
+    /// that try to stop the tick): idle time from them, halts from that time over the mean
+    /// halt `power:cpu_idle` measured in the windows (never chosen by [`IdleEntryCounter`]).
+    TickSchedIdleTime,
     Tracepoint,
     TimerList,
     RescheduleInterrupts,
@@ -138,7 +142,9 @@ impl IdleEntryCounter {
                     .map(|&c| r.get(c).copied().unwrap_or(0))
                     .collect()
             }
-            IdleEntrySource::TickSched | IdleEntrySource::Unavailable => vec![0; self.cpus.len()],
+            IdleEntrySource::TickSched
+            | IdleEntrySource::TickSchedIdleTime
+            | IdleEntrySource::Unavailable => vec![0; self.cpus.len()],
         }
     }
 

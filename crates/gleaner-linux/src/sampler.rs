@@ -33,7 +33,10 @@
 //!   has found the kernel's own per-CPU idle records and checked that their idle-loop passes
 //!   cover its halts, and from then on from those ([`KernelSampler::read_tick_idle`]): their
 //!   idle-loop passes and time times the shares that `power:cpu_idle`, inside the windows,
-//!   saw halt ([`HaltRatio`]);
+//!   saw halt ([`HaltRatio`]); on a kernel whose records count fewer passes than there are
+//!   halts but whose idle time covers the halted time, idle time from the records and halts
+//!   from that time over the mean halt `power:cpu_idle` measured in the windows
+//!   ([`RecordCounts::TimeOnly`]);
 //!   workload run time and context switches per vCPU from
 //!   `sched_switch`, the queued time of workload threads while another active vCPU idles, and
 //!   every wake-up of a workload thread timed from `sched_waking` to its switch-in, split by
@@ -50,7 +53,7 @@ use std::path::{Path, PathBuf};
 
 use gleaner_policy::{Cpuset, PeriodSample, RatesFrom, VcpuSample, WakeLatencies};
 
-use crate::bpf::{CpuCounters, IdleSpan, KernelSampler, Unavailable};
+use crate::bpf::{CpuCounters, IdleSpan, KernelSampler, RecordCounts, Unavailable};
 use crate::error::Result;
 use crate::idle_entries::{IdleEntryCounter, IdleEntrySource};
 use crate::procfs::{ProcFs, ProcStatFile, TaskStatFile};
@@ -178,9 +181,13 @@ pub struct Sampler {
     /// event (the BPF sampler then attaches `cpu_idle` only in windows,
     /// [`KernelSampler::idle_in_windows_only`]).
     idle_reads: Option<IdleReads>,
-    /// With [`IdleReads::TickRecords`]: per vCPU, the records when the current window opened,
-    /// and the shares of them that `cpu_idle` saw halt ([`HaltRatio`]).
-    window_records: Option<Vec<IdleTotals>>,
+    /// With [`IdleReads::TickRecords`]: per vCPU, what the records and `cpu_idle` had counted
+    /// when the current window opened (cumulative), and the shares of the records that
+    /// `cpu_idle` saw halt ([`HaltRatio`]).
+    window_records: Option<Vec<IdleSpan>>,
+    /// With [`IdleReads::TickRecords`]: per vCPU, `cpu_idle`'s halts and halted time at the
+    /// last read of the records (`KernelSampler::traced_at_snapshot`).
+    traced_before: Vec<(u64, u64)>,
     halt_ratios: Vec<HaltRatio>,
     precise_idle: bool,
     rotate: usize,
@@ -206,8 +213,8 @@ enum IdleReads {
     Cpuidle(CpuidleCounters),
     /// The kernel's own per-CPU idle records, read by the BPF sampler where there is no
     /// driver ([`KernelSampler::read_tick_idle`]): the idle loop's passes and time, of which
-    /// [`HaltRatio`] makes halts and halted time.
-    TickRecords,
+    /// [`HaltRatio`] makes halts and halted time, from both or from the time alone.
+    TickRecords(RecordCounts),
 }
 
 /// Halts per pass of the idle loop, and halted time per ns of the loop's time, on one vCPU,
@@ -225,34 +232,53 @@ enum IdleReads {
 /// pipeline idles 300–450 times a second per vCPU: about 3 passes in a 10 ms window), and
 /// the periods between take the last shares measured; counts are then what the cpuidle
 /// driver would give.
+///
+/// Where the records' passes miss halts ([`RecordCounts::TimeOnly`]) the halts per ns of the
+/// records' idle time stand in for the share per pass: the mean halt, as switches per ns of
+/// run time give the grain between windows (`WindowCounts::scaled_to`). `cpu_idle` counts a
+/// halt when it ends, with its time, so a window's mean halt is right but for the halt under
+/// way when it opened, counted with only its part inside.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct HaltRatio {
     per_pass: f64,
     per_record_ns: f64,
+    halts_per_record_ns: f64,
     /// Measured since the shares were last set.
     pending: IdleSpan,
 }
 
-/// Passes the pooled measurements must span before they set the shares: shares from a
-/// handful would swing with one pass.
+/// Passes (or, with [`RecordCounts::TimeOnly`], halts) the pooled measurements must span
+/// before they set the shares: shares from a handful would swing with one pass.
 const MIN_RATIO_PASSES: u64 = 20;
+
+/// Idle time in the records after which the pooled measurements set the shares however few
+/// halts they saw (a vCPU that idles in long halts, or hardly at all).
+const MIN_RATIO_RECORD_NS: u64 = 100_000_000;
 
 impl Default for HaltRatio {
     fn default() -> Self {
         HaltRatio {
             per_pass: 1.0,
             per_record_ns: 1.0,
+            // Nothing measured: no halts, rather than a guess of their length.
+            halts_per_record_ns: 0.0,
             pending: IdleSpan::default(),
         }
     }
 }
 
 impl HaltRatio {
-    /// Adds what `cpu_idle` and the records counted over one span. `Err` where `cpu_idle`
-    /// counted more halts than there were passes: this kernel's records miss halts, and
-    /// cannot stand in for `cpu_idle`.
-    fn measure(&mut self, span: IdleSpan) -> std::result::Result<(), ()> {
-        if !crate::bpf::passes_cover_halts(span.passes, span.halts) {
+    /// Adds what `cpu_idle` and the records counted over one span. `Err` where what the
+    /// records count cannot stand in for `cpu_idle`'s: more halts than passes, or (with
+    /// [`RecordCounts::TimeOnly`]) more halted time than idle time.
+    fn measure(&mut self, span: IdleSpan, counts: RecordCounts) -> std::result::Result<(), ()> {
+        let covered = match counts {
+            RecordCounts::PassesAndTime => crate::bpf::passes_cover_halts(span.passes, span.halts),
+            RecordCounts::TimeOnly => {
+                crate::bpf::idle_time_covers_halted(span.record_ns, span.halts, span.halted_ns)
+            }
+        };
+        if !covered {
             return Err(());
         }
         let p = &mut self.pending;
@@ -260,10 +286,19 @@ impl HaltRatio {
         p.record_ns += span.record_ns;
         p.halts += span.halts;
         p.halted_ns += span.halted_ns;
-        if p.passes >= MIN_RATIO_PASSES {
-            self.per_pass = (p.halts as f64 / p.passes as f64).min(1.0);
+        let enough = match counts {
+            RecordCounts::PassesAndTime => p.passes >= MIN_RATIO_PASSES,
+            RecordCounts::TimeOnly => {
+                p.halts >= MIN_RATIO_PASSES || p.record_ns >= MIN_RATIO_RECORD_NS
+            }
+        };
+        if enough {
+            if p.passes > 0 {
+                self.per_pass = (p.halts as f64 / p.passes as f64).min(1.0);
+            }
             if p.record_ns > 0 {
                 self.per_record_ns = (p.halted_ns as f64 / p.record_ns as f64).min(1.0);
+                self.halts_per_record_ns = p.halts as f64 / p.record_ns as f64;
             }
             self.pending = IdleSpan::default();
         }
@@ -271,9 +306,13 @@ impl HaltRatio {
     }
 
     /// Halts and halted time of a period whose records counted `passes` and `record_ns`.
-    fn apply(&self, passes: u64, record_ns: u64) -> (u64, u64) {
+    fn apply(&self, passes: u64, record_ns: u64, counts: RecordCounts) -> (u64, u64) {
+        let halts = match counts {
+            RecordCounts::PassesAndTime => passes as f64 * self.per_pass,
+            RecordCounts::TimeOnly => record_ns as f64 * self.halts_per_record_ns,
+        };
         (
-            (passes as f64 * self.per_pass).round() as u64,
+            halts.round() as u64,
             (record_ns as f64 * self.per_record_ns).round() as u64,
         )
     }
@@ -283,6 +322,16 @@ impl HaltRatio {
 fn of_cpus(all: &[IdleTotals], cpus: &Cpuset) -> Vec<IdleTotals> {
     cpus.iter()
         .map(|c| all.get(c).copied().unwrap_or_default())
+        .collect()
+}
+
+/// The entries of `by_id` (indexed by CPU id) for `cpus`, in their order; empty if it is.
+fn of_cpu_ids(by_id: &[(u64, u64)], cpus: &Cpuset) -> Vec<(u64, u64)> {
+    if by_id.is_empty() {
+        return Vec::new();
+    }
+    cpus.iter()
+        .map(|c| by_id.get(c).copied().unwrap_or_default())
         .collect()
 }
 
@@ -410,6 +459,7 @@ impl Sampler {
             idle_reads: None,
             window_records: None,
             halt_ratios: Vec::new(),
+            traced_before: Vec::new(),
             precise_idle,
             rotate: 0,
             prev: None,
@@ -567,16 +617,20 @@ impl Sampler {
         };
         let now = gleaner_sys::clock::monotonic_ns();
         if let Some(k) = self.kernel.as_mut() {
-            // The records `cpu_idle`'s halts are compared with: read before it is attached,
-            // as attaching the programs wakes idle vCPUs (IPIs) and so adds halts the passes
-            // must cover.
-            if matches!(self.idle_reads, Some(IdleReads::TickRecords)) {
-                self.window_records = k.read_tick_idle().ok().map(|all| of_cpus(&all, &self.cpus));
-            }
             if let Err(e) = k.set_scheduler_programs(true) {
                 tracing::warn!("{e}; this period's wake-ups are not measured");
                 self.window_records = None;
                 return;
+            }
+            // Where `cpu_idle`'s halts are compared with the records, both are counted from
+            // here, once the programs are attached: attaching them patches kernel text, an IPI
+            // to every vCPU, which cuts idle vCPUs' halts short, halts only a window has.
+            // Counted from before the attach, a ping-pong's windows read 13 % more halts per
+            // ns of idle than `cpu_idle` attached all along (6,673 against 5,921 in 30
+            // periods; kernel 6.18.44-fc-v1045, where halts come from that rate).
+            if matches!(self.idle_reads, Some(IdleReads::TickRecords(_))) {
+                let cpus: Vec<usize> = self.cpus.iter().collect();
+                self.window_records = k.idle_spans_of(&cpus);
             }
             k.open_window(now, None);
             tracing::trace!(
@@ -647,7 +701,10 @@ impl Sampler {
     pub fn idle_source_name(&self) -> String {
         match (&self.idle_reads, &self.entries) {
             (Some(IdleReads::Cpuidle(_)), _) => "cpuidle".into(),
-            (Some(IdleReads::TickRecords), _) => "tick-sched".into(),
+            (Some(IdleReads::TickRecords(RecordCounts::PassesAndTime)), _) => "tick-sched".into(),
+            (Some(IdleReads::TickRecords(RecordCounts::TimeOnly)), _) => {
+                "tick-sched-idle-time".into()
+            }
             (None, Some(e)) => format!("{:?}", e.source()).to_lowercase(),
             (None, None) => "bpf".into(),
         }
@@ -656,7 +713,12 @@ impl Sampler {
     pub fn idle_source(&self) -> IdleEntrySource {
         match self.idle_reads {
             Some(IdleReads::Cpuidle(_)) => return IdleEntrySource::Cpuidle,
-            Some(IdleReads::TickRecords) => return IdleEntrySource::TickSched,
+            Some(IdleReads::TickRecords(RecordCounts::PassesAndTime)) => {
+                return IdleEntrySource::TickSched
+            }
+            Some(IdleReads::TickRecords(RecordCounts::TimeOnly)) => {
+                return IdleEntrySource::TickSchedIdleTime
+            }
             None => {}
         }
         self.entries
@@ -825,8 +887,21 @@ impl Sampler {
         work: &WorkloadView,
         retention: &[(usize, RetentionCounters)],
     ) -> Result<Option<PeriodSample>> {
+        if self.kernel.is_none() {
+            return Ok(None);
+        }
+        // Per vCPU: idle time (and entries, from the driver) from the cpuidle driver or the
+        // kernel's records where the program counts idle only in windows (else 0 here: the
+        // program's counts are used), steal and busy time from /proc/stat. The records
+        // before the program's counters, as `KernelSampler::idle_spans_of` reads them.
+        let idle = self.read_idle_totals().unwrap_or_default();
         let Some(kernel) = self.kernel.as_mut() else {
             return Ok(None);
+        };
+        // What `cpu_idle` had counted when the records were read.
+        let traced_now = match self.idle_reads {
+            Some(IdleReads::TickRecords(_)) => kernel.traced_at_snapshot(),
+            _ => Vec::new(),
         };
         kernel.set_workload(&work.pids);
         let counters = match kernel.read() {
@@ -839,10 +914,8 @@ impl Sampler {
         let stat = self.proc_stat.read()?;
         let now_retention: HashMap<usize, RetentionCounters> = retention.iter().copied().collect();
         let prev_counters = std::mem::replace(&mut self.kernel_prev, counters);
-        // Per vCPU: idle time (and entries, from the driver) from the cpuidle driver or the
-        // kernel's records where the program counts idle only in windows (else 0 here: the
-        // program's counts are used), steal and busy time from /proc/stat.
-        let idle = self.read_idle_totals().unwrap_or_default();
+        let traced_before =
+            std::mem::replace(&mut self.traced_before, of_cpu_ids(&traced_now, &self.cpus));
         let cpus: Vec<(u64, u64, u64, u64)> = self
             .cpus
             .iter()
@@ -945,24 +1018,24 @@ impl Sampler {
             } else {
                 (d.idle_ns, d.idle_entries)
             };
-            if matches!(self.idle_reads, Some(IdleReads::TickRecords)) {
-                // What the records counted over `cpu_idle`'s span: since the window opened,
-                // or the whole period.
-                let (passes, record_ns) = window_records.as_ref().and_then(|w| w.get(i)).map_or(
-                    (idle_entries, idle_ns),
-                    |w| {
-                        (
-                            snap.cpus[i].1.saturating_sub(w.entries),
-                            snap.cpus[i].0.saturating_sub(w.idle_ns),
-                        )
-                    },
-                );
-                traced_halts.push(IdleSpan {
-                    passes,
-                    record_ns,
-                    halts: d.idle_entries,
-                    halted_ns: d.idle_ns,
+            if matches!(self.idle_reads, Some(IdleReads::TickRecords(_))) {
+                // What the records and `cpu_idle` counted since the window opened, or over
+                // the whole period, both up to the moment the records were read.
+                let (halts, halted_ns) = traced_now.get(cpu).copied().unwrap_or_default();
+                let now = IdleSpan {
+                    passes: snap.cpus[i].1,
+                    record_ns: snap.cpus[i].0,
+                    halts,
+                    halted_ns,
+                };
+                let opened = window_records.as_ref().and_then(|w| w.get(i)).copied();
+                let before = traced_before.get(i).map(|&(halts, halted_ns)| IdleSpan {
+                    passes: prev.cpus[i].1,
+                    record_ns: prev.cpus[i].0,
+                    halts,
+                    halted_ns,
                 });
+                traced_halts.push(now.since(&opened.or(before).unwrap_or(now)));
             }
             vcpus.push(VcpuSample {
                 cpu,
@@ -984,10 +1057,14 @@ impl Sampler {
         // Where the records count the idle loop's passes and time, halts and halted time are
         // what `cpu_idle` counted where it was attached all period, else the records times
         // the last shares that halted.
-        if !traced_halts.is_empty() {
+        let record_counts = match self.idle_reads {
+            Some(IdleReads::TickRecords(counts)) if !traced_halts.is_empty() => Some(counts),
+            _ => None,
+        };
+        if let Some(counts) = record_counts {
             // `cpu_idle` is attached with the scheduler programs, for the whole period where
             // its window had no set length (it ignores a window's end), else from
-            // `begin_window`, which read the records then.
+            // `begin_window`, which read the records and its counts then.
             let attached_all_period = self.window.len_ns.is_none() && !skipped;
             let measured = attached_all_period || window_records.is_some();
             self.halt_ratios.resize(vcpus.len(), HaltRatio::default());
@@ -997,17 +1074,17 @@ impl Sampler {
                 .zip(&mut self.halt_ratios)
                 .zip(&traced_halts)
             {
-                if measured && ratio.measure(*span).is_err() {
+                if measured && ratio.measure(*span, counts).is_err() {
                     missed = true;
                 }
                 (v.idle_entries, v.idle_ns) = if attached_all_period {
                     (span.halts, span.halted_ns.min(period_ns))
                 } else {
-                    ratio.apply(v.idle_entries, v.idle_ns)
+                    ratio.apply(v.idle_entries, v.idle_ns, counts)
                 };
             }
             if missed {
-                tracing::debug!("cpu_idle counts idle from now on: it counted more halts than the kernel's records counted idle-loop passes ({traced_halts:?})");
+                tracing::debug!("cpu_idle counts idle from now on: it counted more than the kernel's records ({counts:?}: {traced_halts:?})");
                 self.idle_reads = None;
                 if let Some(k) = self.kernel.as_mut() {
                     k.count_idle_always();
@@ -1153,6 +1230,9 @@ impl Sampler {
         if !kernel.tick_records_found(&cpus) {
             return;
         }
+        let Some(counts) = kernel.record_counts() else {
+            return;
+        };
         let Ok(records) = kernel.read_tick_idle() else {
             kernel.count_idle_always();
             return;
@@ -1165,17 +1245,19 @@ impl Sampler {
                 }
             }
         }
+        // `cpu_idle`, attached all along, at the same moment.
+        self.traced_before = of_cpu_ids(&kernel.traced_at_snapshot(), &self.cpus);
         // The check's counts are the first measure of the shares that halt.
         self.halt_ratios = kernel
             .checked_spans()
             .iter()
             .map(|&span| {
                 let mut r = HaltRatio::default();
-                let _ = r.measure(span);
+                let _ = r.measure(span, counts);
                 r
             })
             .collect();
-        self.idle_reads = Some(IdleReads::TickRecords);
+        self.idle_reads = Some(IdleReads::TickRecords(counts));
     }
 
     /// Each CPU's idle totals, where they are read whole (`None` elsewhere): from the
@@ -1185,7 +1267,7 @@ impl Sampler {
     fn read_idle_totals(&self) -> Option<Vec<IdleTotals>> {
         let read = match self.idle_reads.as_ref()? {
             IdleReads::Cpuidle(c) => c.read().map_err(|e| e.to_string()),
-            IdleReads::TickRecords => match self.kernel.as_ref() {
+            IdleReads::TickRecords(_) => match self.kernel.as_ref() {
                 Some(k) => k
                     .read_tick_idle()
                     .map(|all| of_cpus(&all, &self.cpus))

@@ -79,6 +79,9 @@ pub fn describe_idle_source(source: IdleEntrySource) -> &'static str {
         IdleEntrySource::TickSched => {
             "the kernel's tick records (idle-loop passes), times the share power:cpu_idle saw halt in the BPF sampler's windows"
         }
+        IdleEntrySource::TickSchedIdleTime => {
+            "the kernel's tick records (idle time), over the mean halt power:cpu_idle saw in the BPF sampler's windows"
+        }
         IdleEntrySource::Tracepoint => "the power:cpu_idle tracepoint",
         IdleEntrySource::TimerList => "/proc/timer_list .idle_calls (undercounts short idle periods)",
         IdleEntrySource::RescheduleInterrupts => {

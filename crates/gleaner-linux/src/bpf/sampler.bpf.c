@@ -517,8 +517,8 @@ int BPF_PROG(on_cpu_idle, u32 state, u32 cpu_id)
 	 * An idle period is counted when it ends, its entry with its time: a window then holds
 	 * as many entries as idle periods whose time it holds, and its mean idle period is
 	 * right even where one was still under way when the window closed (its entry seen,
-	 * its end not), which userspace divides the kernel's idle time by (src/sampler.rs,
-	 * entries_for_idle). */
+	 * its end not), which userspace divides the kernel's idle time by where the kernel's
+	 * records count no halts (src/bpf/mod.rs, RecordCounts::TimeOnly). */
 	if (state == PWR_EVENT_EXIT) {
 		if (st->idle_enter_ns > st->idle_exit_ns && st->idle_enter_ns >= idle_attached_ns) {
 			s->idle_ns += now - st->idle_enter_ns;
@@ -579,9 +579,22 @@ u64 tick_timer_fn = 0;
 u64 tick_sched_at[MAX_SCAN_CPUS / 32][32];
 /* Each CPU's idle plus iowait time since boot, in ns, and its idle entries (idle_calls: each
  * pass of the idle loop that could stop the tick, which precedes every halt where there is
- * no cpuidle driver), as snapshot_tick_idle last read them. */
+ * no cpuidle driver, on kernels that count it there; others count only passes that went on
+ * to try stopping it, and userspace then uses the time alone), as snapshot_tick_idle last
+ * read them. */
 u64 tick_idle_ns[MAX_SCAN_CPUS / 32][32];
 u64 tick_idle_calls[MAX_SCAN_CPUS / 32][32];
+/* Each CPU's cpu_idle counts at the snapshot (its idle_entries and idle_ns, copied there and
+ * then), and the part so far of its halt under way (0: none) that on_cpu_idle will count
+ * when it ends: so that what cpu_idle counted up to a moment is compared with the records up
+ * to the same moment. Counted only at its end, one long halt (the tick stopped) would
+ * otherwise land whole in the span where it ends, and a halt ending between a snapshot and a
+ * later read of the counters would be counted in both. The part under way is meaningful
+ * only while on_cpu_idle is attached (a detached program leaves its state stale); userspace
+ * adds it only then. */
+u64 halts_at_snapshot[MAX_SCAN_CPUS / 32][32];
+u64 halted_ns_at_snapshot[MAX_SCAN_CPUS / 32][32];
+u64 halt_under_way_ns[MAX_SCAN_CPUS / 32][32];
 
 /* The tick hrtimer's function has had three names: tick_sched_timer, then
  * tick_nohz_highres_handler, now tick_nohz_handler (6.18 here). Kernels with either older
@@ -679,6 +692,23 @@ int snapshot_tick_idle(void *ctx)
 		unsigned long calls = 0;
 		if (!bpf_core_read(&calls, sizeof(calls), &((const struct tick_sched *)at)->idle_calls))
 			tick_idle_calls[cpu / 32][cpu % 32] = calls;
+		/* The counts before the state: a halt ending between the two loads is then left
+		 * to the next snapshot, not counted in both. */
+		u32 zero = 0;
+		struct cpu_stats *cs = bpf_map_lookup_percpu_elem(&stats, &zero, cpu);
+		if (cs) {
+			halts_at_snapshot[cpu / 32][cpu % 32] = cs->idle_entries;
+			halted_ns_at_snapshot[cpu / 32][cpu % 32] = cs->idle_ns;
+		}
+		/* As on_cpu_idle's exit will count it. */
+		struct cpu_state *st = state_of(cpu);
+		u64 under_way = 0;
+		if (st) {
+			u64 enter = st->idle_enter_ns;
+			if (enter > st->idle_exit_ns && enter >= idle_attached_ns && enter < now)
+				under_way = now - enter;
+		}
+		halt_under_way_ns[cpu / 32][cpu % 32] = under_way;
 	}
 	return 0;
 }

@@ -233,21 +233,110 @@ fn halts_are_the_records_times_the_shares_cpu_idle_saw_halt() {
         halted_ns,
     };
     let mut r = HaltRatio::default();
+    let counts = RecordCounts::PassesAndTime;
     // Nothing measured yet: every pass halted, all the time.
-    assert_eq!(r.apply(500, 1_000_000), (500, 1_000_000));
+    assert_eq!(r.apply(500, 1_000_000, counts), (500, 1_000_000));
     // Windows of a few passes each are pooled: nothing set after the first two.
-    r.measure(span(8, 400_000, 6, 300_000)).unwrap();
-    r.measure(span(8, 400_000, 6, 300_000)).unwrap();
-    assert_eq!(r.apply(500, 1_000_000), (500, 1_000_000));
+    r.measure(span(8, 400_000, 6, 300_000), counts).unwrap();
+    r.measure(span(8, 400_000, 6, 300_000), counts).unwrap();
+    assert_eq!(r.apply(500, 1_000_000, counts), (500, 1_000_000));
     // The third brings the pool to 24 passes: 18 halts, 900 of 1,200 µs.
-    r.measure(span(8, 400_000, 6, 300_000)).unwrap();
-    assert_eq!(r.apply(1_000, 2_000_000), (750, 1_500_000));
+    r.measure(span(8, 400_000, 6, 300_000), counts).unwrap();
+    assert_eq!(r.apply(1_000, 2_000_000, counts), (750, 1_500_000));
     // One idle period under way at each end may count as a halt and not as a pass, and the
     // shares never exceed 1.
-    r.measure(span(100, 1_000_000, 102, 1_100_000)).unwrap();
-    assert_eq!(r.apply(100, 1_000), (100, 1_000));
+    r.measure(span(100, 1_000_000, 102, 1_100_000), counts)
+        .unwrap();
+    assert_eq!(r.apply(100, 1_000, counts), (100, 1_000));
     // More halts than passes: the records miss halts on this kernel.
-    assert_eq!(r.measure(span(100, 1_000_000, 150, 900_000)), Err(()));
+    assert_eq!(
+        r.measure(span(100, 1_000_000, 150, 900_000), counts),
+        Err(())
+    );
+}
+
+/// Where the records count only the idle-loop passes that try to stop the tick (kernel
+/// 6.18.44-fc-v1045: 1 pass for 2,957 halts), a period's halts are its idle time in the
+/// records over the mean halt `cpu_idle` measured where attached, pooled until 20 halts (or
+/// 100 ms of idle) back it; the passes are ignored, and a span whose halted time exceeds the
+/// records' idle time by more than the waking interrupts' handlers says the records cannot
+/// stand in.
+#[test]
+fn where_the_records_miss_halts_halts_are_their_idle_time_over_the_mean_halt() {
+    let span = |passes, record_ns, halts, halted_ns| IdleSpan {
+        passes,
+        record_ns,
+        halts,
+        halted_ns,
+    };
+    let counts = RecordCounts::TimeOnly;
+    let mut r = HaltRatio::default();
+    // Nothing measured yet: no halts are made up, and the time is the records'.
+    assert_eq!(r.apply(3, 1_000_000, counts), (0, 1_000_000));
+    // A 10 ms window: 12 halts of 50 µs in 800 µs of the records' idle (a ping-pong's
+    // vCPU), passes hardly counted. Not yet 20 halts: nothing set.
+    r.measure(span(0, 800_000, 12, 600_000), counts).unwrap();
+    assert_eq!(r.apply(0, 1_000_000, counts), (0, 1_000_000));
+    // The second brings the pool to 24 halts in 1.6 ms: one halt per 66.7 µs of the
+    // records' idle, 75 % of it halted. A period of 20 ms idle in the records and 1 pass.
+    r.measure(span(1, 800_000, 12, 600_000), counts).unwrap();
+    assert_eq!(r.apply(1, 20_000_000, counts), (300, 15_000_000));
+    // A quiet vCPU's few long halts set the shares once 100 ms of idle back them.
+    let mut quiet = HaltRatio::default();
+    quiet
+        .measure(span(0, 60_000_000, 5, 58_000_000), counts)
+        .unwrap();
+    assert_eq!(quiet.apply(0, 40_000_000, counts), (0, 40_000_000));
+    quiet
+        .measure(span(0, 60_000_000, 5, 58_000_000), counts)
+        .unwrap();
+    assert_eq!(quiet.apply(0, 40_000_000, counts), (3, 38_666_667));
+    // The waking interrupts' handlers (`cpu_idle` counts them, the records do not: 8 µs
+    // a halt here) are room, not a miss.
+    r.measure(span(0, 20_000_000, 300, 26_000_000), counts)
+        .unwrap();
+    // Halted time the records' idle clock did not run for: they cannot stand in.
+    assert_eq!(
+        r.measure(span(0, 20_000_000, 300, 40_000_000), counts),
+        Err(())
+    );
+    assert_eq!(r.measure(span(0, 0, 1_577, 546_000_000), counts), Err(()));
+}
+
+/// The check of the records before they stand in for `cpu_idle`: their passes where those
+/// cover the halts, their idle time alone where only it covers the halted time, neither
+/// where both fall short. The numbers of the second case are this kernel's, 2026-12-01.
+#[test]
+fn the_check_of_the_records_picks_what_they_count() {
+    let span = |passes, record_ns, halts, halted_ns| IdleSpan {
+        passes,
+        record_ns,
+        halts,
+        halted_ns,
+    };
+    assert_eq!(
+        crate::bpf::what_records_count(&[
+            span(1_640, 300_000_000, 1_640, 280_000_000),
+            span(1_500, 290_000_000, 1_490, 270_000_000),
+        ]),
+        Some(RecordCounts::PassesAndTime)
+    );
+    assert_eq!(
+        crate::bpf::what_records_count(&[
+            span(1, 160_000_000, 2_957, 150_000_000),
+            span(7, 158_000_000, 2_917, 149_000_000),
+        ]),
+        Some(RecordCounts::TimeOnly)
+    );
+    // One CPU whose records miss both is enough to keep `cpu_idle` counting.
+    assert_eq!(
+        crate::bpf::what_records_count(&[
+            span(1, 160_000_000, 2_957, 150_000_000),
+            span(0, 0, 2_917, 149_000_000),
+        ]),
+        None
+    );
+    assert_eq!(crate::bpf::what_records_count(&[]), None);
 }
 
 /// Queueing behind a busy vCPU while another idles is scaled from a window to its period, and
@@ -508,18 +597,23 @@ fn without_a_cpuidle_driver_idle_time_comes_from_the_kernels_records() {
     let mut found = false;
     for _ in 0..30 {
         next_sample(&mut sampler);
-        if sampler.idle_source_name() == "tick-sched" {
+        if sampler.idle_source_name().starts_with("tick-sched") {
             found = true;
             break;
         }
     }
     let (mut idle_ns, mut entries) = (0u64, 0u64);
+    // Per period: idle entries from the sampler, and counted by `cpu_idle` attached all along.
+    let mut per_period: Vec<(u64, u64)> = Vec::new();
     let (stat0, traced0) = (stat_idle(), traced());
     const PERIODS: usize = 30;
     for _ in 0..PERIODS * usize::from(found) {
+        let traced_before = traced();
         let s = next_sample(&mut sampler).expect("a period after the first");
+        let period_entries = s.vcpus.iter().map(|v| v.idle_entries).sum::<u64>();
+        per_period.push((period_entries, traced() - traced_before));
         idle_ns += s.vcpus.iter().map(|v| v.idle_ns).sum::<u64>();
-        entries += s.vcpus.iter().map(|v| v.idle_entries).sum::<u64>();
+        entries += period_entries;
     }
     let (stat1, traced1) = (stat_idle(), traced());
     running.store(false, Ordering::Relaxed);
@@ -533,8 +627,14 @@ fn without_a_cpuidle_driver_idle_time_comes_from_the_kernels_records() {
     // Where `cpu_idle` saw more halts than the records counted passes (a cpuidle governor
     // that kept the tick, under another test's PM QoS request), the sampler went back to
     // counting with `cpu_idle`: either way the periods' idle is checked below.
+    // Which records stand for halts depends on the kernel: their passes where they count
+    // every halt, their idle time where they count only the passes that try to stop the tick
+    // (6.18.44-fc-v1045).
     match sampler.idle_source_name().as_str() {
-        "tick-sched" => {}
+        "tick-sched" => eprintln!("{NAME}: halts from the records' idle-loop passes"),
+        "tick-sched-idle-time" => eprintln!(
+            "{NAME}: the records' passes miss halts: halts from their idle time over the windows' mean halt"
+        ),
         "bpf" => {
             eprintln!("{NAME}: the records missed halts: the sampler counts with cpu_idle again")
         }
@@ -554,11 +654,39 @@ fn without_a_cpuidle_driver_idle_time_comes_from_the_kernels_records() {
         (i - st).abs() <= 0.1 * st + tick_error,
         "{NAME}: {i} ns idle, /proc/stat {st} ns"
     );
-    // Halts from the records' passes and the share of them `cpu_idle` saw halt in windows
-    // (all of them, on a quiet machine): an estimate wherever windows are short.
     let (e, t) = (entries as f64, counted as f64);
-    assert!(
-        (e - t).abs() <= 0.1 * t + 10.0,
-        "{NAME}: {entries} idle entries from the records, {counted} counted"
-    );
+    if sampler.idle_source_name() == "tick-sched-idle-time" {
+        // Halts from the records' idle time over the mean halt of the last window: right in
+        // steady periods, a period late where the halts' length changes, which the tests
+        // running beside this one do (one period in 30 read 1,558 halts where 267 were
+        // counted, after a window that measured short halts under their load: the sum
+        // was 15 % over; 0.4 % alone).
+        let mut errors: Vec<f64> = per_period
+            .iter()
+            .map(|&(est, cnt)| (est as f64 - cnt as f64).abs() / (cnt as f64).max(10.0))
+            .collect();
+        errors.sort_by(f64::total_cmp);
+        let median = errors[errors.len() / 2];
+        eprintln!(
+            "{NAME}: idle entries per period off by {:.1} % (median), {:.0} % (worst)",
+            median * 100.0,
+            errors.last().copied().unwrap_or(0.0) * 100.0
+        );
+        assert!(
+            median <= 0.1,
+            "{NAME}: idle entries per period off by {:.1} % (median): {per_period:?}",
+            median * 100.0
+        );
+        assert!(
+            (e - t).abs() <= 0.5 * t + 10.0,
+            "{NAME}: {entries} idle entries from the records, {counted} counted"
+        );
+    } else {
+        // Halts from the records' passes and the share of them `cpu_idle` saw halt in windows
+        // (all of them, on a quiet machine): an estimate wherever windows are short.
+        assert!(
+            (e - t).abs() <= 0.1 * t + 10.0,
+            "{NAME}: {entries} idle entries from the records, {counted} counted"
+        );
+    }
 }
