@@ -566,19 +566,25 @@ impl<'a> Controller<'a> {
             // The controller thread's CPU at the start of the period's own work: both the
             // sampler's charge and the period's cost (`stretched_period`) count from here.
             let list_cost = gleaner_sys::clock::own_thread_cpu_ns();
-            if self.placement.kind() == PlacementKind::Affinity
+            let listed = if self.placement.kind() == PlacementKind::Affinity
                 || self.sampler.needs_fresh_thread_list()
                 || watch.take_exited()
                 || viewed_at.elapsed() >= PROCESS_LIST_INTERVAL
             {
                 view = self.view()?;
                 viewed_at = work_start;
+                self.lists_threads()
             } else {
                 // The thread list is reused; the per-CPU work counters are read every period.
                 view.percpu_work_ns = self.placement.per_cpu_work_ns()?;
+                false
+            };
+            let spent = gleaner_sys::clock::own_thread_cpu_ns().saturating_sub(list_cost);
+            if listed {
+                self.sampler.charge_thread_listing(spent);
+            } else {
+                self.sampler.charge(spent);
             }
-            self.sampler
-                .charge(gleaner_sys::clock::own_thread_cpu_ns().saturating_sub(list_cost));
             if view.tids.is_empty() {
                 self.final_read(now_ns());
                 return Ok(StopReason::WorkloadGone);

@@ -169,6 +169,9 @@ pub struct Sampler {
     budget: ProcfsBudget,
     /// Sampling CPU ns spent on the controller thread this period (procfs).
     cost_ns: u64,
+    /// The part of `cost_ns` spent reading per-thread files or listing threads (what the
+    /// budget's thinning acts on).
+    thread_cost_ns: u64,
     /// Periods since the per-thread switches were last read, and the rate then measured.
     switch_periods: u64,
     switch_rate: u64,
@@ -452,6 +455,7 @@ impl Sampler {
             measured_pace: None,
             budget: ProcfsBudget::new(PROCFS_BUDGET_FRACTION),
             cost_ns: 0,
+            thread_cost_ns: 0,
             switch_periods: 0,
             switch_rate: 0,
             slices_unread: 0,
@@ -669,6 +673,15 @@ impl Sampler {
         }
     }
 
+    /// [`Sampler::charge`] for listing the workload's threads, a cost that grows with them
+    /// and that thinning saves (a fresh list is wanted only when switches are read).
+    pub fn charge_thread_listing(&mut self, cost_ns: u64) {
+        if self.kernel.is_none() {
+            self.cost_ns += cost_ns;
+            self.thread_cost_ns += cost_ns;
+        }
+    }
+
     /// Wake-ups timed since start, split by the wakee vCPU's state; `None` for procfs.
     pub fn wake_latency_total(&self) -> Option<&WakeLatencies> {
         self.kernel.as_ref().map(|_| &self.wake_total)
@@ -748,7 +761,9 @@ impl Sampler {
         self.slices_unread = (self.slices_unread - every).min(every - 1);
         let t0 = gleaner_sys::clock::own_thread_cpu_ns();
         self.observe_runnable_window(tids, active);
-        self.cost_ns += gleaner_sys::clock::own_thread_cpu_ns().saturating_sub(t0);
+        let spent = gleaner_sys::clock::own_thread_cpu_ns().saturating_sub(t0);
+        self.cost_ns += spent;
+        self.thread_cost_ns += spent;
     }
 
     fn observe_runnable_window(&mut self, tids: &[(u32, u32)], active: &Cpuset) {
@@ -795,8 +810,11 @@ impl Sampler {
         let out = self.sample_procfs(now_ns, work, retention);
         self.cost_ns += gleaner_sys::clock::own_thread_cpu_ns().saturating_sub(t0);
         if let Ok(Some(s)) = &out {
-            self.budget
-                .account(std::mem::take(&mut self.cost_ns), s.period_ns);
+            self.budget.account(
+                std::mem::take(&mut self.cost_ns),
+                std::mem::take(&mut self.thread_cost_ns),
+                s.period_ns,
+            );
         }
         out
     }
@@ -813,7 +831,9 @@ impl Sampler {
         self.switch_periods += 1;
         let work_threads =
             if self.prev.is_none() || self.switch_periods >= self.budget.switch_stride() {
+                let t0 = gleaner_sys::clock::own_thread_cpu_ns();
                 let (delta, threads) = self.switch_delta(&work.tids);
+                self.thread_cost_ns += gleaner_sys::clock::own_thread_cpu_ns().saturating_sub(t0);
                 self.switch_rate = delta / self.switch_periods.max(1);
                 self.switch_periods = 0;
                 threads
