@@ -115,8 +115,8 @@ pub struct WorkloadView {
 mod cost;
 mod deltas;
 pub use cost::{
-    Pace, ProcfsBudget, Window, FIRST_WINDOW_NS, PROCFS_BUDGET_FRACTION, WINDOW_EVENTS,
-    WINDOW_EVERY_PERIODS,
+    Pace, ProcfsBudget, SamplingCost, Window, FIRST_WINDOW_NS, PROCFS_BUDGET_FRACTION,
+    WINDOW_EVENTS, WINDOW_EVERY_PERIODS,
 };
 use deltas::work_between;
 pub use deltas::{kernel_delta, wake_delta};
@@ -169,9 +169,10 @@ pub struct Sampler {
     budget: ProcfsBudget,
     /// Sampling CPU ns spent on the controller thread this period (procfs).
     cost_ns: u64,
-    /// The part of `cost_ns` spent reading per-thread files or listing threads (what the
-    /// budget's thinning acts on).
-    thread_cost_ns: u64,
+    /// The parts of `cost_ns` spent reading switch counts (with listing the threads) and run
+    /// states: what the budget's thinning acts on.
+    switch_cost_ns: u64,
+    run_state_cost_ns: u64,
     /// Periods since the per-thread switches were last read, and the rate then measured.
     switch_periods: u64,
     switch_rate: u64,
@@ -455,7 +456,8 @@ impl Sampler {
             measured_pace: None,
             budget: ProcfsBudget::new(PROCFS_BUDGET_FRACTION),
             cost_ns: 0,
-            thread_cost_ns: 0,
+            switch_cost_ns: 0,
+            run_state_cost_ns: 0,
             switch_periods: 0,
             switch_rate: 0,
             slices_unread: 0,
@@ -678,7 +680,7 @@ impl Sampler {
     pub fn charge_thread_listing(&mut self, cost_ns: u64) {
         if self.kernel.is_none() {
             self.cost_ns += cost_ns;
-            self.thread_cost_ns += cost_ns;
+            self.switch_cost_ns += cost_ns;
         }
     }
 
@@ -763,7 +765,7 @@ impl Sampler {
         self.observe_runnable_window(tids, active);
         let spent = gleaner_sys::clock::own_thread_cpu_ns().saturating_sub(t0);
         self.cost_ns += spent;
-        self.thread_cost_ns += spent;
+        self.run_state_cost_ns += spent;
     }
 
     fn observe_runnable_window(&mut self, tids: &[(u32, u32)], active: &Cpuset) {
@@ -810,11 +812,12 @@ impl Sampler {
         let out = self.sample_procfs(now_ns, work, retention);
         self.cost_ns += gleaner_sys::clock::own_thread_cpu_ns().saturating_sub(t0);
         if let Ok(Some(s)) = &out {
-            self.budget.account(
-                std::mem::take(&mut self.cost_ns),
-                std::mem::take(&mut self.thread_cost_ns),
-                s.period_ns,
-            );
+            let spent = SamplingCost {
+                total_ns: std::mem::take(&mut self.cost_ns),
+                switches_ns: std::mem::take(&mut self.switch_cost_ns),
+                run_states_ns: std::mem::take(&mut self.run_state_cost_ns),
+            };
+            self.budget.account(spent, s.period_ns);
         }
         out
     }
@@ -833,7 +836,7 @@ impl Sampler {
             if self.prev.is_none() || self.switch_periods >= self.budget.switch_stride() {
                 let t0 = gleaner_sys::clock::own_thread_cpu_ns();
                 let (delta, threads) = self.switch_delta(&work.tids);
-                self.thread_cost_ns += gleaner_sys::clock::own_thread_cpu_ns().saturating_sub(t0);
+                self.switch_cost_ns += gleaner_sys::clock::own_thread_cpu_ns().saturating_sub(t0);
                 self.switch_rate = delta / self.switch_periods.max(1);
                 self.switch_periods = 0;
                 threads

@@ -14,29 +14,47 @@ pub const PROCFS_BUDGET_FRACTION: f64 = 0.005;
 pub(super) const MAX_THIN_LEVEL: u32 = 6;
 
 /// Keeps the procfs sampler's own CPU time within a fraction of one CPU by thinning what it
-/// reads per thread: at level `L`, per-thread context switches are read every `2^L` periods
-/// (the rate measured over those periods is reported for each of them) and run states are
-/// sub-sampled at every `2^L`-th slice for `32 >> L` threads (at least 4). The level rises when
-/// the smoothed per-thread cost is over what the budget leaves it (by as many levels as
-/// halvings it take to fit) and falls one at a time when it is under a quarter of that.
+/// reads per thread, each kind of read by its own cost: at run-state level `R`, run states are
+/// sub-sampled at every `2^R`-th slice for `32 >> R` threads (at least 4); at switch level `S`,
+/// per-thread context switches are read every `2^S` periods (the rate measured over those
+/// periods is reported for each of them). A level rises when its reads' smoothed cost is over
+/// the room they have (by as many levels as halvings it takes to fit) and falls one at a time
+/// when it is under a quarter of it.
 ///
-/// What the budget leaves the per-thread reads is the budget less the reads of every period
-/// that thinning cannot touch (`/proc/stat`, the idle records, the cgroup's usage), but never
-/// less than a quarter of it: where those alone take the budget, the controller stretches its
+/// The room of the per-thread reads is the budget less the reads of every period that
+/// thinning cannot touch (`/proc/stat`, the idle records, the cgroup's usage), but never less
+/// than a quarter of it: where those alone take the budget, the controller stretches its
 /// periods to hold Gleaner's whole CPU (`controller::OwnCpuBudget`), and thinning on top of
-/// that only blinded the sampler. Judged by the whole cost, a two-thread ping-pong on the
-/// `none` guest (kernel 6.18.44-fc-v1045, root: `/proc/timer_list` read every period) went to
-/// the deepest level, its switches read every 64 periods, and read one switch a period where
-/// it made 130,000 (g_comp 92 ms): Gleaner never consolidated it (2026-12-02).
+/// that only blinded the sampler. Each kind of read has that room less the other's cost, and
+/// never less than half of it: a few threads' switch counts (a few µs a period) are not
+/// thinned for their run-state sub-samples (ten a period). Judged by the whole cost, a
+/// two-thread ping-pong on the `none` guest (kernel 6.18.44-fc-v1045, root: `/proc/timer_list`
+/// read every period) went to the deepest level, its switches read every 64 periods, and read
+/// one switch a period where it made 130,000 (g_comp 92 ms): Gleaner never consolidated it
+/// (2026-12-02).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProcfsBudget {
     /// Allowed sampling CPU as a fraction of one CPU.
     pub fraction: f64,
+    /// Run-state sub-sample thinning.
     level: u32,
-    /// Smoothed sampling CPU per period, as a fraction of the period.
+    /// Per-thread switch read thinning.
+    switch_level: u32,
+    /// Smoothed sampling CPU per period, as a fraction of the period, and the parts of it
+    /// spent reading switch counts (with listing the threads) and run states.
     cost: f64,
-    /// The part of `cost` spent on per-thread reads (what thinning acts on).
-    thread_cost: f64,
+    switch_cost: f64,
+    run_state_cost: f64,
+}
+
+/// One period's sampling CPU, and the parts of it that thinning acts on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SamplingCost {
+    pub total_ns: u64,
+    /// Reading per-thread switch counts and listing the threads for them.
+    pub switches_ns: u64,
+    /// Reading per-thread run states (the sub-samples).
+    pub run_states_ns: u64,
 }
 
 impl ProcfsBudget {
@@ -44,13 +62,16 @@ impl ProcfsBudget {
         Self {
             fraction,
             level: 0,
+            switch_level: 0,
             cost: 0.0,
-            thread_cost: 0.0,
+            switch_cost: 0.0,
+            run_state_cost: 0.0,
         }
     }
 
+    /// How far the reads are thinned: the deeper of the two levels (for `status`).
     pub fn level(&self) -> u32 {
-        self.level
+        self.level.max(self.switch_level)
     }
 
     /// Smoothed cost as a fraction of one CPU.
@@ -60,7 +81,7 @@ impl ProcfsBudget {
 
     /// Per-thread switch counts are read every this many periods.
     pub fn switch_stride(&self) -> u64 {
-        1 << self.level
+        1 << self.switch_level
     }
 
     /// Threads whose run state one sub-sample reads.
@@ -82,37 +103,51 @@ impl ProcfsBudget {
         (n >> self.level).max(1)
     }
 
-    /// Takes one period's sampling CPU time, `thread_cost_ns` of it spent on per-thread reads,
-    /// and adapts the level.
-    pub fn account(&mut self, cost_ns: u64, thread_cost_ns: u64, period_ns: u64) {
+    /// Takes one period's sampling CPU time and adapts the levels.
+    pub fn account(&mut self, spent: SamplingCost, period_ns: u64) {
         let period = period_ns.max(1) as f64;
-        let now = cost_ns as f64 / period;
-        let now_threads = thread_cost_ns.min(cost_ns) as f64 / period;
+        let frac = |ns: u64| ns as f64 / period;
+        let now = frac(spent.total_ns);
+        let now_switches = frac(spent.switches_ns.min(spent.total_ns));
+        let now_run_states = frac(
+            spent
+                .run_states_ns
+                .min(spent.total_ns.saturating_sub(spent.switches_ns)),
+        );
         // First period: take it as is; then smooth over about four periods.
         if self.cost == 0.0 {
-            (self.cost, self.thread_cost) = (now, now_threads);
+            (self.cost, self.switch_cost, self.run_state_cost) =
+                (now, now_switches, now_run_states);
         } else {
             self.cost = 0.75 * self.cost + 0.25 * now;
-            self.thread_cost = 0.75 * self.thread_cost + 0.25 * now_threads;
+            self.switch_cost = 0.75 * self.switch_cost + 0.25 * now_switches;
+            self.run_state_cost = 0.75 * self.run_state_cost + 0.25 * now_run_states;
         }
-        let fixed = (self.cost - self.thread_cost).max(0.0);
+        let fixed = (self.cost - self.switch_cost - self.run_state_cost).max(0.0);
         let room = (self.fraction - fixed).max(self.fraction / 4.0);
-        if self.thread_cost > room && self.level < MAX_THIN_LEVEL {
-            // Each level halves the per-thread reads: as many levels at once as the excess
-            // asks for. One at a time, reaching the deepest level took six periods that each
-            // read every thread (1,000 threads: 7 ms of CPU a read on the `none` guest).
-            let steps = (self.thread_cost / room).log2().ceil().max(1.0) as u32;
-            let level = (self.level + steps).min(MAX_THIN_LEVEL);
-            // The new level's cost is not known yet: judge it afresh.
-            let kept = 1.0 / f64::from(1u32 << (level - self.level));
-            self.cost = fixed + self.thread_cost * kept;
-            self.thread_cost *= kept;
-            self.level = level;
-        } else if self.thread_cost < room / 4.0 && self.level > 0 {
-            self.level -= 1;
-            self.cost += self.thread_cost;
-            self.thread_cost *= 2.0;
-        }
+        // Run states first: the switch counts are what the policy's grain stands on.
+        let run_room = (room - self.switch_cost).max(room / 2.0);
+        thin(&mut self.level, &mut self.run_state_cost, run_room);
+        let switch_room = (room - self.run_state_cost).max(room / 2.0);
+        thin(&mut self.switch_level, &mut self.switch_cost, switch_room);
+        self.cost = fixed + self.switch_cost + self.run_state_cost;
+    }
+}
+
+/// Moves one kind of read's thinning `level` so that its smoothed `cost` fits `room`, halving
+/// (or doubling) the cost estimate with each level: the new level's cost is not known yet.
+fn thin(level: &mut u32, cost: &mut f64, room: f64) {
+    if *cost > room && *level < MAX_THIN_LEVEL {
+        // As many levels at once as the excess asks for. One at a time, reaching the deepest
+        // level took six periods that each read every thread (1,000 threads: 7 ms of CPU a
+        // read on the `none` guest).
+        let steps = (*cost / room).log2().ceil().max(1.0) as u32;
+        let to = (*level + steps).min(MAX_THIN_LEVEL);
+        *cost /= f64::from(1u32 << (to - *level));
+        *level = to;
+    } else if *cost < room / 4.0 && *level > 0 {
+        *level -= 1;
+        *cost *= 2.0;
     }
 }
 

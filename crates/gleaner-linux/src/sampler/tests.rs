@@ -60,68 +60,73 @@ fn procfs_budget_thins_reads_when_over_budget_and_recovers_when_cheap() {
     );
     // 2 ms of sampling per 100 ms period is 2 %: four times over a 0.5 % budget, two
     // halvings at once.
-    b.account(2_000_000, 2_000_000, period);
+    b.account(cost(2_000_000, 1_000_000, 1_000_000), period);
     assert_eq!(b.level(), 2);
     for _ in 0..20 {
-        b.account(2_000_000, 2_000_000, period);
+        b.account(cost(2_000_000, 1_000_000, 1_000_000), period);
     }
     assert!(b.level() >= 2, "level {}", b.level());
     assert!(b.switch_stride() >= 4 && b.runnable_window() <= 8);
     let thinned = b.level();
     // Thinning made it cheap (50 µs per period, 0.05 %): it reads more again.
     for _ in 0..40 {
-        b.account(50_000, 50_000, period);
+        b.account(cost(50_000, 25_000, 25_000), period);
     }
     assert!(b.level() < thinned, "level {} after {}", b.level(), thinned);
     // Never past the deepest level, never below zero.
     for _ in 0..100 {
-        b.account(50_000_000, 50_000_000, period);
+        b.account(cost(50_000_000, 25_000_000, 25_000_000), period);
     }
     assert_eq!(b.level(), MAX_THIN_LEVEL);
     assert_eq!(b.runnable_window(), 4);
     for _ in 0..200 {
-        b.account(0, 0, period);
+        b.account(cost(0, 0, 0), period);
     }
     assert_eq!(b.level(), 0);
 }
 
-/// Thinning acts on the per-thread reads only. Where the files read every period take the
-/// budget by themselves (root on kernel v1045: `/proc/timer_list` every period), a workload of
-/// a few threads keeps its every-period switch counts (the controller stretches its periods
-/// to hold the whole cost); a large one is thinned until its per-thread reads fit a quarter of
-/// the budget.
+/// One period's sampling cost: in all, on switch counts, on run states.
+fn cost(total_ns: u64, switches_ns: u64, run_states_ns: u64) -> SamplingCost {
+    SamplingCost {
+        total_ns,
+        switches_ns,
+        run_states_ns,
+    }
+}
+
+/// Thinning acts on the per-thread reads only, each kind by its own cost. Where the files
+/// read every period take the budget by themselves (root on kernel v1045: `/proc/timer_list`
+/// every period), a workload of a few threads keeps its every-period switch counts while its
+/// run-state sub-samples are thinned (the controller stretches its periods to hold the whole
+/// cost); a large one is thinned in both until its per-thread reads fit a quarter of the
+/// budget.
 #[test]
 fn the_procfs_budget_thins_only_the_reads_thinning_can_save() {
     let period = 100_000_000;
-    // 0.6 ms a period of fixed reads (0.6 %, over the budget alone), 20 µs of per-thread
-    // reads (a ping-pong's three threads): nothing to gain by thinning.
+    // 0.6 ms a period of fixed reads (0.6 %, over the budget alone), 20 µs of switch reads
+    // and 0.3 ms of run-state sub-samples (a ping-pong's three threads, ten a period).
     let mut few = ProcfsBudget::new(0.005);
     for _ in 0..50 {
-        few.account(620_000, 20_000, period);
+        let level = few.runnable_every().trailing_zeros();
+        // Thinned run states cost less: 0.3 ms halved per level.
+        few.account(cost(920_000, 20_000, 300_000 >> level), period);
     }
-    assert_eq!(few.level(), 0);
-    assert_eq!(few.switch_stride(), 1);
-    // The same fixed reads and 7 ms of per-thread reads (1,000 threads): thinned until those
-    // fit 0.125 % (five halvings: 7 ms / 32 = 0.22 ms, then one more as the estimate settles).
+    assert_eq!(few.switch_stride(), 1, "the switch counts every period");
+    assert!(few.runnable_every() > 1, "run states thinned");
+    // The same fixed reads and 5 ms of switch reads plus 2 ms of run states (1,000 threads):
+    // both thinned, to the deepest level for the switch reads.
     let mut many = ProcfsBudget::new(0.005);
-    many.account(7_600_000, 7_000_000, period);
+    many.account(cost(7_600_000, 5_000_000, 2_000_000), period);
     assert_eq!(many.level(), 6);
-    // Fixed reads under the budget leave the rest to the per-thread ones: 0.1 ms fixed and
-    // 0.3 ms per thread (0.4 % in all) is left alone; 0.1 ms and 0.6 ms is thinned once,
-    // and stays so while the halved reads (0.3 ms) are more than a quarter of their room.
+    assert_eq!(many.switch_stride(), 64);
+    assert!(many.runnable_every() >= 16);
+    // Fixed reads under the budget leave the rest to the per-thread ones: 0.1 ms fixed,
+    // 0.15 ms each of switch reads and run states (0.4 % in all) is left alone.
     let mut room = ProcfsBudget::new(0.005);
     for _ in 0..50 {
-        room.account(400_000, 300_000, period);
+        room.account(cost(400_000, 150_000, 150_000), period);
     }
     assert_eq!(room.level(), 0);
-    for _ in 0..20 {
-        if room.level() == 0 {
-            room.account(700_000, 600_000, period);
-        } else {
-            room.account(400_000, 300_000, period);
-        }
-    }
-    assert_eq!(room.level(), 1);
 }
 
 #[test]
@@ -156,7 +161,7 @@ fn a_thinned_budget_wakes_the_controller_less_but_reads_run_states_as_often_as_p
     let mut b = ProcfsBudget::new(0.005);
     assert_eq!(b.wakeups_per_period(10), 10);
     for _ in 0..100 {
-        b.account(50_000_000, 50_000_000, 100_000_000);
+        b.account(cost(50_000_000, 25_000_000, 25_000_000), 100_000_000);
     }
     assert_eq!(b.level(), MAX_THIN_LEVEL);
     // Ten slices a period at full rate; at the deepest level one wake-up a period, and
@@ -183,7 +188,8 @@ fn a_thinned_budget_wakes_the_controller_less_but_reads_run_states_as_often_as_p
 fn thinned_switch_counts_report_the_rate_over_the_periods_between_reads() {
     let mut s = Sampler::new(ProcFs::new("/proc"), "/nonexistent-sys", Cpuset::first_n(1));
     for _ in 0..20 {
-        s.budget.account(10_000_000, 10_000_000, 100_000_000);
+        s.budget
+            .account(cost(10_000_000, 5_000_000, 5_000_000), 100_000_000);
     }
     let stride = s.budget.switch_stride();
     assert!(stride > 1);
