@@ -815,6 +815,7 @@ impl Sampler {
             let spent = SamplingCost {
                 total_ns: std::mem::take(&mut self.cost_ns),
                 switches_ns: std::mem::take(&mut self.switch_cost_ns),
+                switches_read: self.switch_periods == 0,
                 run_states_ns: std::mem::take(&mut self.run_state_cost_ns),
             };
             self.budget.account(spent, s.period_ns);

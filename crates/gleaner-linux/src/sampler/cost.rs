@@ -43,6 +43,7 @@ pub struct ProcfsBudget {
     /// Smoothed sampling CPU per period, as a fraction of the period, and the parts of it
     /// spent reading switch counts (with listing the threads) and run states.
     cost: f64,
+    fixed_cost: f64,
     switch_cost: f64,
     run_state_cost: f64,
 }
@@ -53,6 +54,9 @@ pub struct SamplingCost {
     pub total_ns: u64,
     /// Reading per-thread switch counts and listing the threads for them.
     pub switches_ns: u64,
+    /// Whether the switch counts were read this period (every `switch_stride` periods): the
+    /// periods between cost nothing there, and are not evidence that the reads got cheap.
+    pub switches_read: bool,
     /// Reading per-thread run states (the sub-samples).
     pub run_states_ns: u64,
 }
@@ -64,6 +68,7 @@ impl ProcfsBudget {
             level: 0,
             switch_level: 0,
             cost: 0.0,
+            fixed_cost: 0.0,
             switch_cost: 0.0,
             run_state_cost: 0.0,
         }
@@ -107,30 +112,36 @@ impl ProcfsBudget {
     pub fn account(&mut self, spent: SamplingCost, period_ns: u64) {
         let period = period_ns.max(1) as f64;
         let frac = |ns: u64| ns as f64 / period;
-        let now = frac(spent.total_ns);
-        let now_switches = frac(spent.switches_ns.min(spent.total_ns));
-        let now_run_states = frac(
-            spent
-                .run_states_ns
-                .min(spent.total_ns.saturating_sub(spent.switches_ns)),
-        );
-        // First period: take it as is; then smooth over about four periods.
-        if self.cost == 0.0 {
-            (self.cost, self.switch_cost, self.run_state_cost) =
-                (now, now_switches, now_run_states);
+        let switches = spent.switches_ns.min(spent.total_ns);
+        let run_states = spent.run_states_ns.min(spent.total_ns - switches);
+        let now_fixed = frac(spent.total_ns - switches - run_states);
+        // A read every `stride` periods costs its share in each of them.
+        let now_switches = frac(switches) / self.switch_stride() as f64;
+        let now_run_states = frac(run_states);
+        // First period: take it as is; then smooth over about four periods (switch reads:
+        // four reads; the periods between them are no evidence that the reads got cheap).
+        let smooth = |old: f64, now: f64| 0.75 * old + 0.25 * now;
+        let first = self.cost == 0.0;
+        if first {
+            (self.fixed_cost, self.switch_cost, self.run_state_cost) =
+                (now_fixed, now_switches, now_run_states);
         } else {
-            self.cost = 0.75 * self.cost + 0.25 * now;
-            self.switch_cost = 0.75 * self.switch_cost + 0.25 * now_switches;
-            self.run_state_cost = 0.75 * self.run_state_cost + 0.25 * now_run_states;
+            self.fixed_cost = smooth(self.fixed_cost, now_fixed);
+            self.run_state_cost = smooth(self.run_state_cost, now_run_states);
+            if spent.switches_read {
+                self.switch_cost = smooth(self.switch_cost, now_switches);
+            }
         }
-        let fixed = (self.cost - self.switch_cost - self.run_state_cost).max(0.0);
+        let fixed = self.fixed_cost;
         let room = (self.fraction - fixed).max(self.fraction / 4.0);
         // Run states first: the switch counts are what the policy's grain stands on.
         let run_room = (room - self.switch_cost).max(room / 2.0);
         thin(&mut self.level, &mut self.run_state_cost, run_room);
-        let switch_room = (room - self.run_state_cost).max(room / 2.0);
-        thin(&mut self.switch_level, &mut self.switch_cost, switch_room);
-        self.cost = fixed + self.switch_cost + self.run_state_cost;
+        if spent.switches_read || first {
+            let switch_room = (room - self.run_state_cost).max(room / 2.0);
+            thin(&mut self.switch_level, &mut self.switch_cost, switch_room);
+        }
+        self.cost = (fixed + self.switch_cost + self.run_state_cost).max(f64::MIN_POSITIVE);
     }
 }
 

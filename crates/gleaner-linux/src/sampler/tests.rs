@@ -90,6 +90,7 @@ fn cost(total_ns: u64, switches_ns: u64, run_states_ns: u64) -> SamplingCost {
     SamplingCost {
         total_ns,
         switches_ns,
+        switches_read: true,
         run_states_ns,
     }
 }
@@ -120,6 +121,27 @@ fn the_procfs_budget_thins_only_the_reads_thinning_can_save() {
     assert_eq!(many.level(), 6);
     assert_eq!(many.switch_stride(), 64);
     assert!(many.runnable_every() >= 16);
+    // Thinned, the switch counts are read every 64th period, at 7 ms a read, and the periods
+    // between cost nothing there: the level holds (it fell a level a period between reads
+    // and read all 1,000 threads again every few periods: 2.6 ms a period, periods
+    // stretched to 980 ms, before the reads were weighed per period of their stride).
+    let mut since_read = 0;
+    for _ in 0..500 {
+        let read = since_read + 1 >= many.switch_stride();
+        since_read = if read { 0 } else { since_read + 1 };
+        let switches = if read { 7_000_000 } else { 0 };
+        let run_states = 2_000_000 >> many.runnable_every().trailing_zeros();
+        many.account(
+            SamplingCost {
+                total_ns: 600_000 + switches + run_states,
+                switches_ns: switches,
+                switches_read: read,
+                run_states_ns: run_states,
+            },
+            period,
+        );
+        assert_eq!(many.switch_stride(), 64);
+    }
     // Fixed reads under the budget leave the rest to the per-thread ones: 0.1 ms fixed,
     // 0.15 ms each of switch reads and run states (0.4 % in all) is left alone.
     let mut room = ProcfsBudget::new(0.005);
