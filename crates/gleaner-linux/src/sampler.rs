@@ -323,19 +323,9 @@ impl HaltRatio {
 }
 
 /// The entries of `all` (indexed by CPU id) for `cpus`, in their order.
-fn of_cpus(all: &[IdleTotals], cpus: &Cpuset) -> Vec<IdleTotals> {
+fn of_cpus<T: Copy + Default>(all: &[T], cpus: &Cpuset) -> Vec<T> {
     cpus.iter()
         .map(|c| all.get(c).copied().unwrap_or_default())
-        .collect()
-}
-
-/// The entries of `by_id` (indexed by CPU id) for `cpus`, in their order; empty if it is.
-fn of_cpu_ids(by_id: &[(u64, u64)], cpus: &Cpuset) -> Vec<(u64, u64)> {
-    if by_id.is_empty() {
-        return Vec::new();
-    }
-    cpus.iter()
-        .map(|c| by_id.get(c).copied().unwrap_or_default())
         .collect()
 }
 
@@ -939,7 +929,7 @@ impl Sampler {
         let now_retention: HashMap<usize, RetentionCounters> = retention.iter().copied().collect();
         let prev_counters = std::mem::replace(&mut self.kernel_prev, counters);
         let traced_before =
-            std::mem::replace(&mut self.traced_before, of_cpu_ids(&traced_now, &self.cpus));
+            std::mem::replace(&mut self.traced_before, of_cpus(&traced_now, &self.cpus));
         let cpus: Vec<(u64, u64, u64, u64)> = self
             .cpus
             .iter()
@@ -1270,7 +1260,7 @@ impl Sampler {
             }
         }
         // `cpu_idle`, attached all along, at the same moment.
-        self.traced_before = of_cpu_ids(&kernel.traced_at_snapshot(), &self.cpus);
+        self.traced_before = of_cpus(&kernel.traced_at_snapshot(), &self.cpus);
         // The check's counts are the first measure of the shares that halt.
         self.halt_ratios = kernel
             .checked_spans()

@@ -235,7 +235,7 @@ pub fn passes_cover_halts(passes: u64, halts: u64) -> bool {
 }
 
 /// Room for the reads' own timing in comparing the records' idle time with `cpu_idle`'s
-/// halted time up to the same moments ([`KernelSampler::halts_under_way`]).
+/// halted time up to the same moments ([`KernelSampler::traced_at_snapshot`]).
 const READ_SKEW_NS: u64 = 1_000_000;
 
 /// Per halt, the time `cpu_idle` counts and the records do not: the idle clock stops when the
