@@ -167,13 +167,17 @@ def test_real_reader_prefers_cpuidle_and_sums_its_states(tmp_path):
 
 def test_real_reader_falls_back_to_timer_list_without_cpuidle_states(tmp_path):
     roots = fake_tree(tmp_path, timer_list=TIMER_LIST)
-    assert first_reading(real_gleaner(), *roots) == IdleCounters("timer-list", {0: 7232, 1: 5288})
+    assert first_reading(real_gleaner(), *roots) == IdleCounters("timer-list-and-wake-interrupts", {0: 7232, 1: 5288})
 
 
-def test_real_reader_falls_back_to_reschedule_interrupts(tmp_path):
+def test_real_reader_falls_back_to_wake_up_interrupts(tmp_path):
     # The fallback the harness's own parser lacked.
-    roots = fake_tree(tmp_path, interrupts="           CPU0       CPU1\n  RES:       2907       5804   Rescheduling interrupts\n")
-    assert first_reading(real_gleaner(), *roots) == IdleCounters("reschedule-interrupts", {0: 2907, 1: 5804})
+    interrupts = (
+        "           CPU0       CPU1\n  RES:       2907       5804   Rescheduling interrupts\n"
+        "  CAL:         10         20   Function call interrupts\n"
+    )
+    roots = fake_tree(tmp_path, interrupts=interrupts)
+    assert first_reading(real_gleaner(), *roots) == IdleCounters("wake-interrupts", {0: 2917, 1: 5824})
 
 
 def test_real_reader_without_any_source_says_unavailable(tmp_path):

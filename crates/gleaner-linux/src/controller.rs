@@ -593,6 +593,9 @@ impl<'a> Controller<'a> {
             let counters = self.retention_counters();
             let viewed = work_start.elapsed();
             let now = now_ns();
+            if start_up {
+                self.sampler.leave_next_uncharged();
+            }
             let Some(sample) = self.sampler.sample(now, &view, &counters)? else {
                 continue;
             };

@@ -5,16 +5,21 @@
 //! available source is chosen once and reported:
 //! 1. the cpuidle driver's per-state `usage` counters (exact; absent without a driver);
 //! 2. the `power:cpu_idle` tracepoint counted per CPU with perf (exact; root or
-//!    CAP_PERFMON) — on guests without a cpuidle driver this is the only exact source:
-//!    `/proc/timer_list` `.idle_calls` counts the idle loop's passes that try to stop the
-//!    tick, which is not every halt (a cpuidle governor may keep the tick: 17 against 90
-//!    switches to idle in 2 s on the first test guest, 2026-11-23) and not only halts (a
-//!    wake-up may end a pass before its halt: 6,038 passes for 4,494 halts on one CPU of the
-//!    haltpoll guest with tests running, all 1,640 of 1,640 on a quiet one, 2026-11-27; the
-//!    BPF sampler corrects for this, `crate::sampler`);
-//! 3. `/proc/timer_list` `.idle_calls` (root; inexact as above);
-//! 4. reschedule interrupts from `/proc/interrupts` (anyone; counts cross-vCPU wakes of
-//!    sleeping vCPUs, the closest proxy left).
+//!    CAP_PERFMON) — on guests without a cpuidle driver this is the only exact source;
+//! 3. `/proc/timer_list` `.idle_calls`, or the wake-up interrupts where they say more
+//!    (root; a lower bound). `.idle_calls` counts the idle loop's passes that try to stop
+//!    the tick, which is not every halt (a cpuidle governor may keep the tick: 17 against 90
+//!    switches to idle in 2 s on the first test guest, 2026-11-23; a kernel without a
+//!    cpuidle driver may count only the passes that do stop it: 22 a second against 60,000
+//!    halts in a ping-pong on 6.18.44-fc-v1045, 2026-12-02) and not only halts (a wake-up may
+//!    end a pass before its halt: 6,038 passes for 4,494 halts on one CPU of the haltpoll
+//!    guest with tests running, 2026-11-27; the BPF sampler corrects for this,
+//!    `crate::sampler`). Every wake-up of a halted vCPU by another is an interrupt, so where
+//!    those outnumber the passes they are the count: read every
+//!    [`WAKE_INTERRUPTS_EVERY`]th period (the file costs as much as the timer list), as wake-ups per ns
+//!    of idle time, applied to each period's idle time;
+//! 4. the wake-up interrupts alone from `/proc/interrupts` (anyone; counts cross-vCPU wakes
+//!    of sleeping vCPUs, the closest proxy left).
 
 use std::path::Path;
 
@@ -38,8 +43,10 @@ pub enum IdleEntrySource {
     /// halt `power:cpu_idle` measured in the windows (never chosen by [`IdleEntryCounter`]).
     TickSchedIdleTime,
     Tracepoint,
-    TimerList,
-    RescheduleInterrupts,
+    /// `/proc/timer_list` `.idle_calls`, or where more, the wake-up interrupts' count.
+    TimerListAndWakeInterrupts,
+    /// Reschedule and function-call IPIs from `/proc/interrupts`.
+    WakeInterrupts,
     Unavailable,
 }
 
@@ -50,6 +57,14 @@ impl IdleEntrySource {
     }
 }
 
+/// Periodic reads ([`IdleEntryCounter::read_periodic`]) between two reads of
+/// `/proc/interrupts` under [`IdleEntrySource::TimerListAndWakeInterrupts`]: the file costs
+/// 79 µs a read on the 2-vCPU guest (the timer list 90 µs, 2026-12-02), 0.08 % of a 100 ms
+/// period every period, where the procfs sampler's whole budget is 0.5 %. Wake-ups per ns of
+/// idle change with the workload's grain, which the policy judges over several periods
+/// anyway.
+pub const WAKE_INTERRUPTS_EVERY: u32 = 8;
+
 /// Cumulative idle entries per CPU from the best source available.
 pub struct IdleEntryCounter {
     source: IdleEntrySource,
@@ -57,6 +72,114 @@ pub struct IdleEntryCounter {
     sys: SysFs,
     proc: ProcFs,
     counters: Vec<Counter>,
+    /// Under [`IdleEntrySource::TimerListAndWakeInterrupts`].
+    timer_and_wakes: Option<TimerAndWakes>,
+}
+
+/// Idle time a CPU must have spent since the interrupts were last read for its wake-ups per
+/// ns of idle to be measured again: over less, one wake-up more or less would swing it (the
+/// first read, right after `open`, sees microseconds).
+const MIN_WAKE_SPAN_IDLE_NS: u64 = 1_000_000;
+
+/// The state behind [`IdleEntrySource::TimerListAndWakeInterrupts`], per CPU in the
+/// counter's order: what the last read saw, and the wake-ups per ns of idle measured over the
+/// last span of at least [`MIN_WAKE_SPAN_IDLE_NS`] of idle between reads of the interrupts.
+struct TimerAndWakes {
+    calls: Vec<u64>,
+    idle_ns: Vec<u64>,
+    /// At the start of each CPU's span; `None` until `/proc/interrupts` was first read.
+    wakes: Option<Vec<u64>>,
+    idle_since_wakes_ns: Vec<u64>,
+    /// `None` until measured.
+    wakes_per_idle_ns: Vec<Option<f64>>,
+    totals: Vec<u64>,
+    periodic_reads_since_wakes: u32,
+    /// Periodic reads left that read the interrupts every time while a CPU's wake-ups per ns
+    /// of idle are still unmeasured: a CPU that never idles stops forcing them.
+    first_reads_left: u32,
+}
+
+impl TimerAndWakes {
+    fn new(now: &[TimerListCpu], wakes: Option<Vec<u64>>, cpus: &[usize]) -> Self {
+        let calls = timer_list_column(now, cpus, |c| c.idle_calls);
+        TimerAndWakes {
+            idle_ns: timer_list_column(now, cpus, idle_ns_of),
+            wakes: wakes.map(|w| of_cpus(Some(&w), cpus)),
+            idle_since_wakes_ns: vec![0; cpus.len()],
+            wakes_per_idle_ns: vec![None; cpus.len()],
+            totals: calls.clone(),
+            calls,
+            periodic_reads_since_wakes: 0,
+            first_reads_left: WAKE_INTERRUPTS_EVERY,
+        }
+    }
+
+    /// Whether the next periodic read reads the interrupts.
+    fn wakes_due(&self) -> bool {
+        self.periodic_reads_since_wakes + 1 >= WAKE_INTERRUPTS_EVERY
+            || (self.first_reads_left > 0 && self.wakes_per_idle_ns.iter().any(Option::is_none))
+    }
+
+    /// Adds the entries since the last read: per CPU the larger of the idle-loop passes and
+    /// the idle time times the wake-ups per ns of idle, re-measured when `wakes` is given.
+    fn advance(&mut self, now: &[TimerListCpu], wakes: Option<Vec<u64>>, cpus: &[usize]) {
+        self.first_reads_left = self.first_reads_left.saturating_sub(1);
+        self.periodic_reads_since_wakes = match wakes {
+            Some(_) => 0,
+            None => self.periodic_reads_since_wakes.saturating_add(1),
+        };
+        let wakes = wakes.map(|w| of_cpus(Some(&w), cpus));
+        if self.wakes.is_none() {
+            // The first read of the interrupts starts every CPU's span.
+            self.wakes = wakes.clone();
+        }
+        for (i, cpu) in cpus.iter().enumerate() {
+            // A CPU the list lacks this time adds nothing, rather than a drop to 0 and a jump
+            // back.
+            let Some(now) = now.iter().find(|c| c.cpu == *cpu) else {
+                continue;
+            };
+            let (calls, idle_ns) = (now.idle_calls, idle_ns_of(now));
+            let new_calls = calls.saturating_sub(self.calls[i]);
+            let new_idle_ns = idle_ns.saturating_sub(self.idle_ns[i]);
+            (self.calls[i], self.idle_ns[i]) = (calls, idle_ns);
+            self.idle_since_wakes_ns[i] += new_idle_ns;
+            if let (Some(w), Some(start)) = (&wakes, self.wakes.as_mut()) {
+                let idle = self.idle_since_wakes_ns[i];
+                if idle >= MIN_WAKE_SPAN_IDLE_NS {
+                    let new_wakes = w[i].saturating_sub(start[i]);
+                    self.wakes_per_idle_ns[i] = Some(new_wakes as f64 / idle as f64);
+                    start[i] = w[i];
+                    self.idle_since_wakes_ns[i] = 0;
+                }
+            }
+            let per_ns = self.wakes_per_idle_ns[i].unwrap_or(0.0);
+            let from_wakes = (new_idle_ns as f64 * per_ns).round() as u64;
+            self.totals[i] += new_calls.max(from_wakes);
+        }
+    }
+}
+
+fn idle_ns_of(c: &TimerListCpu) -> u64 {
+    c.idle_sleeptime_ns + c.iowait_sleeptime_ns
+}
+
+/// One field of the timer list per CPU in `cpus`' order; 0 for a CPU it does not list.
+fn timer_list_column(
+    t: &[TimerListCpu],
+    cpus: &[usize],
+    f: impl Fn(&TimerListCpu) -> u64,
+) -> Vec<u64> {
+    cpus.iter()
+        .map(|&cpu| t.iter().find(|c| c.cpu == cpu).map_or(0, &f))
+        .collect()
+}
+
+/// Per-CPU-id counts for `cpus`, in their order; 0 for a CPU they lack.
+fn of_cpus(all: Option<&[u64]>, cpus: &[usize]) -> Vec<u64> {
+    cpus.iter()
+        .map(|&c| all.and_then(|a| a.get(c)).copied().unwrap_or(0))
+        .collect()
 }
 
 impl IdleEntryCounter {
@@ -67,6 +190,7 @@ impl IdleEntryCounter {
             sys: SysFs::new(sys_root),
             proc: ProcFs::new(proc_root),
             counters: Vec::new(),
+            timer_and_wakes: None,
         };
         // A source that cannot be read now (absent, root-only, malformed) is not chosen.
         if !cpus.is_empty()
@@ -84,13 +208,18 @@ impl IdleEntryCounter {
         {
             me.counters = counters;
             me.source = IdleEntrySource::Tracepoint;
-        } else if me
-            .timer_list_calls()
-            .is_some_and(|m| cpus.iter().all(|c| m.iter().any(|(k, _)| k == c)))
+        } else if let Some(timer_list) = me
+            .proc
+            .timer_list()
+            .ok()
+            .flatten()
+            .filter(|t| cpus.iter().all(|c| t.iter().any(|t| t.cpu == *c)))
         {
-            me.source = IdleEntrySource::TimerList;
-        } else if matches!(me.proc.reschedule_interrupts(), Ok(Some(_))) {
-            me.source = IdleEntrySource::RescheduleInterrupts;
+            let wakes = me.proc.wake_interrupts().ok().flatten();
+            me.timer_and_wakes = Some(TimerAndWakes::new(&timer_list, wakes, cpus));
+            me.source = IdleEntrySource::TimerListAndWakeInterrupts;
+        } else if matches!(me.proc.wake_interrupts(), Ok(Some(_))) {
+            me.source = IdleEntrySource::WakeInterrupts;
         }
         me
     }
@@ -99,15 +228,25 @@ impl IdleEntryCounter {
         self.source
     }
 
-    /// Cumulative counts, one per CPU given to `open`, in that order. A read that fails
-    /// (a file gone since `open`) counts 0 for that CPU.
+    /// Cumulative counts, one per CPU given to `open`, in that order, every source read
+    /// afresh. A read that fails (a file gone since `open`) counts 0 more for that CPU.
     pub fn read(&mut self) -> Vec<u64> {
-        self.read_with(None)
+        self.read_sources(None, true)
     }
 
-    /// Like [`IdleEntryCounter::read`], taking the timer-list source's counts from
-    /// `timer_list` when the caller has just read it for something else.
-    pub fn read_with(&mut self, timer_list: Option<&[TimerListCpu]>) -> Vec<u64> {
+    /// Like [`IdleEntryCounter::read`], for a caller that reads once a period: the timer-list
+    /// source's passes and idle time come from `timer_list` when the caller has just read it
+    /// for something else, and the wake-up interrupts it weighs them against are read every
+    /// [`WAKE_INTERRUPTS_EVERY`]th call.
+    pub fn read_periodic(&mut self, timer_list: Option<&[TimerListCpu]>) -> Vec<u64> {
+        let wakes_due = self
+            .timer_and_wakes
+            .as_ref()
+            .is_some_and(TimerAndWakes::wakes_due);
+        self.read_sources(timer_list, wakes_due)
+    }
+
+    fn read_sources(&mut self, timer_list: Option<&[TimerListCpu]>, wakes_due: bool) -> Vec<u64> {
         match self.source {
             IdleEntrySource::Cpuidle => self
                 .cpus
@@ -120,43 +259,35 @@ impl IdleEntryCounter {
                 .iter_mut()
                 .map(|c| c.read().unwrap_or(0) / 2)
                 .collect(),
-            IdleEntrySource::TimerList => {
-                let m = match timer_list {
-                    Some(t) => calls_of(t),
-                    None => self.timer_list_calls().unwrap_or_default(),
+            IdleEntrySource::TimerListAndWakeInterrupts => {
+                let read_now;
+                let now = match timer_list {
+                    Some(t) => t,
+                    None => {
+                        read_now = self.proc.timer_list().ok().flatten().unwrap_or_default();
+                        &read_now
+                    }
                 };
-                self.cpus
-                    .iter()
-                    .map(|c| m.iter().find(|(k, _)| k == c).map_or(0, |(_, v)| *v))
-                    .collect()
+                let wakes = if wakes_due {
+                    self.proc.wake_interrupts().ok().flatten()
+                } else {
+                    None
+                };
+                let Some(state) = self.timer_and_wakes.as_mut() else {
+                    return vec![0; self.cpus.len()];
+                };
+                state.advance(now, wakes, &self.cpus);
+                state.totals.clone()
             }
-            IdleEntrySource::RescheduleInterrupts => {
-                let r = self
-                    .proc
-                    .reschedule_interrupts()
-                    .ok()
-                    .flatten()
-                    .unwrap_or_default();
-                self.cpus
-                    .iter()
-                    .map(|&c| r.get(c).copied().unwrap_or(0))
-                    .collect()
-            }
+            IdleEntrySource::WakeInterrupts => of_cpus(
+                self.proc.wake_interrupts().ok().flatten().as_deref(),
+                &self.cpus,
+            ),
             IdleEntrySource::TickSched
             | IdleEntrySource::TickSchedIdleTime
             | IdleEntrySource::Unavailable => vec![0; self.cpus.len()],
         }
     }
-
-    /// `(cpu, idle_calls)` pairs from `/proc/timer_list`; `None` when it cannot be read.
-    fn timer_list_calls(&self) -> Option<Vec<(usize, u64)>> {
-        Some(calls_of(&self.proc.timer_list().ok().flatten()?))
-    }
-}
-
-/// `(cpu, idle_calls)` pairs of a parsed `/proc/timer_list`.
-fn calls_of(timer_list: &[TimerListCpu]) -> Vec<(usize, u64)> {
-    timer_list.iter().map(|c| (c.cpu, c.idle_calls)).collect()
 }
 
 /// One system-wide counter of the tracepoint per CPU, enabled at once.
@@ -181,29 +312,102 @@ fn open_tracepoint(id: u64, cpus: &[usize]) -> std::io::Result<Vec<Counter>> {
 mod tests {
     use super::*;
 
+    fn timer_list_text(cpus: &[(usize, u64, u64)]) -> String {
+        cpus.iter()
+            .map(|(cpu, calls, idle_ns)| {
+                format!(
+                    "cpu: {cpu}\n  .idle_calls     : {calls}\n  .idle_sleeps    : 1\n  .idle_sleeptime : {idle_ns} nsecs\n  .iowait_sleeptime: 0 nsecs\n"
+                )
+            })
+            .collect()
+    }
+
+    fn interrupts_text(res: [u64; 2], cal: [u64; 2]) -> String {
+        format!(
+            "           CPU0       CPU1\n  RES: {} {}  Rescheduling interrupts\n  CAL: {} {}  Function call interrupts\n",
+            res[0], res[1], cal[0], cal[1]
+        )
+    }
+
     #[test]
     fn falls_back_to_timer_list_idle_calls() {
         let dir = tempfile::tempdir().unwrap();
-        let text = "cpu: 0\n  .idle_calls     : 3350\n  .idle_sleeps    : 1427\n  .idle_sleeptime : 5 nsecs\n  .iowait_sleeptime: 0 nsecs\n\
-                    cpu: 1\n  .idle_calls     : 2647\n  .idle_sleeps    : 1000\n  .idle_sleeptime : 7 nsecs\n  .iowait_sleeptime: 0 nsecs\n";
+        let text = timer_list_text(&[(0, 3350, 5), (1, 2647, 7)]);
         std::fs::write(dir.path().join("timer_list"), text).unwrap();
         let mut c = IdleEntryCounter::open(&dir.path().join("nosys"), dir.path(), &[0, 1]);
-        assert_eq!(c.source(), IdleEntrySource::TimerList);
+        assert_eq!(c.source(), IdleEntrySource::TimerListAndWakeInterrupts);
         assert_eq!(c.read(), vec![3350, 2647]);
-        // A timer list the caller already read is used instead of reading the file again.
+        // A timer list the caller already read is used instead of reading the file again; a
+        // CPU it lacks adds nothing.
         std::fs::remove_file(dir.path().join("timer_list")).unwrap();
         let read = [TimerListCpu {
             cpu: 1,
-            idle_calls: 9,
+            idle_calls: 2657,
             idle_sleeps: 0,
-            idle_sleeptime_ns: 0,
+            idle_sleeptime_ns: 9,
             iowait_sleeptime_ns: 0,
         }];
-        assert_eq!(c.read_with(Some(&read)), vec![0, 9]);
-        assert_eq!(c.read(), vec![0, 0], "the file is gone");
+        assert_eq!(c.read_periodic(Some(&read)), vec![3350, 2657]);
+        assert_eq!(
+            c.read(),
+            vec![3350, 2657],
+            "the file is gone: nothing added"
+        );
         // A CPU the file does not list: the source is not used.
+        std::fs::write(dir.path().join("timer_list"), timer_list_text(&[(0, 1, 1)])).unwrap();
         let c = IdleEntryCounter::open(&dir.path().join("nosys"), dir.path(), &[0, 2]);
         assert_eq!(c.source(), IdleEntrySource::Unavailable);
+    }
+
+    /// The counts of kernel 6.18.44-fc-v1045 without a cpuidle driver in a ping-pong
+    /// (2026-12-02): about 20 passes a second against 60,000 halts, each woken by another
+    /// vCPU's function-call IPI.
+    #[test]
+    fn where_wake_up_interrupts_outnumber_the_passes_they_count_the_idle_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |calls: [u64; 2], idle_ms: [u64; 2], cal: [u64; 2]| {
+            let ns = idle_ms.map(|ms| ms * 1_000_000);
+            let t = timer_list_text(&[(0, calls[0], ns[0]), (1, calls[1], ns[1])]);
+            std::fs::write(dir.path().join("timer_list"), t).unwrap();
+            let i = interrupts_text([5, 5], cal);
+            std::fs::write(dir.path().join("interrupts"), i).unwrap();
+        };
+        write([100, 100], [1_000, 1_000], [10_000, 10_000]);
+        let mut c = IdleEntryCounter::open(&dir.path().join("nosys"), dir.path(), &[0, 1]);
+        assert_eq!(c.source(), IdleEntrySource::TimerListAndWakeInterrupts);
+        // Right after `open` too little idle time to measure anything: passes only.
+        write([101, 101], [1_000, 1_000], [10_001, 10_001]);
+        assert_eq!(c.read_periodic(None), vec![101, 101]);
+        // A period of 50 ms idle each: 2 passes and 3,001 wake-ups on CPU 0 (counted from
+        // `open`: the short span went on); on CPU 1 the passes are more (tick-stopping
+        // halts the interrupts do not see).
+        write([103, 201], [1_050, 1_050], [13_001, 10_051]);
+        assert_eq!(c.read_periodic(None), vec![101 + 3_001, 201]);
+        // Between reads of the interrupts the measured wake-ups per ns of idle stand in:
+        // 60 a ms on CPU 0, while CPU 1's passes still win. The file is not read (its counts
+        // would say otherwise).
+        for k in 1..WAKE_INTERRUPTS_EVERY {
+            let k = u64::from(k);
+            let idle = 1_050 + 10 * k;
+            write(
+                [103 + k, 201 + 100 * k],
+                [idle, idle],
+                [99_000_000, 99_000_000],
+            );
+            let from_wakes = (10.0 * 3_001.0 / 50.0_f64).round() as u64;
+            assert_eq!(
+                c.read_periodic(None),
+                vec![3_102 + from_wakes * k, 201 + 100 * k]
+            );
+        }
+        let before = 3_102 + 600 * u64::from(WAKE_INTERRUPTS_EVERY - 1);
+        // The eighth read measures them again: 1,000 wake-ups over the 100 ms of idle since,
+        // 300 of them in this period's 30 ms.
+        write([120, 1_000], [1_150, 1_150], [14_001, 10_131]);
+        assert_eq!(c.read_periodic(None), vec![before + 300, 1_000]);
+        // `read` measures them every time.
+        write([121, 1_001], [1_160, 1_160], [19_001, 10_131]);
+        assert_eq!(c.read(), vec![before + 300 + 5_000, 1_001]);
     }
 
     #[test]
@@ -225,15 +429,15 @@ mod tests {
     }
 
     #[test]
-    fn falls_back_to_reschedule_interrupts_without_privileged_sources() {
+    fn falls_back_to_wake_up_interrupts_without_privileged_sources() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(
             dir.path().join("interrupts"),
-            "  RES:  5  9  Rescheduling interrupts\n",
+            interrupts_text([5, 9], [100, 200]),
         )
         .unwrap();
         let mut c = IdleEntryCounter::open(&dir.path().join("nosys"), dir.path(), &[1]);
-        assert_eq!(c.source(), IdleEntrySource::RescheduleInterrupts);
-        assert_eq!(c.read(), vec![9]);
+        assert_eq!(c.source(), IdleEntrySource::WakeInterrupts);
+        assert_eq!(c.read(), vec![209]);
     }
 }

@@ -83,13 +83,15 @@ pub fn describe_idle_source(source: IdleEntrySource) -> &'static str {
             "the kernel's tick records (idle time), over the mean halt power:cpu_idle saw in the BPF sampler's windows"
         }
         IdleEntrySource::Tracepoint => "the power:cpu_idle tracepoint",
-        IdleEntrySource::TimerList => "/proc/timer_list .idle_calls (undercounts short idle periods)",
-        IdleEntrySource::RescheduleInterrupts => {
-            "reschedule interrupts (a proxy: wake-ups of idle vCPUs by other vCPUs; run as root for exact counts)"
+        IdleEntrySource::TimerListAndWakeInterrupts => {
+            "/proc/timer_list .idle_calls, or where more, the wake-up interrupts (a lower bound)"
+        }
+        IdleEntrySource::WakeInterrupts => {
+            "wake-up interrupts (a proxy: wake-ups of idle vCPUs by other vCPUs; run as root for exact counts)"
         }
         IdleEntrySource::Unavailable => {
             "unavailable: no cpuidle driver, no usable power:cpu_idle tracepoint or /proc/timer_list \
-             (run as root), and no RES line in /proc/interrupts"
+             (run as root), and no RES or CAL line in /proc/interrupts"
         }
     }
 }

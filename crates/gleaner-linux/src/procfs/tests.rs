@@ -138,24 +138,32 @@ fn pressure() {
 }
 
 #[test]
-fn reschedule_interrupts_and_kernel_words() {
+fn wake_interrupts_and_kernel_words() {
     let dir = tempfile::tempdir().unwrap();
     let p = proc100(dir.path());
-    assert_eq!(
-        p.reschedule_interrupts().unwrap(),
-        None,
-        "absent file is None"
-    );
+    assert_eq!(p.wake_interrupts().unwrap(), None, "absent file is None");
     let text = "           CPU0       CPU1\n  LOC:       6089       7079   Local timer interrupts\n  RES:       2907       5804   Rescheduling interrupts\n";
     fs::write(dir.path().join("interrupts"), text).unwrap();
-    assert_eq!(p.reschedule_interrupts().unwrap(), Some(vec![2907, 5804]));
+    assert_eq!(p.wake_interrupts().unwrap(), Some(vec![2907, 5804]));
+    // Function-call IPIs carry the wake-ups of idle CPUs since Linux 5.8: summed with RES.
+    let text = format!("{text}  CAL:     132817     133134   Function call interrupts\n  TLB:  1  2   TLB shootdowns\n");
+    fs::write(dir.path().join("interrupts"), text).unwrap();
+    assert_eq!(p.wake_interrupts().unwrap(), Some(vec![135_724, 138_938]));
+    // ARM64 names the rows by number; the legend says what they are.
+    let arm = "           CPU0       CPU1\nIPI0:        10         20       Rescheduling interrupts\nIPI1:       300        400       Function call interrupts\nIPI2:         5          6       CPU stop interrupts\n";
+    fs::write(dir.path().join("interrupts"), arm).unwrap();
+    assert_eq!(p.wake_interrupts().unwrap(), Some(vec![310, 420]));
+    // With CPU 1 offline, the second column is CPU 2's.
+    let holes = "           CPU0       CPU2\n  RES:  7  9   Rescheduling interrupts\n";
+    fs::write(dir.path().join("interrupts"), holes).unwrap();
+    assert_eq!(p.wake_interrupts().unwrap(), Some(vec![7, 0, 9]));
+    let extra = "           CPU0\n  RES:  7  9   Rescheduling interrupts\n";
+    fs::write(dir.path().join("interrupts"), extra).unwrap();
+    assert!(matches!(p.wake_interrupts(), Err(Error::Parse { .. })));
     fs::write(dir.path().join("interrupts"), "garbage").unwrap();
-    assert_eq!(p.reschedule_interrupts().unwrap(), None);
+    assert_eq!(p.wake_interrupts().unwrap(), None);
     fs::write(dir.path().join("interrupts"), "RES: x y").unwrap();
-    assert!(matches!(
-        p.reschedule_interrupts(),
-        Err(Error::Parse { .. })
-    ));
+    assert!(matches!(p.wake_interrupts(), Err(Error::Parse { .. })));
 
     fs::create_dir_all(dir.path().join("sys/kernel/random")).unwrap();
     fs::write(dir.path().join("sys/kernel/random/boot_id"), "1f0e-77\n").unwrap();
@@ -328,7 +336,7 @@ proptest! {
         let _ = parse_loadavg(path, &text);
         let _ = parse_task_stat(path, &text, &p);
         let _ = parse_task_status(path, &text);
-        let _ = parse_reschedule_interrupts(path, &text);
+        let _ = parse_wake_interrupts(path, &text);
         let _ = parse_proc_cgroup(path, &text);
         let _ = parse_mountinfo(path, &text);
     }

@@ -228,6 +228,53 @@ fn thinned_switch_counts_report_the_rate_over_the_periods_between_reads() {
     assert_eq!(s.switch_periods, 1);
 }
 
+/// The periods between reads get switches in proportion to their own run time: a rate read
+/// over a start-up period (a quarter as long) once stood, per period, for periods four times
+/// as long.
+#[test]
+fn switches_between_reads_follow_the_run_time_of_each_period() {
+    let mut s = Sampler::new(ProcFs::new("/proc"), "/nonexistent-sys", Cpuset::first_n(1));
+    let ms = 1_000_000;
+    s.switch_periods = 1;
+    assert_eq!(s.switches_over(Some(1_000), 10 * ms), 1_000, "100 a ms");
+    s.switch_periods = 1;
+    assert_eq!(s.switches_over(None, 40 * ms), 4_000);
+    s.switch_periods = 2;
+    assert_eq!(s.switches_over(None, 20 * ms), 2_000);
+    // A read over three periods that ran 90 ms in all: 9,000 switches, 100 a ms, 3,000 of
+    // them in this period's 30 ms.
+    s.switch_periods = 3;
+    assert_eq!(s.switches_over(Some(9_000), 30 * ms), 3_000);
+    assert_eq!(s.switch_periods, 0);
+    // Without run time to scale by, the mean per period, and none after it.
+    s.switch_periods = 2;
+    assert_eq!(s.switches_over(Some(600), 0), 300);
+    s.switch_periods = 1;
+    assert_eq!(s.switches_over(None, 10 * ms), 0);
+}
+
+#[test]
+fn start_up_periods_are_not_charged_to_the_procfs_budget() {
+    let mut s = Sampler::new(ProcFs::new("/proc"), "/nonexistent-sys", Cpuset::first_n(1));
+    let me = std::process::id();
+    let view = WorkloadView {
+        pids: vec![me],
+        tids: vec![(me, me)],
+        ..Default::default()
+    };
+    assert!(s.sample(0, &view, &[]).unwrap().is_none());
+    // Half a period's CPU listing threads in a start-up period: left off the budget.
+    s.charge_thread_listing(50_000_000);
+    s.leave_next_uncharged();
+    assert!(s.sample(100_000_000, &view, &[]).unwrap().is_some());
+    assert_eq!(s.budget.level(), 0);
+    assert_eq!(s.budget.cost_fraction(), 0.0);
+    // The same in a period after: the reads are thinned.
+    s.charge_thread_listing(50_000_000);
+    assert!(s.sample(200_000_000, &view, &[]).unwrap().is_some());
+    assert!(s.budget.level() > 0, "{:?}", s.budget);
+}
+
 #[test]
 fn spreads_work_by_spare_busy_time() {
     let mut v = vec![

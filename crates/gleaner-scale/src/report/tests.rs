@@ -41,7 +41,7 @@ fn setup() -> Setup {
         command: "demo --threads 4".to_string(),
         allowed_cpus: vec![0, 1, 2, 3],
         repeat: 3,
-        idle_source: IdleEntrySource::TimerList,
+        idle_source: IdleEntrySource::TimerListAndWakeInterrupts,
         counters: CounterPlan::default(),
         metric: None,
         detected_metric: None,
@@ -121,7 +121,10 @@ fn json_carries_rows_fits_and_diagnosis() {
     assert_eq!(json["rows"].as_array().unwrap().len(), 3);
     assert!(json["fits"]["amdahl"]["serial_fraction"].is_number());
     assert!(json["diagnosis"]["primary"]["limiter"].is_string());
-    assert_eq!(json["setup"]["idle_source"], "timer-list");
+    assert_eq!(
+        json["setup"]["idle_source"],
+        "timer-list-and-wake-interrupts"
+    );
 }
 
 #[test]
