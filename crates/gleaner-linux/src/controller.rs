@@ -594,7 +594,8 @@ impl<'a> Controller<'a> {
             let viewed = work_start.elapsed();
             let now = now_ns();
             if start_up {
-                self.sampler.leave_next_uncharged();
+                self.sampler
+                    .charge_next_as_period_of(base.as_nanos() as u64);
             }
             let Some(sample) = self.sampler.sample(now, &view, &counters)? else {
                 continue;

@@ -179,8 +179,9 @@ pub struct Sampler {
     /// rate read in a start-up period (a quarter as long) stood for periods four times
     /// longer, and a ping-pong's g_comp read 33 µs instead of 8 (2026-12-02).
     switch_periods: u64,
-    /// The next period is a start-up one ([`Sampler::leave_next_uncharged`]).
-    start_up: bool,
+    /// The period length the next period's sampling CPU is charged against, where longer
+    /// than its own ([`Sampler::charge_next_as_period_of`]).
+    budget_period_ns: Option<u64>,
     switch_span_work_ns: u64,
     switches_per_work_ns: Option<f64>,
     /// Sub-sample slices seen this period (for thinning).
@@ -456,7 +457,7 @@ impl Sampler {
             switch_cost_ns: 0,
             run_state_cost_ns: 0,
             switch_periods: 0,
-            start_up: false,
+            budget_period_ns: None,
             switch_span_work_ns: 0,
             switches_per_work_ns: None,
             slices_unread: 0,
@@ -810,7 +811,7 @@ impl Sampler {
         let t0 = gleaner_sys::clock::own_thread_cpu_ns();
         let out = self.sample_procfs(now_ns, work, retention);
         self.cost_ns += gleaner_sys::clock::own_thread_cpu_ns().saturating_sub(t0);
-        let start_up = std::mem::take(&mut self.start_up);
+        let budget_period_ns = std::mem::take(&mut self.budget_period_ns);
         if let Ok(Some(s)) = &out {
             let spent = SamplingCost {
                 total_ns: std::mem::take(&mut self.cost_ns),
@@ -818,20 +819,22 @@ impl Sampler {
                 switches_read: self.switch_periods == 0,
                 run_states_ns: std::mem::take(&mut self.run_state_cost_ns),
             };
-            if !start_up {
-                self.budget.account(spent, s.period_ns);
-            }
+            let period_ns = s.period_ns.max(budget_period_ns.unwrap_or(0));
+            self.budget.account(spent, period_ns);
         }
         out
     }
 
-    /// Leaves the next period's sampling CPU off the procfs budget: the controller's start-up
-    /// periods, a quarter as long, are a burst by design (`controller::OwnCpuBudget` does not
-    /// charge them either). Charged, their fixed reads alone took the budget of so short a
-    /// period, and a 2-thread ping-pong's switches went to a read every 32 periods within its
-    /// first 0.2 s, a level that falls one step a read (2026-12-02).
-    pub fn leave_next_uncharged(&mut self) {
-        self.start_up = true;
+    /// Charges the next period's sampling CPU to the procfs budget as if the period had
+    /// lasted `base_ns`: the controller's start-up periods, a quarter as long, are a burst by
+    /// design, and what the budget must judge is what the reads will cost at the periods that
+    /// follow. Charged against the short period, its fixed reads alone took the budget, and a
+    /// 2-thread ping-pong's switches went to a read every 32 periods within its first 0.2 s,
+    /// a level that falls one step a read; left uncharged, 1,000 threads were read whole
+    /// until the first full period, which cost 38 ms and stretched the periods to 1 s
+    /// (2026-12-02).
+    pub fn charge_next_as_period_of(&mut self, base_ns: u64) {
+        self.budget_period_ns = Some(base_ns);
     }
 
     fn sample_procfs(
