@@ -41,6 +41,10 @@ pub const MAX_RUNS: usize = 5;
 pub struct Calibrated {
     pub timeout_ns: u64,
     pub host_poll_ns: u64,
+    /// The runs' median wake-up of a halted vCPU (their medians' median; 0 without a run):
+    /// what the policy takes for a wake-up's cost where its sampler sees none
+    /// (`PolicyConfig::probe_halted_wake_ns`), whatever the runs said of the hold.
+    pub halted_wake_ns: u64,
     /// Whether the runs agreed: only then is the result cached for the boot.
     pub trusted: bool,
     /// Every run found the wakee's vCPU busy (none saw it halt): the machine is loaded, and
@@ -110,11 +114,13 @@ pub fn calibrate<E: std::fmt::Display>(
     let mut judged: Vec<Judged> = Vec::new();
     let mut errors: Vec<String> = Vec::new();
     let mut busy_side = None;
+    let mut halted = Vec::new();
     for run in 0..MAX_RUNS {
         match measure() {
             Ok(c) => {
                 busy_side.get_or_insert(c.busy_setting);
                 judged.push(judge(&c));
+                halted.push(c.halted_p50_ns);
             }
             Err(e) => errors.push(e.to_string()),
         }
@@ -132,6 +138,7 @@ pub fn calibrate<E: std::fmt::Display>(
         }
     }
     let mut c = decide(&judged, &errors);
+    c.halted_wake_ns = median(halted).unwrap_or(0);
     if let Some(setting) = busy_side {
         c.source
             .push_str(&format!(" [busy side: {}]", setting.label()));
@@ -174,6 +181,7 @@ fn decide(judged: &[Judged], errors: &[String]) -> Calibrated {
         return Calibrated {
             timeout_ns,
             host_poll_ns,
+            halted_wake_ns: 0,
             trusted: true,
             vcpus_busy: false,
             source: format!(
@@ -189,6 +197,7 @@ fn decide(judged: &[Judged], errors: &[String]) -> Calibrated {
         return Calibrated {
             timeout_ns,
             host_poll_ns,
+            halted_wake_ns: 0,
             trusted: false,
             vcpus_busy: false,
             source: format!("measured, not cached: the runs disagreed ({runs}); using the median of the plausible ones and measuring again at the next start"),
@@ -209,6 +218,7 @@ fn decide(judged: &[Judged], errors: &[String]) -> Calibrated {
     Calibrated {
         timeout_ns: RetentionTimeout::default().ns,
         host_poll_ns: 0,
+        halted_wake_ns: 0,
         trusted: false,
         vcpus_busy: all_busy(judged),
         source: format!("default 20 µs (the paper's Table 2): {why}"),
@@ -221,6 +231,9 @@ pub struct CacheEntry {
     pub boot_id: String,
     pub timeout_ns: u64,
     pub host_poll_ns: u64,
+    /// [`Calibrated::halted_wake_ns`]; 0 in a file of a Gleaner that did not record it.
+    #[serde(default)]
+    pub halted_wake_ns: u64,
     /// How it was measured (the [`Calibrated::source`] of the run that cached it).
     #[serde(default)]
     pub source: String,
@@ -235,11 +248,13 @@ pub struct CacheEntry {
 }
 
 impl CacheEntry {
-    /// A cached value is used only on the boot it was measured on and only if the cost model
+    /// A cached value is used only on the boot it was measured on, only if the cost model
     /// allows it (a cache written by an older Gleaner, which cached single runs, may hold an
-    /// outlier).
+    /// outlier), and only if it records the halted wake-up's cost.
     pub fn usable_on(&self, boot_id: &str, now_unix_s: u64, busy: Setting) -> bool {
         self.busy_setting == Some(busy)
+            // Written by a Gleaner that did not record it: measured again, once.
+            && self.halted_wake_ns > 0
             && self.boot_id == boot_id
             && !boot_id.is_empty()
             && (MIN_TIMEOUT_NS..=MODEL_MAX_HOLD_NS).contains(&self.timeout_ns)
@@ -301,6 +316,7 @@ mod tests {
             boot_id: boot.into(),
             timeout_ns: ns,
             host_poll_ns: 0,
+            halted_wake_ns: 6_000,
             source: String::new(),
             expires_unix_s: None,
             busy_setting: Some(busy),
@@ -350,6 +366,7 @@ mod tests {
         let c = calibrate(scripted(vec![run(10, 40), run(10, 44), run(10, 36)]));
         assert!(c.trusted, "{c:?}");
         assert_eq!(c.timeout_ns, 30_000);
+        assert_eq!(c.halted_wake_ns, 40_000, "the runs' halted medians' median");
         assert!(
             c.source.starts_with("measured: 3 of 3 runs agreed"),
             "{}",
@@ -404,6 +421,9 @@ mod tests {
         assert_eq!(calls, FIRST_RUNS, "more runs would not find a halt");
         assert!(!c.trusted && c.vcpus_busy, "{c:?}");
         assert!(c.source.contains("other work kept it busy"), "{}", c.source);
+        // A halted wake-up as cheap as a busy one (the `none` guest's host polls a halted
+        // vCPU) still says what a wake-up costs.
+        assert_eq!(c.halted_wake_ns, 12_000);
         // One run that saw a halt means the machine is not simply busy.
         let c = calibrate(scripted(vec![run(10, 12), run(10, 12), run(10, 500)]));
         assert!(!c.vcpus_busy, "{c:?}");
@@ -426,6 +446,7 @@ mod tests {
             boot_id: "b".into(),
             timeout_ns: ns,
             host_poll_ns: 0,
+            halted_wake_ns: 6_000,
             source: String::new(),
             expires_unix_s: None,
             busy_setting: Some(Setting::BusyPoll),
@@ -442,6 +463,11 @@ mod tests {
             ..e(30_000)
         };
         assert!(!unrecorded.usable_on("b", 0, poll));
+        let without_halted_cost = CacheEntry {
+            halted_wake_ns: 0,
+            ..e(30_000)
+        };
+        assert!(!without_halted_cost.usable_on("b", 0, poll));
         // A default kept while the vCPUs were busy expires.
         let kept = CacheEntry {
             expires_unix_s: Some(1_000),

@@ -292,6 +292,9 @@ fn manage_inner(
     if policy_cfg.min_retain_idle_ns == 0 {
         policy_cfg.min_retain_idle_ns = costs.host_poll_ns;
     }
+    if policy_cfg.probe_halted_wake_ns == 0 {
+        policy_cfg.probe_halted_wake_ns = costs.halted_wake_ns;
+    }
     let policy = Gleaner::new(policy_cfg, allowed.clone()).map_err(|e| anyhow!("{e}"))?;
     let wants_retention = !cfg.observe
         && matches!(
@@ -611,6 +614,8 @@ struct WakeCosts {
     timeout: RetentionTimeout,
     /// How long the host keeps polling a halted vCPU (see `QuickCalibration::host_poll_ns`).
     host_poll_ns: u64,
+    /// The probe's median halted wake-up (`Calibrated::halted_wake_ns`; 0: not measured).
+    halted_wake_ns: u64,
     /// How the hold was obtained, for `gleaner status`.
     source: String,
 }
@@ -622,6 +627,7 @@ fn wake_costs(cfg: &DaemonConfig, state_dir: &Path, journal: &SharedJournal) -> 
         return WakeCosts {
             timeout,
             host_poll_ns: 0,
+            halted_wake_ns: 0,
             source: "configured (retention_timeout_us)".into(),
         };
     }
@@ -629,6 +635,7 @@ fn wake_costs(cfg: &DaemonConfig, state_dir: &Path, journal: &SharedJournal) -> 
         return WakeCosts {
             timeout: RetentionTimeout::default(),
             host_poll_ns: 0,
+            halted_wake_ns: 0,
             source: "default (no retention in this mode)".into(),
         };
     }
@@ -652,6 +659,7 @@ fn wake_costs(cfg: &DaemonConfig, state_dir: &Path, journal: &SharedJournal) -> 
         return WakeCosts {
             timeout: RetentionTimeout { ns: c.timeout_ns },
             host_poll_ns: c.host_poll_ns,
+            halted_wake_ns: c.halted_wake_ns,
             source: format!("cached; {}", c.source),
         };
     }
@@ -691,6 +699,7 @@ fn wake_costs(cfg: &DaemonConfig, state_dir: &Path, journal: &SharedJournal) -> 
             boot_id: boot,
             timeout_ns: c.timeout_ns,
             host_poll_ns: c.host_poll_ns,
+            halted_wake_ns: c.halted_wake_ns,
             source: c.source.clone(),
             expires_unix_s,
             busy_setting: Some(busy),
@@ -709,6 +718,7 @@ fn wake_costs(cfg: &DaemonConfig, state_dir: &Path, journal: &SharedJournal) -> 
     WakeCosts {
         timeout: RetentionTimeout { ns: c.timeout_ns },
         host_poll_ns: c.host_poll_ns,
+        halted_wake_ns: c.halted_wake_ns,
         source: c.source,
     }
 }

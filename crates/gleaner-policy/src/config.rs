@@ -109,6 +109,11 @@ pub struct PolicyConfig {
     /// are already cheap because the hypervisor keeps polling a freshly halted vCPU (the
     /// daemon measures this window; 0 assumes every halt is dear, as in the paper).
     pub min_retain_idle_ns: u64,
+    /// The start-up probe's median wake-up of a halted vCPU (the daemon measures it; 0:
+    /// unknown). Where the sampler sees no wake-ups (procfs), it stands in for their live
+    /// median in bounding the kernel's path out of idle that condition (1) counts as room
+    /// (`characteristics::characterize_with`).
+    pub probe_halted_wake_ns: u64,
     /// Turn retention off when fewer than this fraction of held idle periods ended with work;
     /// where idle ages are seen, turn it on only when at least this fraction of the idle
     /// periods would have. Where the wake-ups' costs were measured, the fraction at which a
@@ -143,6 +148,7 @@ impl Default for PolicyConfig {
             min_idle_periods_per_sec: 2_000.0,
             retain_idle_factor: 4.0,
             min_retain_idle_ns: 0,
+            probe_halted_wake_ns: 0,
             min_retention_hit_ratio: 0.5,
             max_runnable_wait: 0.10,
             idle_util: 0.02,

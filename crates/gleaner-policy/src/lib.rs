@@ -14,7 +14,7 @@ pub mod observe;
 pub mod retention;
 pub mod sample;
 
-pub use characteristics::characterize;
+pub use characteristics::{characterize, characterize_with};
 pub use config::{ConfigError, Mode, PolicyConfig};
 pub use cpuset::{Cpuset, CpusetParseError};
 pub use engine::{Decision, EventKind, Gleaner, PolicyEvent, RetentionAction, FOREVER_NS};

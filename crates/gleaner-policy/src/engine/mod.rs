@@ -14,7 +14,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::characteristics::characterize;
+use crate::characteristics::characterize_with;
 use crate::config::{ConfigError, Mode, PolicyConfig};
 use crate::cpuset::Cpuset;
 use crate::judge::{
@@ -389,7 +389,7 @@ impl Gleaner {
         self.consolidation_waits = false;
         self.fresh_rates_wanted = false;
         self.grain_suspect = false;
-        let measured = characterize(sample, &self.active);
+        let measured = characterize_with(sample, &self.active, self.cfg.probe_halted_wake_ns);
         self.workload_idle = measured.total_util < self.cfg.idle_util;
         // Changes are judged by progress: the application's own count where it gives one.
         // Without one, utilization stands in (the policy lab measured it tracking throughput
