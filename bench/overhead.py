@@ -306,22 +306,24 @@ def part_wall(gleaner: str, pairs: int, sampler: str, state_dir: str, only: set[
     return rows
 
 
-def proc_cpu_s(pid: int) -> float | None:
+def proc_cpu_s(pid: int, seen: dict[int, int] | None = None) -> float | None:
     """CPU time of `pid`'s threads, in seconds. Summed from each thread's schedstat (on-CPU
     nanoseconds), because /proc/PID/stat counts 10 ms ticks: over a 5 s window that is 0.2 % of
-    a CPU per tick, as coarse as the 0.5 % budget being checked. Gleaner's threads live for the
-    whole run, so none drops out of the sum between two samples."""
-    total_ns = 0
+    a CPU per tick, as coarse as the 0.5 % budget being checked. With `seen` (kept by the caller
+    between samples) a thread that has exited keeps counting what it was last seen to use: an
+    acting Gleaner starts and ends its retention threads, and summed over the live ones only,
+    its CPU fell between two samples and read -6 % of a CPU (2026-12-02)."""
+    seen = {} if seen is None else seen
     try:
         tasks = list(Path(f"/proc/{pid}/task").iterdir())
     except OSError:
         return None
     for task in tasks:
         try:
-            total_ns += int((task / "schedstat").read_text().split()[0])
+            seen[int(task.name)] = int((task / "schedstat").read_text().split()[0])
         except (OSError, ValueError, IndexError):
             continue
-    return total_ns / 1e9 if tasks else None
+    return sum(seen.values()) / 1e9 if tasks else None
 
 
 def bpf_prog_stats(pid: int) -> tuple[int, int]:
@@ -364,10 +366,11 @@ def watch_gleaner(cmd: list[str], warmup_s: float = 1.0, state_dir: str | None =
     t_start = time.monotonic()
     first = last = first_change = last_change = seen = None
     bpf = (0, 0)
+    threads_seen: dict[int, int] = {}
     while p.poll() is None:
         time.sleep(0.25)
         now = time.monotonic()
-        cpu = proc_cpu_s(p.pid)
+        cpu = proc_cpu_s(p.pid, threads_seen)
         if cpu is None:
             continue
         stats = bpf_prog_stats(p.pid)

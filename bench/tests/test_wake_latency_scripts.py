@@ -136,3 +136,27 @@ def test_the_own_time_wrapper_stamps_the_workload_and_keeps_its_exit_status(tmp_
     assert 0.19 < own < wall
     assert own < 0.4
     assert subprocess.run(overhead.own_time_cmd(stamp, ["sh", "-c", "exit 3"])).returncode == 3
+
+
+def test_a_thread_that_exits_keeps_counting_what_it_used():
+    import threading
+
+    def spin():
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 0.05:
+            pass
+        done.wait()
+
+    done = threading.Event()
+    seen: dict[int, int] = {}
+    t = threading.Thread(target=spin)
+    t.start()
+    time.sleep(0.2)  # the spin is over; the thread waits, alive
+    while_alive = overhead.proc_cpu_s(os.getpid(), seen)
+    done.set()
+    t.join()
+    after_exit = overhead.proc_cpu_s(os.getpid(), seen)
+    assert while_alive is not None and after_exit is not None
+    assert after_exit >= while_alive, (while_alive, after_exit)
+    # Without the threads seen before, the exited one's 50 ms are gone.
+    assert overhead.proc_cpu_s(os.getpid()) < after_exit - 0.03
