@@ -512,7 +512,7 @@ impl<'a> Controller<'a> {
                 tracing::info!(
                     own_cpu_ms = self.own_cpu.typical_ns() as f64 / 1e6,
                     period_ms = base.as_millis() as u64,
-                    "Gleaner's own CPU per period is more than 0.5 % of a period here: periods stretched"
+                    "Gleaner's own CPU per period is more than its 0.45 % of a period here: periods stretched"
                 );
             }
             let period = Duration::from_nanos(self.policy.next_period_ns(base.as_nanos() as u64));
@@ -959,8 +959,11 @@ pub const CONTROLLER_NICE: i32 = -10;
 
 /// Gleaner's own CPU in one period (the controller thread's whole cycle: its sub-sample
 /// wake-ups, the period's read, decision and apply; and the recorder thread's writes) may cost
-/// at most 1 / `PERIOD_WORK_SHARE` of the period: 0.5 %, the share of one CPU Gleaner's own
-/// measurement is allowed (the procfs sampler's budget, `PROCFS_BUDGET_FRACTION`). Until
+/// at most 1 / `PERIOD_WORK_SHARE` of the period: 0.45 %, a tenth under the 0.5 % of one CPU
+/// Gleaner's own measurement is allowed (the procfs sampler's budget,
+/// `PROCFS_BUDGET_FRACTION`). A bucket aimed at the bound itself lands on either side of it:
+/// at 1/200, with ping-pong's 0.5 ms cycles on a host running slow, the process measured
+/// 0.495–0.524 % in six runs (2026-12-02). Until
 /// 2026-11-26 only the end-of-period work counted, smoothed over four periods: with 1,000 busy
 /// threads the procfs sampler then held its reads at 0.67 % of a CPU at its deepest thinning
 /// and the process ran at 0.50–0.58 %, the thinned per-thread reads (8–15 ms every 32–64
@@ -976,7 +979,7 @@ pub const CONTROLLER_NICE: i32 = -10;
 /// ms): the work lands on a vCPU the coupled pipeline needs, and a stage stalled behind it
 /// stalls the others. Stretched to 0.5 % (0.9–1 s there) it still ran x0.86, so not all of
 /// that loss is per period (testbed/results/fig7-modes-20261125T040102Z/NOTE.md).
-const PERIOD_WORK_SHARE: u32 = 200;
+const PERIOD_WORK_SHARE: u32 = 220;
 
 /// Periods are stretched to at most this multiple of the configured period.
 const MAX_PERIOD_STRETCH: u32 = 10;
@@ -1050,7 +1053,7 @@ impl OwnCpuBudget {
 }
 
 /// The period to run: the configured `period`, or longer where `cpu_ns` of Gleaner's own CPU
-/// must be earned within it at 0.5 % (at most `MAX_PERIOD_STRETCH` times the configured one).
+/// must be earned within it at 1 / [`PERIOD_WORK_SHARE`] (at most `MAX_PERIOD_STRETCH` times the configured one).
 pub fn stretched_period(period: Duration, cpu_ns: u64) -> Duration {
     let wanted = Duration::from_nanos(cpu_ns.saturating_mul(u64::from(PERIOD_WORK_SHARE)));
     wanted.clamp(period, period * MAX_PERIOD_STRETCH)
@@ -1099,13 +1102,13 @@ mod tests {
     }
 
     #[test]
-    fn periods_stretch_only_where_their_own_work_exceeds_half_a_percent() {
+    fn periods_stretch_only_where_their_own_work_exceeds_its_share() {
         let p = Duration::from_millis(100);
         // A KVM guest's 0.3 ms of work: the configured period.
         assert_eq!(stretched_period(p, 300_000), p);
         assert_eq!(stretched_period(p, 0), p);
-        // 2.5 ms of work (an emulated guest): 500 ms periods.
-        assert_eq!(stretched_period(p, 2_500_000), Duration::from_millis(500));
+        // 2.5 ms of work (an emulated guest): 550 ms periods.
+        assert_eq!(stretched_period(p, 2_500_000), Duration::from_millis(550));
         // Never more than ten times the configured period.
         assert_eq!(stretched_period(p, 5_000_000), Duration::from_secs(1));
         assert_eq!(stretched_period(p, u64::MAX), Duration::from_secs(1));
@@ -1153,10 +1156,11 @@ mod tests {
             stretch_ns as f64 <= 1.05 * needed_ns as f64,
             "stretched {stretch_ns} ns, needed {needed_ns}"
         );
-        // Each spike is repaid within three periods (at most 1 s each), then back to 100 ms.
+        // Each spike is repaid within three periods (at most 1 s each), then back to 100 ms;
+        // the first read's 18 ms, 3.96 s of earnings at 1/220, within five.
         let after_start = stretched.iter().filter(|&&k| k < 31).count();
         assert!(
-            after_start <= 4,
+            after_start <= 5,
             "periods stretched after the first: {stretched:?}"
         );
         assert!(
@@ -1173,7 +1177,7 @@ mod tests {
         let base = Duration::from_millis(100);
         for (cost, want) in [
             (300_000u64, base),
-            (2_500_000, Duration::from_millis(500)),
+            (2_500_000, Duration::from_millis(550)),
             (50_000_000, base * 10),
         ] {
             let mut budget = OwnCpuBudget::new(base);

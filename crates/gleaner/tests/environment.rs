@@ -293,7 +293,7 @@ fn a_stall_is_counted_its_period_discarded_and_the_loop_carries_on() {
     );
     // The stall is counted in whole periods of the schedule in effect: 50 ms while the
     // workload is busy, three times that for this idle one (the controller's IDLE_STRETCH),
-    // and up to ten times more where Gleaner's own work outgrows its 0.5 % of a period
+    // and up to ten times more where Gleaner's own work outgrows its 0.45 % of a period
     // (MAX_PERIOD_STRETCH: a 50 ms period allows 250 µs, and re-attaching the BPF programs
     // for a window under the other tests' load costs more; CI counted 3 and a run beside the
     // other tests 5, where 24 is the unstretched count). So the stall lasts longer than the
