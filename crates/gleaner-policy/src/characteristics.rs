@@ -90,10 +90,12 @@ pub fn characterize_with(
         }
     };
     let secs = period / 1e9;
-    let halted_latency_ns = sample.wake_latency.as_ref().map_or(
-        s_yield as f64 * probe_halted_ns as f64,
-        |w| w.halted.count as f64 * w.halted.quantile_ns(0.5).unwrap_or(0.0),
-    );
+    let halted_latency_ns = sample
+        .wake_latency
+        .as_ref()
+        .map_or(s_yield as f64 * probe_halted_ns as f64, |w| {
+            w.halted.count as f64 * w.halted.quantile_ns(0.5).unwrap_or(0.0)
+        });
     let wake_path_ns = (t_other as f64).min(halted_latency_ns);
     Characteristics {
         l_comp_ns: per(t_work, s_yield),
