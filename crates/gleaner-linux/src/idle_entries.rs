@@ -129,10 +129,6 @@ impl TimerAndWakes {
             None => self.periodic_reads_since_wakes.saturating_add(1),
         };
         let wakes = wakes.map(|w| of_cpus(Some(&w), cpus));
-        if self.wakes.is_none() {
-            // The first read of the interrupts starts every CPU's span.
-            self.wakes = wakes.clone();
-        }
         for (i, cpu) in cpus.iter().enumerate() {
             // A CPU the list lacks this time adds nothing, rather than a drop to 0 and a jump
             // back.
@@ -156,6 +152,12 @@ impl TimerAndWakes {
             let per_ns = self.wakes_per_idle_ns[i].unwrap_or(0.0);
             let from_wakes = (new_idle_ns as f64 * per_ns).round() as u64;
             self.totals[i] += new_calls.max(from_wakes);
+        }
+        if self.wakes.is_none() && wakes.is_some() {
+            // The first read of the interrupts (none could be read at `open`) measured
+            // nothing: it starts every CPU's span.
+            self.wakes = wakes;
+            self.idle_since_wakes_ns.iter_mut().for_each(|n| *n = 0);
         }
     }
 }
@@ -408,6 +410,36 @@ mod tests {
         // `read` measures them every time.
         write([121, 1_001], [1_160, 1_160], [19_001, 10_131]);
         assert_eq!(c.read(), vec![before + 300 + 5_000, 1_001]);
+    }
+
+    #[test]
+    fn interrupts_first_read_after_open_start_the_spans_and_measure_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let write_timer = |calls: u64, idle_ms: u64| {
+            let t = timer_list_text(&[(0, calls, idle_ms * 1_000_000)]);
+            std::fs::write(dir.path().join("timer_list"), t).unwrap();
+        };
+        write_timer(10, 100);
+        let mut c = IdleEntryCounter::open(&dir.path().join("nosys"), dir.path(), &[0]);
+        // The interrupts appear after `open`, with counts from the boot on.
+        std::fs::write(
+            dir.path().join("interrupts"),
+            interrupts_text([0, 0], [50_000, 0]),
+        )
+        .unwrap();
+        write_timer(11, 150);
+        assert_eq!(
+            c.read_periodic(None),
+            vec![11],
+            "the boot's 50,000 are no period's"
+        );
+        std::fs::write(
+            dir.path().join("interrupts"),
+            interrupts_text([0, 0], [51_000, 0]),
+        )
+        .unwrap();
+        write_timer(12, 160);
+        assert_eq!(c.read_periodic(None), vec![11 + 1_000]);
     }
 
     #[test]
