@@ -145,13 +145,14 @@ def test_a_thread_that_exits_keeps_counting_what_it_used():
         t0 = time.thread_time()
         while time.thread_time() - t0 < 0.05:
             pass
+        spun.set()
         done.wait()
 
-    done = threading.Event()
+    spun, done = threading.Event(), threading.Event()
     seen: dict[int, int] = {}
     t = threading.Thread(target=spin)
     t.start()
-    time.sleep(0.2)  # the spin is over; the thread waits, alive
+    spun.wait()  # the spin is over; the thread waits, alive
     while_alive = overhead.proc_cpu_s(os.getpid(), seen)
     done.set()
     t.join()

@@ -137,8 +137,7 @@ pub fn calibrate<E: std::fmt::Display>(
             break;
         }
     }
-    let mut c = decide(&judged, &errors);
-    c.halted_wake_ns = median(halted).unwrap_or(0);
+    let mut c = decide(&judged, &errors, median(halted).unwrap_or(0));
     if let Some(setting) = busy_side {
         c.source
             .push_str(&format!(" [busy side: {}]", setting.label()));
@@ -164,7 +163,7 @@ fn plausible_runs(judged: &[Judged]) -> Vec<(u64, u64)> {
         .collect()
 }
 
-fn decide(judged: &[Judged], errors: &[String]) -> Calibrated {
+fn decide(judged: &[Judged], errors: &[String], halted_wake_ns: u64) -> Calibrated {
     let plausible = plausible_runs(judged);
     let holds: Vec<String> = judged
         .iter()
@@ -181,7 +180,7 @@ fn decide(judged: &[Judged], errors: &[String]) -> Calibrated {
         return Calibrated {
             timeout_ns,
             host_poll_ns,
-            halted_wake_ns: 0,
+            halted_wake_ns,
             trusted: true,
             vcpus_busy: false,
             source: format!(
@@ -197,7 +196,7 @@ fn decide(judged: &[Judged], errors: &[String]) -> Calibrated {
         return Calibrated {
             timeout_ns,
             host_poll_ns,
-            halted_wake_ns: 0,
+            halted_wake_ns,
             trusted: false,
             vcpus_busy: false,
             source: format!("measured, not cached: the runs disagreed ({runs}); using the median of the plausible ones and measuring again at the next start"),
@@ -218,7 +217,7 @@ fn decide(judged: &[Judged], errors: &[String]) -> Calibrated {
     Calibrated {
         timeout_ns: RetentionTimeout::default().ns,
         host_poll_ns: 0,
-        halted_wake_ns: 0,
+        halted_wake_ns,
         trusted: false,
         vcpus_busy: all_busy(judged),
         source: format!("default 20 µs (the paper's Table 2): {why}"),

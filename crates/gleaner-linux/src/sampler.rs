@@ -55,7 +55,7 @@ use gleaner_policy::{Cpuset, PeriodSample, RatesFrom, VcpuSample, WakeLatencies}
 
 use crate::bpf::{CpuCounters, IdleSpan, KernelSampler, RecordCounts, Unavailable};
 use crate::error::Result;
-use crate::idle_entries::{IdleEntryCounter, IdleEntrySource};
+use crate::idle_entries::{of_cpus, IdleEntryCounter, IdleEntrySource};
 use crate::procfs::{ProcFs, ProcStatFile, TaskStatFile};
 use crate::retention::RetentionCounters;
 use crate::sysfs::{CpuidleCounters, IdleTotals, SysFs};
@@ -179,11 +179,11 @@ pub struct Sampler {
     /// rate read in a start-up period (a quarter as long) stood for periods four times
     /// longer, and a ping-pong's g_comp read 33 µs instead of 8 (2026-12-02).
     switch_periods: u64,
+    switch_span_work_ns: u64,
+    switches_per_work_ns: Option<f64>,
     /// The period length the next period's sampling CPU is charged against, where longer
     /// than its own ([`Sampler::charge_next_as_period_of`]).
     budget_period_ns: Option<u64>,
-    switch_span_work_ns: u64,
-    switches_per_work_ns: Option<f64>,
     /// Sub-sample slices seen this period (for thinning).
     /// Full-rate sub-sample slices since run states were last read.
     slices_unread: u32,
@@ -328,13 +328,6 @@ impl HaltRatio {
             (record_ns as f64 * self.per_record_ns).round() as u64,
         )
     }
-}
-
-/// The entries of `all` (indexed by CPU id) for `cpus`, in their order.
-fn of_cpus<T: Copy + Default>(all: &[T], cpus: &Cpuset) -> Vec<T> {
-    cpus.iter()
-        .map(|c| all.get(c).copied().unwrap_or_default())
-        .collect()
 }
 
 /// What one measurement window counted, and how long it measured.
@@ -960,8 +953,10 @@ impl Sampler {
         let stat = self.proc_stat.read()?;
         let now_retention: HashMap<usize, RetentionCounters> = retention.iter().copied().collect();
         let prev_counters = std::mem::replace(&mut self.kernel_prev, counters);
-        let traced_before =
-            std::mem::replace(&mut self.traced_before, of_cpus(&traced_now, &self.cpus));
+        let traced_before = std::mem::replace(
+            &mut self.traced_before,
+            of_cpus(&traced_now, self.cpus.iter()),
+        );
         let cpus: Vec<(u64, u64, u64, u64)> = self
             .cpus
             .iter()
@@ -1292,7 +1287,7 @@ impl Sampler {
             }
         }
         // `cpu_idle`, attached all along, at the same moment.
-        self.traced_before = of_cpus(&kernel.traced_at_snapshot(), &self.cpus);
+        self.traced_before = of_cpus(&kernel.traced_at_snapshot(), self.cpus.iter());
         // The check's counts are the first measure of the shares that halt.
         self.halt_ratios = kernel
             .checked_spans()
@@ -1316,7 +1311,7 @@ impl Sampler {
             IdleReads::TickRecords(_) => match self.kernel.as_ref() {
                 Some(k) => k
                     .read_tick_idle()
-                    .map(|all| of_cpus(&all, &self.cpus))
+                    .map(|all| of_cpus(&all, self.cpus.iter()))
                     .map_err(|e| e.to_string()),
                 None => Err("the kernel's idle records are read by the BPF sampler".into()),
             },
@@ -1435,7 +1430,6 @@ impl Sampler {
         self.retired_ns + self.clocks.values().sum::<u64>()
     }
 
-    /// Context switches of the workload's threads since the last call, and the thread count.
     /// The workload's switches in a period in which it ran `work_ns`: where the threads'
     /// counts were read (`read`: the switches since the last read), the rate over the
     /// periods since then, else the last rate measured.
@@ -1457,6 +1451,7 @@ impl Sampler {
         }
     }
 
+    /// Context switches of the workload's threads since the last call, and the thread count.
     fn switch_delta(&mut self, tids: &[(u32, u32)]) -> (u64, u64) {
         let mut delta = 0;
         let mut seen = HashMap::with_capacity(tids.len());

@@ -42,9 +42,11 @@ pub fn characterize(sample: &PeriodSample, active: &Cpuset) -> Characteristics {
 /// `None`) caps the wake-up path at the active vCPUs' idle periods times `probe_halted_ns`,
 /// the start-up probe's median wake-up of a halted vCPU (0: unknown, no wake-up path). The
 /// probe's median holds the same path the live one does: on the `none` guest a ping-pong's
-/// live halted wake-ups took 5.7 µs by their median, of which 1.3 µs was that path. Without
-/// it the procfs sampler read the ping-pong's l_comp and l_idle as equal (8.6 and 7.5 µs)
-/// and packed it in 3 of 6 runs, late (2026-12-02).
+/// live halted wake-ups took 5.7 µs by their median (`gleaner run --observe`, 2026-12-02),
+/// the path 1.35 µs an idle period (the timeline of 2026-12-01 behind the test below).
+/// Without it the procfs sampler read that ping-pong's l_comp and l_idle as about equal (8.6
+/// and 7.5 µs in one traced run) and ran it at 58–126 k round trips/s in six runs, against
+/// 132–170 k on one vCPU (results/procfs-wake-irqs-2026-12-02).
 pub fn characterize_with(
     sample: &PeriodSample,
     active: &Cpuset,

@@ -40,9 +40,10 @@ pub struct ProcfsBudget {
     level: u32,
     /// Per-thread switch read thinning.
     switch_level: u32,
-    /// Smoothed sampling CPU per period, as a fraction of the period, and the parts of it
-    /// spent reading switch counts (with listing the threads) and run states.
-    cost: f64,
+    /// Whether a period was accounted: the first is taken as is.
+    accounted: bool,
+    /// Smoothed sampling CPU per period, as fractions of the period: the reads of every
+    /// period, switch counts (with listing the threads) and run states.
     fixed_cost: f64,
     switch_cost: f64,
     run_state_cost: f64,
@@ -67,7 +68,7 @@ impl ProcfsBudget {
             fraction,
             level: 0,
             switch_level: 0,
-            cost: 0.0,
+            accounted: false,
             fixed_cost: 0.0,
             switch_cost: 0.0,
             run_state_cost: 0.0,
@@ -81,7 +82,7 @@ impl ProcfsBudget {
 
     /// Smoothed cost as a fraction of one CPU.
     pub fn cost_fraction(&self) -> f64 {
-        self.cost
+        self.fixed_cost + self.switch_cost + self.run_state_cost
     }
 
     /// Per-thread switch counts are read every this many periods.
@@ -121,7 +122,7 @@ impl ProcfsBudget {
         // First period: take it as is; then smooth over about four periods (switch reads:
         // four reads; the periods between them are no evidence that the reads got cheap).
         let smooth = |old: f64, now: f64| 0.75 * old + 0.25 * now;
-        let first = self.cost == 0.0;
+        let first = !std::mem::replace(&mut self.accounted, true);
         if first {
             (self.fixed_cost, self.switch_cost, self.run_state_cost) =
                 (now_fixed, now_switches, now_run_states);
@@ -141,7 +142,6 @@ impl ProcfsBudget {
             let switch_room = (room - self.run_state_cost).max(room / 2.0);
             thin(&mut self.switch_level, &mut self.switch_cost, switch_room);
         }
-        self.cost = (fixed + self.switch_cost + self.run_state_cost).max(f64::MIN_POSITIVE);
     }
 }
 

@@ -262,13 +262,16 @@ fn start_up_periods_are_charged_as_the_periods_after_them() {
         tids: vec![(me, me)],
         ..Default::default()
     };
+    // A budget of 5 % so that the real reads of this machine (a thread's schedstat, tens of
+    // µs) stay far from its margins.
+    s.budget = ProcfsBudget::new(0.05);
     assert!(s.sample(0, &view, &[]).unwrap().is_none());
-    // 20 µs listing threads in a 25 ms start-up period: 0.08 %, past the room the budget
-    // leaves the switch reads at the least (an eighth of it, 0.0625 %), but 0.02 % of the
+    // 0.5 ms listing threads in a 25 ms start-up period: 2 %, past the room the budget
+    // leaves the switch reads at the least (an eighth of it, 0.625 %), but 0.5 % of the
     // 100 ms periods after it.
     // Fixed reads past the budget either way, so that its least room is what is left.
-    s.charge(1_000_000);
-    s.charge_thread_listing(20_000);
+    s.charge(10_000_000);
+    s.charge_thread_listing(500_000);
     s.charge_next_as_period_of(100_000_000);
     assert!(s.sample(25_000_000, &view, &[]).unwrap().is_some());
     assert_eq!(s.budget.level(), 0, "{:?}", s.budget);
