@@ -495,7 +495,34 @@ impl<'a> Controller<'a> {
             self.recorder.cpu_ns(),
         );
         let mut cycle_start = Instant::now();
+        // Whether the cycle that just ended was a start-up one; `None` before the first.
+        let mut last_cycle_start_up: Option<bool> = None;
         loop {
+            // The last cycle is closed here, at the top, so that one that ended early (a
+            // disrupted period, one the progress counter could not judge) is accounted for
+            // like the rest. Closed at the end of the judged path only, such a cycle's CPU
+            // went into the next one's: a start-up period the host stalled (steal 30–50 % on
+            // the haltpoll guest, 2026-12-02) carried 37 ms of start-up work into the first
+            // charged cycle, and the periods stretched to 1 s before ping-pong's first decision.
+            if let Some(start_up) = last_cycle_start_up.take() {
+                let cycle_end_cpu = (
+                    gleaner_sys::clock::own_thread_cpu_ns(),
+                    self.recorder.cpu_ns(),
+                );
+                let cycle_cpu_ns = cycle_end_cpu.0.saturating_sub(cycle_start_cpu.0)
+                    + cycle_end_cpu.1.saturating_sub(cycle_start_cpu.1);
+                let cycle_ns = cycle_start.elapsed().as_nanos() as u64;
+                tracing::trace!(
+                    cycle_cpu_us = cycle_cpu_ns / 1_000,
+                    cycle_ms = cycle_ns / 1_000_000,
+                    start_up,
+                    "cycle"
+                );
+                if !start_up {
+                    self.own_cpu.add(cycle_ns, cycle_cpu_ns);
+                }
+                (cycle_start_cpu, cycle_start) = (cycle_end_cpu, Instant::now());
+            }
             // An idle workload is neither sub-sampled nor sampled every period: each wake-up
             // of a thread costs a vCPU exit here, and an idle workload has nothing to decide.
             // Gleaner then wakes a few times a second, which keeps it under 1 % of a CPU.
@@ -522,6 +549,7 @@ impl<'a> Controller<'a> {
             // 0.4–1.2 ms cycles (ping-pong, BPF sampler) stretched them to 50–130 ms and put
             // the ping-pong's consolidation at 0.2–0.5 s instead of 0.08–0.13 s.
             let start_up = period < base;
+            last_cycle_start_up = Some(start_up);
             let (slices, slice) = if busy {
                 (wakeups, period / wakeups)
             } else {
@@ -684,18 +712,6 @@ impl<'a> Controller<'a> {
             // Under load this can happen every period: counted always (gleaner_slow_periods_total),
             // logged at most once a minute with how many were not logged.
             let total = work_start.elapsed();
-            let cycle_end_cpu = (
-                gleaner_sys::clock::own_thread_cpu_ns(),
-                self.recorder.cpu_ns(),
-            );
-            if !start_up {
-                self.own_cpu.add(
-                    cycle_start.elapsed().as_nanos() as u64,
-                    cycle_end_cpu.0.saturating_sub(cycle_start_cpu.0)
-                        + cycle_end_cpu.1.saturating_sub(cycle_start_cpu.1),
-                );
-            }
-            (cycle_start_cpu, cycle_start) = (cycle_end_cpu, Instant::now());
             if total > slice {
                 self.status.slow_periods += 1;
                 if let Some(unlogged) = self.slow_log.admit(Instant::now()) {
