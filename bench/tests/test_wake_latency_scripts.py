@@ -154,8 +154,14 @@ def test_a_thread_that_exits_keeps_counting_what_it_used():
     t.start()
     spun.wait()  # the spin is over; the thread waits, alive
     while_alive = overhead.proc_cpu_s(os.getpid(), seen)
+    tid = t.native_id
     done.set()
     t.join()
+    # join() returns before the kernel has reaped the thread: wait until its task is gone,
+    # or the reads below still see it alive (CI, 2026-12-02: both sums equal).
+    deadline = time.monotonic() + 5.0
+    while os.path.exists(f"/proc/self/task/{tid}") and time.monotonic() < deadline:
+        time.sleep(0.01)
     after_exit = overhead.proc_cpu_s(os.getpid(), seen)
     assert while_alive is not None and after_exit is not None
     assert after_exit >= while_alive, (while_alive, after_exit)
