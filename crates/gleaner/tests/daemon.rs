@@ -47,19 +47,27 @@ macro_rules! require_machine {
     };
 }
 
+/// The median over a timeline's periods of one of their characteristics.
+fn median_characteristic(periods: &[serde_json::Value], key: &str) -> Option<f64> {
+    let mut v: Vec<f64> = periods
+        .iter()
+        .filter_map(|p| p["characteristics"][key].as_f64())
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied()
+}
+
 /// Over a timeline's periods: the median share of this guest's time the host stole, and the
 /// longest planned period (s).
 fn steal_and_longest_period(periods: &[serde_json::Value]) -> (f64, f64) {
-    let mut steal: Vec<f64> = periods
-        .iter()
-        .filter_map(|p| p["characteristics"]["steal_fraction"].as_f64())
-        .collect();
-    steal.sort_by(f64::total_cmp);
     let longest = periods
         .iter()
         .filter_map(|p| p["planned_s"].as_f64())
         .fold(0.0, f64::max);
-    (steal.get(steal.len() / 2).copied().unwrap_or(0.0), longest)
+    (
+        median_characteristic(periods, "steal_fraction").unwrap_or(0.0),
+        longest,
+    )
 }
 
 /// Where the own-CPU budget stretched periods to this length (s), a few seconds' run holds
@@ -148,14 +156,8 @@ fn light_ping_pong_is_consolidated_onto_one_vcpu() {
     let last = periods.last().unwrap();
     // Where other load keeps every vCPU busy, no wake-up finds a halted vCPU and not
     // consolidating is the right decision: say so instead of failing on the machine's load.
-    let mut idle_rates: Vec<f64> = periods
-        .iter()
-        .filter_map(|p| p["characteristics"]["idle_periods_per_sec"].as_f64())
-        .collect();
-    idle_rates.sort_by(f64::total_cmp);
-    let never_idle = idle_rates
-        .get(idle_rates.len() / 2)
-        .is_some_and(|median| *median < 100.0);
+    let never_idle = median_characteristic(&periods, "idle_periods_per_sec")
+        .is_some_and(|median| median < 100.0);
     if last["n_active"] != 1 && never_idle {
         common::skipped(
             "light_ping_pong_consolidation",
