@@ -18,7 +18,10 @@
 //!
 //! Both files are system state: the original value of each is handed to a caller hook (the
 //! crash journal, see `journal::undo_recorder`) before the first write, and written back by
-//! [`PollRetention::restore`] and on drop. The files are read and written through [`SysFs`],
+//! [`PollRetention::restore`] and on drop. A CPU whose QoS file reads `n/a` already when
+//! managing starts polls by someone else's setting (the user's, or another Gleaner instance
+//! holding it), and is never written: taking that `n/a` for the original and writing it back
+//! after the other instance had restored the real value left the CPU polling for good. The files are read and written through [`SysFs`],
 //! the one place that knows their format.
 
 use std::collections::BTreeMap;
@@ -138,6 +141,15 @@ impl PollRetention {
             .get_mut(&cpu)
             .ok_or(Error::NotManaged { cpu, managed })?;
         if file.polling == on {
+            return Ok(());
+        }
+        if file.original == PmQosLatency::ZeroLatency {
+            // It polls already, by someone else's setting, which is theirs to undo: a second
+            // instance that wrote its "original" `n/a` back after the first had restored the
+            // real value left the CPU polling for good (the haltpoll guest, 2026-12-02: CPU 1
+            // read `n/a` after the tests, and every later wake-latency probe found its halted
+            // wakee polling).
+            file.polling = on;
             return Ok(());
         }
         if !file.reported {
@@ -501,6 +513,48 @@ mod tests {
         assert_eq!(read(root.path(), 0), "0");
         let err = p.set(3, true).unwrap_err();
         assert!(matches!(err, Error::NotManaged { cpu: 3, .. }), "{err}");
+    }
+
+    /// Two instances on one CPU: the second starts while the first holds it polling, so it
+    /// finds `n/a`. In either order of their ends, and with the second turning its polling
+    /// off and on again after the first has ended, the CPU is back at the real original once
+    /// both are done.
+    #[test]
+    fn a_second_instance_does_not_leave_the_first_ones_poll_behind() {
+        for second_ends_first in [false, true] {
+            let root = fake_sysfs(1, "haltpoll");
+            let (hook_a, _) = recording_hook();
+            let (hook_b, journal_b) = recording_hook();
+            let mut a = new(root.path(), &cpus("0"), hook_a).unwrap();
+            a.set(0, true).unwrap();
+            let mut b = new(root.path(), &cpus("0"), hook_b).unwrap();
+            b.set(0, true).unwrap();
+            assert!(
+                journal_b.lock().unwrap().is_empty(),
+                "the second instance found the first one's n/a and wrote nothing"
+            );
+            if second_ends_first {
+                b.restore().unwrap();
+                assert_eq!(read(root.path(), 0), "n/a", "the first one still polls");
+                a.restore().unwrap();
+            } else {
+                a.restore().unwrap();
+                assert_eq!(read(root.path(), 0), "0");
+                b.set(0, false).unwrap();
+                assert_eq!(
+                    read(root.path(), 0),
+                    "0",
+                    "turned off over the first's restore"
+                );
+                b.set(0, true).unwrap();
+                b.restore().unwrap();
+            }
+            assert_eq!(
+                read(root.path(), 0),
+                "0",
+                "second instance ended first: {second_ends_first}"
+            );
+        }
     }
 
     #[test]
