@@ -462,10 +462,12 @@ mod tests {
             table.contains("machine:") && table.contains("cpuidle:"),
             "{table}"
         );
+        // The command path, at a gap long enough that a wakee preempted by the host for a
+        // moment still blocks before its wake (at 20 µs and 3 samples a stolen host left none).
         run(ProbeArgs {
             json: true,
-            samples: 3,
-            gaps: GapList(vec![20_000]),
+            samples: 5,
+            gaps: GapList(vec![200_000]),
             quick: false,
             calibrate: false,
             in_kernel: false,
