@@ -115,8 +115,9 @@ pub struct WorkloadView {
 mod cost;
 mod deltas;
 pub use cost::{
-    Pace, ProcfsBudget, SamplingCost, Window, FIRST_WINDOW_NS, PROCFS_BUDGET_FRACTION,
-    WINDOW_EVENTS, WINDOW_EVERY_PERIODS,
+    window_due, Pace, PaceHistory, ProcfsBudget, SamplingCost, Window, WindowChoice,
+    FIRST_WINDOW_NS, MAX_WINDOW_SPACING_PERIODS, PROCFS_BUDGET_FRACTION, WINDOW_EVENTS,
+    WINDOW_EVERY_PERIODS,
 };
 use deltas::work_between;
 pub use deltas::{kernel_delta, wake_delta};
@@ -158,6 +159,8 @@ pub struct Sampler {
     closing: bool,
     /// Periods since the last window was opened.
     periods_since_window: u32,
+    /// Whether Gleaner's own-CPU budget can pay for a window now ([`Sampler::set_window_affordable`]).
+    window_affordable: bool,
     /// Set when this period has no window ([`WINDOW_EVERY_PERIODS`]) and the last one's
     /// counts stand for it: the window it would have had ([`Sampler::measure_next_period`]).
     skipped_len_ns: Option<u64>,
@@ -166,6 +169,8 @@ pub struct Sampler {
     /// The pace of the last period whose rates were measured, not reused: a later period
     /// reuses them only while its own pace resembles this ([`Pace::resembles`]).
     measured_pace: Option<Pace>,
+    /// The last periods' paces, for how far this workload's pace moves on its own.
+    pace_history: PaceHistory,
     budget: ProcfsBudget,
     /// Sampling CPU ns spent on the controller thread this period (procfs).
     cost_ns: u64,
@@ -442,9 +447,11 @@ impl Sampler {
             window_at_end: false,
             closing: false,
             periods_since_window: 0,
+            window_affordable: true,
             skipped_len_ns: None,
             last_window: None,
             measured_pace: None,
+            pace_history: PaceHistory::default(),
             budget: ProcfsBudget::new(PROCFS_BUDGET_FRACTION),
             cost_ns: 0,
             switch_cost_ns: 0,
@@ -606,6 +613,12 @@ impl Sampler {
             self.periods_since_window = 0;
             self.pending_window_ns = Some(len);
         }
+    }
+
+    /// Tells the sampler whether the controller's own-CPU budget has saved what a window
+    /// costs; a window whose rates are only due for a refresh waits for it ([`window_due`]).
+    pub fn set_window_affordable(&mut self, affordable: bool) {
+        self.window_affordable = affordable;
     }
 
     /// Opens the window that [`Sampler::window_lead_ns`] asked for: attaches the scheduler
@@ -1195,7 +1208,11 @@ impl Sampler {
         }
         // A period that no longer looks like the measured one (the workload left its start-up
         // or changed phase) gets a window next period, whatever the count says.
-        let rates_still_hold = self.measured_pace.is_some_and(|m| pace.resembles(&m));
+        let spread = self.pace_history.spread();
+        let rates_still_hold = self
+            .measured_pace
+            .is_some_and(|m| pace.resembles_given(&m, &spread));
+        self.pace_history.push(pace);
         self.take_idle_from_tick_records();
         if self.closing {
             if let Some(k) = self.kernel.as_mut() {
@@ -1226,14 +1243,19 @@ impl Sampler {
                             self.kernel_prev = c;
                         }
                         self.periods_since_window += 1;
-                        if self.last_window.is_some()
-                            && self.periods_since_window < WINDOW_EVERY_PERIODS
-                            && rates_still_hold
-                        {
-                            self.skipped_len_ns = Some(len);
-                        } else {
+                        let choice = WindowChoice {
+                            measured_before: self.last_window.is_some(),
+                            periods_since: self.periods_since_window,
+                            rates_hold: rates_still_hold,
+                            affordable: self.window_affordable,
+                        };
+                        let due = window_due(choice);
+                        tracing::trace!(?choice, due, ?pace, "next window");
+                        if due {
                             self.periods_since_window = 0;
                             self.pending_window_ns = Some(len);
+                        } else {
+                            self.skipped_len_ns = Some(len);
                         }
                     }
                     Err(_) => k.open_window(now_mono, Some(now_mono + len)),

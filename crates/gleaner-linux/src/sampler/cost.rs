@@ -190,6 +190,43 @@ pub const FIRST_WINDOW_NS: u64 = 5_000_000;
 /// events per second move slowly next to a second; a phase change shows in utilization at once.
 pub const WINDOW_EVERY_PERIODS: u32 = 10;
 
+/// Where a window's rates still describe the workload, the next one waits for the own-CPU
+/// budget to have saved its cost (`controller::OwnCpuBudget::window_affordable`), but never
+/// longer than this many periods. A window costs far more than the period around it: its
+/// programs' attach and detach patch kernel text by IPIs to every vCPU, each a hypervisor
+/// round trip that the sender waits for, and longer where the target vCPU halted. On the
+/// haltpoll guest (kernel 6.18.44-fc-v1045, 2026-12-02) a packed ping-pong's window cycles
+/// took 2.1–3.0 ms of CPU (attach 0.5–0.9 ms, detach 0.45–0.85 ms), the others 0.33–0.40 ms,
+/// so a window every [`WINDOW_EVERY_PERIODS`] put Gleaner over its share and the budget
+/// stretched every period to 0.4–0.9 s; the steady rates need no such haste, the periods'
+/// reads and decisions do.
+pub const MAX_WINDOW_SPACING_PERIODS: u32 = 100;
+
+/// What decides whether the coming period is measured in a window ([`window_due`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowChoice {
+    /// Whether any window was measured before, whose rates could stand for this period.
+    pub measured_before: bool,
+    /// Periods since the last window.
+    pub periods_since: u32,
+    /// Whether this period's pace resembles the last window's ([`Pace::resembles`]).
+    pub rates_hold: bool,
+    /// Whether Gleaner's own-CPU budget has saved what a window costs.
+    pub affordable: bool,
+}
+
+/// Whether the coming period gets a window. Without one measured, or where the pace moved
+/// away from it (a start-up left, a phase change), at once, whatever it costs: the policy
+/// starts no change on stale rates. Where the rates still hold, every
+/// [`WINDOW_EVERY_PERIODS`] periods once the budget can pay for it, and at the latest after
+/// [`MAX_WINDOW_SPACING_PERIODS`].
+pub fn window_due(c: WindowChoice) -> bool {
+    !c.measured_before
+        || !c.rates_hold
+        || c.periods_since >= MAX_WINDOW_SPACING_PERIODS
+        || (c.periods_since >= WINDOW_EVERY_PERIODS && c.affordable)
+}
+
 /// What a period's continuously counted side looked like, per second: idle periods and
 /// workload CPU time of all vCPUs. These are read whole every period, windows or not, so they
 /// tell whether the last window's switch and wake rates still describe the workload
@@ -207,8 +244,14 @@ pub struct Pace {
 /// periods a second, then 21,000; utilization 1.0, then 0.6).
 const PACE_IDLE_TOLERANCE: f64 = 1.0 / 3.0;
 const PACE_WORK_TOLERANCE: f64 = 0.2;
-/// Below these the rates are noise: 200 idle periods a second, 2 % of one CPU.
-const PACE_IDLE_FLOOR: f64 = 200.0;
+/// Below these the rates are noise: 1,000 idle periods a second, 2 % of one CPU. A packed
+/// ping-pong on the haltpoll guest (one vCPU busy throughout, the other left to housekeeping)
+/// read 55–320 idle periods a second from period to period (2026-12-02): with the floor at
+/// 200, one period in two or three looked like a new pace and asked for a window, each
+/// 2–3 ms of Gleaner's CPU. A thousand a second, a wake-up every millisecond, is not what
+/// a consolidation is decided on; a workload moving from a few hundred to thousands still
+/// moves past the tolerance.
+const PACE_IDLE_FLOOR: f64 = 1_000.0;
 const PACE_WORK_FLOOR: f64 = 0.02e9;
 
 impl Pace {
@@ -226,19 +269,84 @@ impl Pace {
     /// ping-pong's switch counts ten times too high under 25 ms periods, and its consolidation
     /// never came.
     pub fn resembles(&self, window: &Pace) -> bool {
-        let close =
-            |a: f64, b: f64, tol: f64, floor: f64| (a - b).abs() <= tol * a.max(b).max(floor);
+        self.resembles_given(window, &Pace::default())
+    }
+
+    /// [`Pace::resembles`] for a workload whose pace moves by `spread` from period to period
+    /// on its own ([`PaceHistory::spread`]): a move within [`PACE_NOISE_SPREADS`] of it is
+    /// the workload's noise, not a new pace.
+    pub fn resembles_given(&self, window: &Pace, spread: &Pace) -> bool {
+        let close = |a: f64, b: f64, tol: f64, floor: f64, noise: f64| {
+            (a - b).abs() <= (tol * a.max(b).max(floor)).max(PACE_NOISE_SPREADS * noise)
+        };
         close(
             self.idle_periods_per_s,
             window.idle_periods_per_s,
             PACE_IDLE_TOLERANCE,
             PACE_IDLE_FLOOR,
+            spread.idle_periods_per_s,
         ) && close(
             self.work_ns_per_s,
             window.work_ns_per_s,
             PACE_WORK_TOLERANCE,
             PACE_WORK_FLOOR,
+            spread.work_ns_per_s,
         )
+    }
+}
+
+/// How many of its own period-to-period spreads a workload's pace may move before that is a
+/// new pace. Three median absolute deviations are about two standard deviations of a normal
+/// spread; the median keeps a real change, once it is under half of the history, from
+/// widening the spread it is judged by.
+pub const PACE_NOISE_SPREADS: f64 = 3.0;
+
+/// Periods whose pace [`PaceHistory`] keeps.
+const PACE_HISTORY: usize = 8;
+
+/// The last few periods' paces, for how much a workload's pace moves on its own. A fine
+/// pipeline (`gleaner workload pipeline --work 500`) on the haltpoll guest swung between 800
+/// and 20,000 idle periods a second and 1.2–1.9 CPUs of work from one 100 ms period to the
+/// next (2026-12-02): against fixed tolerances every second or third period read as a new
+/// pace and asked for a window at once, 2 ms of Gleaner's CPU each, which stretched its
+/// periods to 0.3–0.4 s.
+#[derive(Debug, Clone, Default)]
+pub struct PaceHistory {
+    recent: std::collections::VecDeque<Pace>,
+}
+
+impl PaceHistory {
+    pub fn push(&mut self, pace: Pace) {
+        if self.recent.len() == PACE_HISTORY {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(pace);
+    }
+
+    /// Each rate's median absolute deviation over the kept periods; zero with fewer than
+    /// four (too few to tell noise from a change).
+    pub fn spread(&self) -> Pace {
+        if self.recent.len() < 4 {
+            return Pace::default();
+        }
+        let mad = |rate: fn(&Pace) -> f64| {
+            let median = |mut v: Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                let n = v.len();
+                if n % 2 == 1 {
+                    v[n / 2]
+                } else {
+                    (v[n / 2 - 1] + v[n / 2]) / 2.0
+                }
+            };
+            let values: Vec<f64> = self.recent.iter().map(rate).collect();
+            let m = median(values.clone());
+            median(values.iter().map(|v| (v - m).abs()).collect())
+        };
+        Pace {
+            idle_periods_per_s: mad(|p| p.idle_periods_per_s),
+            work_ns_per_s: mad(|p| p.work_ns_per_s),
+        }
     }
 }
 

@@ -811,3 +811,71 @@ fn without_a_cpuidle_driver_idle_time_comes_from_the_kernels_records() {
         );
     }
 }
+
+/// When the coming period is measured in a window: at once without rates or where they no
+/// longer hold; a refresh of rates that hold only every ten periods, once the budget can pay
+/// for it, and after a hundred whatever it costs.
+#[test]
+fn a_refresh_window_waits_for_the_budget_a_needed_one_does_not() {
+    let choice = |measured_before, periods_since, rates_hold, affordable| {
+        window_due(WindowChoice {
+            measured_before,
+            periods_since,
+            rates_hold,
+            affordable,
+        })
+    };
+    assert!(choice(false, 1, true, false), "no rates yet");
+    assert!(choice(true, 1, false, false), "rates that no longer hold");
+    assert!(!choice(true, 9, true, true), "a refresh before ten periods");
+    assert!(choice(true, WINDOW_EVERY_PERIODS, true, true));
+    assert!(
+        !choice(true, 50, true, false),
+        "a refresh the budget cannot pay for"
+    );
+    assert!(!choice(true, MAX_WINDOW_SPACING_PERIODS - 1, true, false));
+    assert!(choice(true, MAX_WINDOW_SPACING_PERIODS, true, false));
+}
+
+/// A workload whose pace swings on its own (a fine pipeline on the haltpoll guest, the
+/// paces of consecutive 100 ms periods as measured) keeps its window's rates through the
+/// swings; a start-up left behind (ping-pong: few idle periods at full use, then tens of
+/// thousands) is still a new pace after steady periods.
+#[test]
+fn a_pace_is_new_only_beyond_what_the_workload_moves_by_on_its_own() {
+    let pace = |idle_periods_per_s: f64, cpus: f64| Pace {
+        idle_periods_per_s,
+        work_ns_per_s: cpus * 1e9,
+    };
+    let mut bursty = PaceHistory::default();
+    assert_eq!(bursty.spread(), Pace::default(), "no spread from nothing");
+    for (idle, cpus) in [
+        (14_514.0, 1.50),
+        (19_795.0, 1.21),
+        (5_236.0, 1.67),
+        (8_439.0, 1.69),
+        (883.0, 1.87),
+        (10_361.0, 1.63),
+        (2_681.0, 1.52),
+        (4_104.0, 1.78),
+    ] {
+        bursty.push(pace(idle, cpus));
+    }
+    let window = pace(5_236.0, 1.67);
+    let now = pace(813.0, 1.93);
+    assert!(
+        !now.resembles(&window),
+        "by the fixed tolerances alone: new"
+    );
+    assert!(now.resembles_given(&window, &bursty.spread()));
+    // Ten times the idle rate is beyond this workload's own swings.
+    assert!(!pace(60_000.0, 1.6).resembles_given(&window, &bursty.spread()));
+
+    let mut starting = PaceHistory::default();
+    for idle in [230.0, 250.0, 210.0, 240.0] {
+        starting.push(pace(idle, 2.0));
+    }
+    let start_window = pace(230.0, 2.0);
+    assert!(!pace(21_000.0, 1.2).resembles_given(&start_window, &starting.spread()));
+    assert!(pace(235.0, 1.98).resembles_given(&start_window, &starting.spread()));
+}
