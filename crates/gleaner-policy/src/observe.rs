@@ -34,7 +34,7 @@ pub struct RunSummary {
 pub const KEPT_PERIODS: usize = 4096;
 
 /// The median of `values` (the mean of the middle two for an even count; 0 for none).
-fn median(mut values: Vec<f64>) -> f64 {
+pub fn median(mut values: Vec<f64>) -> f64 {
     if values.is_empty() {
         return 0.0;
     }

@@ -329,16 +329,8 @@ impl PaceHistory {
         if self.recent.len() < 4 {
             return Pace::default();
         }
+        use gleaner_policy::observe::median;
         let mad = |rate: fn(&Pace) -> f64| {
-            let median = |mut v: Vec<f64>| {
-                v.sort_by(f64::total_cmp);
-                let n = v.len();
-                if n % 2 == 1 {
-                    v[n / 2]
-                } else {
-                    (v[n / 2 - 1] + v[n / 2]) / 2.0
-                }
-            };
             let values: Vec<f64> = self.recent.iter().map(rate).collect();
             let m = median(values.clone());
             median(values.iter().map(|v| (v - m).abs()).collect())
