@@ -302,6 +302,19 @@ fn a_quiet_guard_sleeps_until_its_pipe_closes_or_it_is_told_to_poll() {
     }
 }
 
+/// A shell script that runs `step` until the timeline at `timeline` holds six periods, or for
+/// 15 s at most. How long six periods take is not fixed: Gleaner stretches its periods to keep
+/// its own CPU within budget (up to `LONGEST_PERIOD_FACTOR` times the configured one), and a
+/// debug build's cycles on a loaded CI machine cost enough for that (kernel v1147, 2026-12-03:
+/// a fixed 0.8 s workload saw one period).
+fn until_periods(timeline: &Path, step: &str) -> String {
+    format!(
+        "i=0; end=$(($(date +%s) + 15)); \
+         while [ \"$(cat {t} 2>/dev/null | wc -l)\" -lt 6 ] && [ $(date +%s) -lt $end ]; do {step}; done",
+        t = timeline.display()
+    )
+}
+
 /// `--progress-url` with `--progress-metric`: the counter is a series of a Prometheus page on
 /// loopback, fetched once a period by Gleaner itself (no curl).
 #[test]
@@ -343,7 +356,7 @@ fn a_prometheus_counter_on_loopback_judges_each_period() {
             "--timeline",
         ])
         .arg(&timeline)
-        .args(["--", "sleep", "0.8"])
+        .args(["--", "sh", "-c", &until_periods(&timeline, "sleep 0.02")])
         .output()
         .unwrap();
     let mut stop = std::net::TcpStream::connect(
@@ -413,12 +426,12 @@ fn a_progress_counter_is_read_each_period_and_an_unreadable_one_is_said_once() {
             .output()
             .unwrap()
     };
-    // The workload counts its steps into the file for about a second.
+    // The workload counts its steps into the file until the periods to check are in.
     let counter = state.path().join("count");
     let timeline = state.path().join("counted.jsonl");
-    let script = format!(
-        "i=0; while [ $i -lt 100 ]; do i=$((i+1)); echo $i > {}; sleep 0.01; done",
-        counter.display()
+    let script = until_periods(
+        &timeline,
+        &format!("i=$((i+1)); echo $i > {}; sleep 0.01", counter.display()),
     );
     let out = run(&counter, &timeline, &script);
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
