@@ -18,7 +18,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use gleaner_linux::cgroup::{
     enter_cgroup_pre_exec, prime_cgroup_moves, v1::V1Mounts, AffinityPlacement, CgroupMounts,
-    CgroupV1, CgroupV2,
+    CgroupPrimer, CgroupV1, CgroupV2,
 };
 use gleaner_linux::controller::{Controller, ControllerOptions, ExitWatch, Retainer, StopReason};
 use gleaner_linux::journal::{self, Journal};
@@ -154,19 +154,19 @@ pub fn manage(flags: &DaemonFlags, target: Target) -> Result<i32> {
     };
     let detection = detect(&proc, Path::new("/")).context("cannot read /proc/self/mountinfo")?;
     let kind = choose_backend(cfg.backend, &detection, &target)?;
-    // First, so that its wait passes while the guard starts (see `prime_cgroup_moves`).
-    if let (Target::Command(_), Some(own_procs)) =
-        (&target, own_procs_file(&proc, &detection, kind))
-    {
-        drop(prime_cgroup_moves(own_procs));
-    }
+    // First, so that its wait passes while the guard starts, and kept up until the workload
+    // has moved into its cgroup (see `prime_cgroup_moves`).
+    let primer = match (&target, own_procs_file(&proc, &detection, kind)) {
+        (Target::Command(_), Some(own_procs)) => prime_cgroup_moves(own_procs),
+        _ => None,
+    };
     let state_dir = cfg.state_dir.clone().unwrap_or_else(Journal::default_dir);
     let guarded = GuardedJournal::start(&state_dir)?;
     install_stop_handlers()?;
 
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         manage_inner(
-            &cfg, target, detection, kind, timeline, &proc, &guarded, &state_dir,
+            &cfg, target, detection, kind, timeline, &proc, &guarded, &state_dir, primer,
         )
     }));
     // Back ends restored on their way out (drop runs during unwinding too); what they could
@@ -193,6 +193,7 @@ fn manage_inner(
     proc: &ProcFs,
     guarded: &GuardedJournal,
     state_dir: &Path,
+    primer: Option<CgroupPrimer>,
 ) -> Result<i32> {
     let journal = guarded.journal();
     let env = PlacementEnv::real(Some(journal.clone()));
@@ -284,6 +285,8 @@ fn manage_inner(
             Box::new(CgroupV1::attach(env, mounts, dir)?)
         }
     };
+    // The workload has moved into its cgroup: nothing more to keep warm.
+    drop(primer);
     let allowed = placement.allowed().clone();
     tracing::info!(placement = %placement.kind(), allowed = %allowed, timeout_us = timeout.as_us_f64(), "managing workload");
 

@@ -217,24 +217,82 @@ pub(crate) fn check_active(cpus: &Cpuset, allowed: &Cpuset) -> Result<()> {
 }
 
 /// Starts, on a thread of its own, the wait that the first move of a task into a cgroup pays,
-/// so that the workload's move a few milliseconds later finds it under way or over.
+/// and keeps it paid until the returned [`CgroupPrimer`] is dropped, so that the workload's
+/// move finds no wait at all.
 ///
 /// Any move between cgroups takes `cgroup_threadgroup_rwsem` for writing, and the first
-/// writer after a quiet spell waits for an RCU grace period (the rwsem's `rcu_sync`): ~10 ms
-/// on an idle 2-vCPU guest, longer while another vCPU runs in the kernel (the BPF verifier),
-/// and later writers within about one more grace period do not wait. `gleaner run` moves the
-/// workload into its cgroup before its first instruction, so that wait was the largest part
-/// of its start-up. Moving this process into the cgroup it already belongs to (`own_procs`,
-/// its own cgroup's `cgroup.procs`) takes the same lock and changes nothing. Errors are
-/// ignored: without the head start the workload's move waits as before. The thread is
-/// returned for tests; callers leave it to finish on its own.
-pub fn prime_cgroup_moves(own_procs: PathBuf) -> Option<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new()
+/// writer after a quiet spell waits for an RCU grace period (the rwsem's `rcu_sync`): 7-20 ms
+/// on a 2-vCPU guest, longer while another vCPU runs in the kernel (the BPF verifier). A
+/// writer within about one grace period of the last one does not wait. `gleaner run` moves
+/// the workload into its cgroup before its first instruction, so that wait was the largest
+/// part of its start-up. Moving this process into the cgroup it already belongs to
+/// (`own_procs`, its own cgroup's `cgroup.procs`) takes the same lock and changes nothing.
+///
+/// One such move at the start was not enough: loading the BPF sampler (~13 ms) lies between
+/// it and the workload's move, and where the grace period had lapsed by then the workload
+/// waited again: `gleaner run --observe` started its workload 26-58 ms after it was started
+/// itself (median 36 ms, haltpoll guest, kernel v1147, 2026-12-03), which is 1.8 % of a 2 s
+/// job. The thread therefore moves this process again every [`PRIME_INTERVAL`], well within a
+/// grace period, until it is dropped or [`PRIME_LIMIT`] has passed. Errors are ignored:
+/// without the head start the workload's move waits as before.
+pub fn prime_cgroup_moves(own_procs: PathBuf) -> Option<CgroupPrimer> {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopped = stop.clone();
+    let thread = std::thread::Builder::new()
         .name("cgroup-prime".into())
         .spawn(move || {
-            let _ = std::fs::write(&own_procs, std::process::id().to_string());
+            let started = std::time::Instant::now();
+            let pid = std::process::id().to_string();
+            while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                if std::fs::write(&own_procs, &pid).is_err() || started.elapsed() >= PRIME_LIMIT {
+                    break;
+                }
+                std::thread::park_timeout(PRIME_INTERVAL);
+            }
         })
-        .ok()
+        .ok()?;
+    Some(CgroupPrimer {
+        stop,
+        thread: Some(thread),
+    })
+}
+
+/// How often [`prime_cgroup_moves`] moves this process again: a few times within the shortest
+/// RCU grace period seen here (~7 ms), and cheap once the lock is warm (tens of µs a move).
+pub const PRIME_INTERVAL: std::time::Duration = std::time::Duration::from_millis(3);
+
+/// How long [`prime_cgroup_moves`] keeps the lock warm at most, should its owner never drop
+/// it: far more than a start-up takes.
+pub const PRIME_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Keeps cgroup moves free of their grace-period wait while it lives ([`prime_cgroup_moves`]).
+/// Dropping it stops the thread without waiting for it; [`CgroupPrimer::finish`] waits.
+pub struct CgroupPrimer {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl CgroupPrimer {
+    /// Stops the thread and waits for it (tests: no move happens after this returns).
+    pub fn finish(mut self) {
+        self.signal();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+
+    fn signal(&self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = &self.thread {
+            t.thread().unpark();
+        }
+    }
+}
+
+impl Drop for CgroupPrimer {
+    fn drop(&mut self) {
+        self.signal();
+    }
 }
 
 /// Builds a `pre_exec` hook that moves the freshly forked child into the given cgroups
@@ -333,19 +391,40 @@ mod tests {
     use super::test_tree::put;
     use super::*;
 
-    /// The priming move writes this process's own PID into the file it is given (the
-    /// cgroup it is already in); a file that cannot be written is no error.
+    /// The priming moves write this process's own PID into the file they are given (the
+    /// cgroup it is already in), again and again until the primer is dropped; a file that
+    /// cannot be written ends them, and is no error.
     #[test]
-    fn priming_moves_this_process_into_its_own_cgroup_and_ignores_failure() {
+    fn priming_moves_this_process_into_its_own_cgroup_until_dropped_and_ignores_failure() {
         let dir = tempfile::tempdir().unwrap();
         let procs = dir.path().join("cgroup.procs");
-        prime_cgroup_moves(procs.clone()).unwrap().join().unwrap();
+        let primer = prime_cgroup_moves(procs.clone()).unwrap();
+        let written = |path: &Path| {
+            let start = std::time::Instant::now();
+            while start.elapsed() < std::time::Duration::from_secs(5) {
+                if path.exists() {
+                    return true;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            false
+        };
+        assert!(written(&procs));
         assert_eq!(
             std::fs::read_to_string(&procs).unwrap(),
             std::process::id().to_string()
         );
+        // Removed, the file comes back: the moves go on while the primer lives.
+        std::fs::remove_file(&procs).unwrap();
+        assert!(written(&procs), "the primer moved only once");
+        primer.finish();
+        std::fs::remove_file(&procs).unwrap();
+        std::thread::sleep(PRIME_INTERVAL * 5);
+        assert!(!procs.exists(), "a move after the primer finished");
+        // Dropped, it stops as well (its thread is not waited for).
+        drop(prime_cgroup_moves(procs.clone()).unwrap());
         let missing = dir.path().join("no-such-cgroup/cgroup.procs");
-        prime_cgroup_moves(missing.clone()).unwrap().join().unwrap();
+        prime_cgroup_moves(missing.clone()).unwrap().finish();
         assert!(!missing.exists());
     }
 
