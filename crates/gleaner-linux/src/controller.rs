@@ -556,10 +556,11 @@ impl<'a> Controller<'a> {
             // The first cycles are start-up by their count too, not only by their length: a
             // stalled first period (the host, or a stopped process) ends the short periods at
             // once (`Gleaner::period_disrupted`), and the start-up's one-off work that comes
-            // after it, the programs' first attach above all (windows of 12–14 ms of CPU
-            // against 2.5–4 ms later, haltpoll guest, kernel v1147), was then charged: the
+            // after it, the programs' first attach above all (start-up window cycles of 12–14 ms
+            // of CPU against 2.6–4.0 ms later in `sysbench threads`, haltpoll guest, kernel
+            // v1147), was then charged: the
             // debt stretched the periods to 0.8–1 s, and a ping-pong Gleaner was stopped for
-            // 0.2 s at its start packed at 1.3–1.8 s instead of 0.08–0.15 s (one run of 12
+            // 0.2 s at its start packed at 1.1–1.8 s instead of 0.08–0.15 s (one run of 12
             // in the daemon suite did so on its own, 2026-12-03).
             let start_up =
                 period < base || cycles_begun < u64::from(self.policy.config().startup_periods);
