@@ -350,6 +350,84 @@ fn noise_alone_does_not_roll_back() {
     );
 }
 
+/// A workload whose utilization swings by `swing_by` (0.2: +-20 %) a period on its own, as
+/// `scenarios/fig7-dedup-matmul.toml`'s dedup VM does, consolidated as soon as its grain
+/// allows; under the step it does `kept` of its work. Returns the decisions from the step on.
+fn noisy_step(swing_by: f64, kept: f64, periods: u32) -> Vec<Decision> {
+    let (up, down) = (1.0 + swing_by, 1.0 - swing_by);
+    // Nine warm-up periods: eight quiet ones before the step, the noise learnt from them.
+    let cfg = PolicyConfig {
+        warmup_periods: 9,
+        ..consolidation_only()
+    };
+    let mut g = Gleaner::new(cfg, Cpuset::first_n(3)).unwrap();
+    let mut out = Vec::new();
+    for i in 0..periods {
+        let active = g.active().clone();
+        let mut s = if active.len() == 3 {
+            sample(&active, 3, 2 * T, T, T, 10)
+        } else {
+            let mut s = spread(&active, 3, 2 * T, T, T, 10);
+            for v in &mut s.vcpus {
+                v.work_ns = (v.work_ns as f64 * kept) as u64;
+                v.idle_ns = s.period_ns - v.work_ns;
+            }
+            s
+        };
+        s = swing(s, i + 1, up, down);
+        let d = g.step(&s);
+        if !out.is_empty() || !d.events.is_empty() {
+            out.push(d);
+        }
+    }
+    out
+}
+
+/// `scenarios/fig7-dedup-matmul.toml`, seed 4 (8ec899e): the dedup VM's utilization swings
+/// +-20 % a period, and steps 4 -> 3 -> 2 vCPUs that cost it 7 % each were kept on three
+/// periods whose 15 % drop the test could not call against that noise. A verdict that shows
+/// neither a loss nor its absence measures on. Here a 12 % loss under a +-10 % swing: twice
+/// the standard error against eight periods before is 13.5 % with three after, 9.5 % with ten.
+#[test]
+fn a_loss_the_noise_hides_from_three_periods_is_measured_until_it_shows() {
+    let ds = noisy_step(0.15, 0.85, 30);
+    assert!(
+        has_event(&ds[..1], |e| matches!(e, EventKind::Deactivate { .. })),
+        "{:?}",
+        events(&ds)
+    );
+    let undone = ds.iter().position(|d| {
+        d.events
+            .iter()
+            .any(|e| matches!(e.kind, EventKind::Rollback { .. }))
+    });
+    // Undone, and only after more than the usual three periods of evidence (plus settling).
+    assert!(
+        matches!(undone, Some(p) if p > 4),
+        "{undone:?}: {:?}",
+        events(&ds)
+    );
+    assert_eq!(ds.last().unwrap().active.len(), 3);
+}
+
+/// A step that costs nothing under a +-20 % swing: measured on (its loss's upper bound stays
+/// over the 5 % threshold), then kept.
+#[test]
+fn a_step_the_noise_leaves_undecided_is_kept_when_it_costs_nothing() {
+    let ds = noisy_step(0.2, 1.0, 30);
+    assert!(
+        has_event(&ds[..1], |e| matches!(e, EventKind::Deactivate { .. })),
+        "{:?}",
+        events(&ds)
+    );
+    assert!(
+        !has_event(&ds, |e| matches!(e, EventKind::Rollback { .. })),
+        "{:?}",
+        events(&ds)
+    );
+    assert_eq!(ds.last().unwrap().active.len(), 2, "{:?}", events(&ds));
+}
+
 /// Lab draw 8, phase-threads-70us-4v-2:1: the workload's noise so far was large (a phase
 /// swinging +-12 % a period), a phase change left one quiet period before the next step, and
 /// the step cut utilization 20 % in three steady periods. Judged by twice the past noise alone,

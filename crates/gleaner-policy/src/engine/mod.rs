@@ -8,7 +8,8 @@
 //! measured on this test bed (coarse pipelines, `sysbench threads`, `stress-ng --futex`).
 //! The statistics of that judge live in `judge`; the retention half of the rules in
 //! `engine::hold`. A consolidation whose loss is already clear (against the noise of the
-//! periods before it) is undone before its judging window ends, a rolled-back consolidation
+//! periods before it) is undone before its judging window ends, one whose window shows neither
+//! a loss nor its absence is measured on (`judge::MAX_JUDGE_PERIODS`), a rolled-back consolidation
 //! is not retried before an exponential back-off, and a trial during which the program's
 //! grain moved (a phase change) is voided rather than judged.
 
@@ -18,8 +19,8 @@ use crate::characteristics::characterize_with;
 use crate::config::{ConfigError, Mode, PolicyConfig};
 use crate::cpuset::Cpuset;
 use crate::judge::{
-    clear_drop, relative_drop, total_secs, weighted_mean_sd, Evidence, Measured, Verdict,
-    QUIET_WINDOW,
+    clear_drop, no_loss_shown, relative_drop, total_secs, weighted_mean_sd, Evidence, Measured,
+    Verdict, JUDGE_PERIODS, MAX_JUDGE_PERIODS, QUIET_WINDOW,
 };
 use crate::retention::RetentionTimeout;
 use crate::sample::{progress_signal, Characteristics, PeriodSample, VcpuSample, WakeLatencies};
@@ -630,15 +631,36 @@ impl Gleaner {
         }
         if let Some(d) = self.judging.clone() {
             let judged = Measured::new(c.total_util, sample.period_ns);
-            let Some(evidence) = self.verdict.observe(judged, c.max_vcpu_util) else {
+            let Some(evidence) = self.verdict.observe_growing(judged, c.max_vcpu_util) else {
                 return false;
             };
-            self.judging = None;
             let (after, busiest) = (evidence.mean, evidence.busiest);
-            if let Some(drop) = self.significant_drop(d.before.total_util, &d.baseline, &evidence) {
+            // Past the usual window, the test has the power to call drops of a few percent
+            // that consolidation itself makes in utilization (a packed thread's wake-ups no
+            // longer count as its run time): there a loss must also be the threshold's size.
+            let extended = evidence.values.len() > JUDGE_PERIODS as usize;
+            let loss = self
+                .significant_drop(d.before.total_util, &d.baseline, &evidence)
+                .filter(|&drop| !extended || drop >= self.cfg.slowdown_threshold);
+            if let Some(drop) = loss {
+                self.judging = None;
+                self.verdict = Verdict::default();
                 self.rollback(d, after, busiest, drop, events);
                 return false;
             }
+            // Neither a loss nor its absence shown yet: measure on (`MAX_JUDGE_PERIODS`).
+            if evidence.values.len() < MAX_JUDGE_PERIODS as usize
+                && !no_loss_shown(
+                    d.before.total_util,
+                    &d.baseline,
+                    &evidence,
+                    self.cfg.slowdown_threshold,
+                )
+            {
+                return false;
+            }
+            self.judging = None;
+            self.verdict = Verdict::default();
             // The periods that accepted the change are the "before" of the next one.
             self.quiet_values = evidence.values.iter().copied().collect();
             self.quiet_wakes.clear();
@@ -1071,7 +1093,16 @@ impl Gleaner {
             return;
         };
         let mut before = *c;
-        before.total_util = self.util_before(c);
+        // Judged against the mean of the quiet periods the test takes the noise from, where
+        // they are enough to give one: a value smoothed toward the last periods stands off
+        // that mean by up to a third of the workload's swing, and a verdict on a drop the
+        // swing hides turned on which half of the swing the step was taken in.
+        before.total_util = if self.quiet_values.len() >= 3 {
+            let quiet: Vec<Measured> = self.quiet_values.iter().copied().collect();
+            weighted_mean_sd(&quiet).0
+        } else {
+            self.util_before(c)
+        };
         let d = Deactivation {
             cpus: victims.clone(),
             before,
