@@ -1,7 +1,7 @@
 #!/bin/bash
 # Interleaved sysbench threads: bare vs gleaner run in several modes. Usage: sysdiag.sh ROUNDS OUT
-G=/work/main/target/release/gleaner
-N=${1:-8}; OUT=${2:-/tmp/sysdiag.tsv}
+G=${GLEANER:-target/release/gleaner}  # run from the repository root
+N=${1:-8}; OUT=${2:-rounds.tsv}
 SB="sysbench threads --threads=8 --thread-locks=2 --time=3 run"
 : > $OUT
 for r in $(seq 1 $N); do
@@ -13,7 +13,7 @@ for r in $(seq 1 $N); do
       consolidation) cmd="$G run --mode consolidation -- $SB";;
       retention) cmd="$G run --mode retention -- $SB";;
     esac
-    ev=$($cmd 2>/tmp/sysdiag-$cfg-$r.err | awk '/total time:/{t=$3+0} /total number of events:/{e=$5} END{printf "%.2f", e/t}')
+    ev=$($cmd 2>/dev/null | awk '/total time:/{t=$3+0} /total number of events:/{e=$5} END{printf "%.2f", e/t}')
     echo -e "$r\t$cfg\t$ev" | tee -a $OUT
   done
 done
