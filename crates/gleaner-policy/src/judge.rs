@@ -22,7 +22,8 @@ pub(crate) const JUDGE_PERIODS: u32 = 3;
 /// [`JUDGE_PERIODS`] kept every step whose loss its noise could hide: in
 /// `scenarios/fig7-dedup-matmul.toml` (seed 4) the dedup VM's utilization swings +-20 % a
 /// period, and steps 4 -> 3 -> 2 vCPUs that cost it 7 % each (the static runs' throughput)
-/// were kept on three periods whose drop of 15 % the test could not call (threshold 19 %).
+/// were kept on three periods whose drop of 15 % the test could not call (its threshold about
+/// 19 %, worked out by hand from the traced periods: five before the step, three after).
 pub(crate) const MAX_JUDGE_PERIODS: u32 = 10;
 
 /// Quiet periods remembered as the "before" sample of the next change's test.
@@ -127,6 +128,12 @@ pub(crate) fn weighted_mean_sd(xs: &[Measured]) -> (f64, f64) {
     (mean, var.sqrt())
 }
 
+/// The standard error of the difference of two means, each sample given by its standard
+/// deviation per second of measurement ([`weighted_mean_sd`]) and the seconds it covers.
+pub(crate) fn difference_se(sd_a: f64, secs_a: f64, sd_b: f64, secs_b: f64) -> f64 {
+    (sd_a.powi(2) / secs_a + sd_b.powi(2) / secs_b).sqrt()
+}
+
 pub(crate) fn total_secs(xs: &[Measured]) -> f64 {
     xs.iter().map(|m| m.secs).sum()
 }
@@ -156,7 +163,7 @@ pub(crate) fn detectable_drop(baseline: &[Measured], period_secs: f64) -> Option
         return None;
     }
     let after_secs = JUDGE_PERIODS as f64 * period_secs.max(f64::MIN_POSITIVE);
-    let se = (sd.powi(2) / total_secs(baseline) + sd.powi(2) / after_secs).sqrt();
+    let se = difference_se(sd, total_secs(baseline), sd, after_secs);
     Some(2.0 * se / mean)
 }
 
@@ -184,9 +191,12 @@ pub(crate) fn no_loss_shown(
         after.sd
     };
     let before_secs = total_secs(baseline).max(after.secs);
-    let se = (sd_before.powi(2) / before_secs
-        + after.sd.powi(2) / after.secs.max(f64::MIN_POSITIVE))
-    .sqrt();
+    let se = difference_se(
+        sd_before,
+        before_secs,
+        after.sd,
+        after.secs.max(f64::MIN_POSITIVE),
+    );
     relative_drop(before, after.mean) + 2.0 * se / before <= tolerance
 }
 
@@ -251,7 +261,7 @@ pub(crate) fn clear_drop(before: &[Measured], after: &[Measured], min_drop: f64)
     }
     let sdb = if before.len() < 2 { sda } else { sdb };
     let sda = sda.max(sdb);
-    let se = (sdb.powi(2) / total_secs(before) + sda.powi(2) / total_secs(after)).sqrt();
+    let se = difference_se(sdb, total_secs(before), sda, total_secs(after));
     // At least two in every case let through above.
     let dof = before.len() + after.len() - 2;
     let drop = relative_drop(mb, ma);

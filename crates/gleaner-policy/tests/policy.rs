@@ -395,8 +395,9 @@ fn noisy_step(swing_by: f64, kept: f64, periods: u32) -> Vec<Decision> {
 /// `scenarios/fig7-dedup-matmul.toml`, seed 4 (8ec899e): the dedup VM's utilization swings
 /// +-20 % a period, and steps 4 -> 3 -> 2 vCPUs that cost it 7 % each were kept on three
 /// periods whose 15 % drop the test could not call against that noise. A verdict that shows
-/// neither a loss nor its absence measures on. Here a 12 % loss under a +-10 % swing: twice
-/// the standard error against eight periods before is 13.5 % with three after, 9.5 % with ten.
+/// neither a loss nor its absence measures on. Here a 15 % loss under a +-15 % swing: the three
+/// periods after the step read 19 % below the eight before, not called against their spread;
+/// the fifth period (17.5 % below) calls it.
 #[test]
 fn a_loss_the_noise_hides_from_three_periods_is_measured_until_it_shows() {
     let ds = noisy_step(0.15, 0.85, 30);
@@ -414,8 +415,8 @@ fn a_loss_the_noise_hides_from_three_periods_is_measured_until_it_shows() {
     assert_eq!(ds.last().unwrap().active.len(), 3);
 }
 
-/// A step that costs nothing under a +-20 % swing: measured on (its loss's upper bound stays
-/// over the 5 % threshold), then kept.
+/// A step that costs nothing under a +-20 % swing: measured on to the tenth period (its loss's
+/// upper bound stays over the 5 % threshold), then kept.
 #[test]
 fn a_step_the_noise_leaves_undecided_is_kept_when_it_costs_nothing() {
     let ds = noisy_step(0.2, 1.0, 30);

@@ -19,8 +19,8 @@ use crate::characteristics::characterize_with;
 use crate::config::{ConfigError, Mode, PolicyConfig};
 use crate::cpuset::Cpuset;
 use crate::judge::{
-    clear_drop, no_loss_shown, relative_drop, total_secs, weighted_mean_sd, Evidence, Measured,
-    Verdict, JUDGE_PERIODS, MAX_JUDGE_PERIODS, QUIET_WINDOW,
+    clear_drop, difference_se, no_loss_shown, relative_drop, total_secs, weighted_mean_sd,
+    Evidence, Measured, Verdict, JUDGE_PERIODS, MAX_JUDGE_PERIODS, QUIET_WINDOW,
 };
 use crate::retention::RetentionTimeout;
 use crate::sample::{progress_signal, Characteristics, PeriodSample, VcpuSample, WakeLatencies};
@@ -609,9 +609,12 @@ impl Gleaner {
         }
         // Per second of measurement, weighed by the periods' lengths (see `judge`).
         let (_, sd_before) = weighted_mean_sd(baseline);
-        let se = (sd_before.powi(2) / total_secs(baseline)
-            + after.sd.powi(2) / after.secs.max(f64::MIN_POSITIVE))
-        .sqrt();
+        let se = difference_se(
+            sd_before,
+            total_secs(baseline),
+            after.sd,
+            after.secs.max(f64::MIN_POSITIVE),
+        );
         let threshold = (2.0 * se / before).max(0.01);
         (drop > threshold).then_some(drop)
     }
