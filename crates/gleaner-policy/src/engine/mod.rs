@@ -602,8 +602,26 @@ impl Gleaner {
         let drop = relative_drop(before, after.mean);
         if baseline.len() < 3 || before <= 0.0 {
             // Few periods before: the workload's noise so far, or the test with the spread the
-            // periods after show (`clear_drop`), whichever calls the drop first.
-            let by_noise = drop > self.cfg.slowdown_threshold.max(2.0 * self.noise());
+            // periods after show (`clear_drop`), whichever calls the drop first. The first
+            // also needs the drop to stand out of the periods after: their spread, standing in
+            // for the baseline's, over the seconds each side covers. Without it, a step taken
+            // on two start-up periods was undone on any drop over the fixed threshold: in
+            // `scenarios/fig7-dedup-matmul.toml` (seed 6) a 16 -> 8 vCPU step that costs dedup
+            // nothing (the static runs) was undone on a 16 % drop against two 25 ms periods
+            // whose four periods after swung 1.6-2.9, and with the largest step halved at
+            // each such rollback the walk down went a vCPU or two at a time.
+            let spread = if before > 0.0 && after.values.len() >= 2 {
+                let before_secs = total_secs(baseline).max(f64::MIN_POSITIVE);
+                2.0 * difference_se(after.sd, before_secs, after.sd, after.secs) / before
+            } else {
+                0.0
+            };
+            let by_noise = drop
+                > self
+                    .cfg
+                    .slowdown_threshold
+                    .max(2.0 * self.noise())
+                    .max(spread);
             let by_test = clear_drop(baseline, &after.values, self.cfg.slowdown_threshold);
             return (by_noise || by_test.is_some()).then_some(drop);
         }
