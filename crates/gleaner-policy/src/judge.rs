@@ -185,12 +185,14 @@ pub(crate) fn no_loss_shown(
     if before <= 0.0 {
         return true;
     }
-    let sd_before = if baseline.len() >= 2 {
-        weighted_mean_sd(baseline).1
+    // A baseline too short to give a spread lends the after-sample's, and its length with it;
+    // one that gives a spread is taken for the seconds it covers (taking the longer of the two
+    // windows understated the error once the after-window outgrew the baseline).
+    let (sd_before, before_secs) = if baseline.len() >= 2 {
+        (weighted_mean_sd(baseline).1, total_secs(baseline))
     } else {
-        after.sd
+        (after.sd, after.secs)
     };
-    let before_secs = total_secs(baseline).max(after.secs);
     let se = difference_se(
         sd_before,
         before_secs,
