@@ -19,8 +19,9 @@ use crate::characteristics::characterize_with;
 use crate::config::{ConfigError, Mode, PolicyConfig};
 use crate::cpuset::Cpuset;
 use crate::judge::{
-    clear_drop, difference_se, no_loss_shown, relative_drop, total_secs, weighted_mean_sd,
-    Evidence, Measured, Verdict, JUDGE_PERIODS, MAX_JUDGE_PERIODS, QUIET_WINDOW,
+    clear_drop, difference_se, drop_hidden_by_spread_after, no_loss_shown, relative_drop,
+    total_secs, weighted_mean_sd, Evidence, Measured, Verdict, JUDGE_PERIODS, MAX_JUDGE_PERIODS,
+    QUIET_WINDOW,
 };
 use crate::retention::RetentionTimeout;
 use crate::sample::{progress_signal, Characteristics, PeriodSample, VcpuSample, WakeLatencies};
@@ -603,25 +604,13 @@ impl Gleaner {
         if baseline.len() < 3 || before <= 0.0 {
             // Few periods before: the workload's noise so far, or the test with the spread the
             // periods after show (`clear_drop`), whichever calls the drop first. The first
-            // also needs the drop to stand out of the periods after: their spread, standing in
-            // for the baseline's, over the seconds each side covers. Without it, a step taken
-            // on two start-up periods was undone on any drop over the fixed threshold: in
-            // `scenarios/fig7-dedup-matmul.toml` (seed 6) a 16 -> 8 vCPU step that costs dedup
-            // nothing (the static runs) was undone on a 16 % drop against two 25 ms periods
-            // whose four periods after swung 1.6-2.9, and with the largest step halved at
-            // each such rollback the walk down went a vCPU or two at a time.
-            let spread = if before > 0.0 && after.values.len() >= 2 {
-                let before_secs = total_secs(baseline).max(f64::MIN_POSITIVE);
-                2.0 * difference_se(after.sd, before_secs, after.sd, after.secs) / before
-            } else {
-                0.0
-            };
+            // also needs the drop to stand out of the periods after (`drop_hidden_by_spread_after`).
             let by_noise = drop
                 > self
                     .cfg
                     .slowdown_threshold
                     .max(2.0 * self.noise())
-                    .max(spread);
+                    .max(drop_hidden_by_spread_after(before, baseline, after));
             let by_test = clear_drop(baseline, &after.values, self.cfg.slowdown_threshold);
             return (by_noise || by_test.is_some()).then_some(drop);
         }
