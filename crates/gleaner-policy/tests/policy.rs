@@ -227,6 +227,63 @@ fn rollback_on_a_saturated_vcpu_lowers_eta() {
     assert_eq!(d.rho, 1.0);
 }
 
+/// `scenarios/fig7-dedup-matmul.toml`, seed 2 (6e02f52): dedup walked down to 3 of 16 vCPUs;
+/// the step to 2 saturated a vCPU and its rollback set eta to 0.016 (g_comp over the 1.4 ms
+/// idle periods of 3 vCPUs). A major change then brought all 16 back, whose 275 us idle
+/// periods could never again satisfy the granularity condition: the VM stayed at 16 for the
+/// last third of the run. What a rollback taught the factors was learned on the consolidated
+/// set the major change has just undone.
+#[test]
+fn a_major_change_that_undoes_a_consolidation_forgets_what_its_rollbacks_taught() {
+    let n = 4;
+    let mut g = Gleaner::new(consolidation_only(), Cpuset::first_n(n)).unwrap();
+    let all = Cpuset::first_n(n);
+    // Fine grain (g_comp = t/10): 3 vCPUs keep the pace of 4; on 2 one vCPU is saturated and
+    // the workload slows.
+    let before = |a: &Cpuset| {
+        if a.len() >= 3 {
+            spread(a, n, T, 3 * T / 2, T / 10, 10)
+        } else {
+            let mut s = spread(a, n, T, 3 * T / 2, T / 10, 10);
+            s.vcpus[0].work_ns = s.period_ns;
+            s.vcpus[0].idle_ns = 0;
+            s.vcpus[1].work_ns = s.period_ns / 4;
+            s.vcpus[1].idle_ns = s.period_ns - s.vcpus[1].work_ns;
+            s
+        }
+    };
+    let ds = drive(&mut g, 20, before);
+    let d = ds.last().unwrap();
+    assert!(
+        has_event(&ds, |e| matches!(e, EventKind::Rollback { .. })) && d.active.len() == 3,
+        "{} {:?}",
+        d.active,
+        events(&ds)
+    );
+    assert!(d.eta < 0.1, "eta {}", d.eta);
+    // A different program: a fifth more work, g_comp = t/2 against t of idle on 4 vCPUs.
+    // eta 0.08 would refuse it (t/2 > 0.08 t); the configured eta of 1 takes the step.
+    let ds = drive(&mut g, 12, |a| spread(a, n, T, T, T / 2, 10));
+    assert!(
+        has_event(&ds, |e| matches!(e, EventKind::MajorChange)),
+        "{:?}",
+        events(&ds)
+    );
+    let after_change = ds
+        .iter()
+        .position(|d| d.active == all)
+        .expect("the major change reactivates every vCPU");
+    assert!(
+        has_event(&ds[after_change..], |e| matches!(
+            e,
+            EventKind::Deactivate { .. }
+        )),
+        "no step after the major change: {:?} (eta {})",
+        events(&ds),
+        ds.last().unwrap().eta
+    );
+}
+
 /// The case the policy lab and issue 16 found: a consolidation removes wake-up overhead that
 /// the guest counted as run time, so utilization *falls* (here 8 %) while the application
 /// completes more (here 10 %). The utilization judge rolled such consolidations back; told
