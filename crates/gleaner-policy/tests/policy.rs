@@ -227,6 +227,30 @@ fn rollback_on_a_saturated_vcpu_lowers_eta() {
     assert_eq!(d.rho, 1.0);
 }
 
+/// `scenarios/fig7-dedup-matmul.toml`, seed 7 (5b9ab1c): at 4 vCPUs a step to 3 was undone
+/// (utilization -42 %), and eight periods later taken again on one period whose utilization
+/// read 1.42 against 1.6-2.0 around it: its l_comp / l_wait was within rho x (n - 1), the
+/// quiet periods' was not. The VM then spent the minute's last 50 periods at 2-3 vCPUs.
+#[test]
+fn one_light_period_does_not_carry_a_step_the_quiet_periods_around_it_refuse() {
+    let mut g = Gleaner::new(consolidation_only(), Cpuset::first_n(3)).unwrap();
+    // l_comp / l_idle 2.2 against rho x (n - 1) = 2: refused, period after period.
+    let heavy = |a: &Cpuset| sample(a, 3, 22 * T / 10, T, T / 10, 10);
+    let ds = drive(&mut g, 6, heavy);
+    assert!(events(&ds).is_empty(), "{:?}", events(&ds));
+    // One period at 1.9: within the limit by itself, and no major change (-5 % utilization).
+    let d = g.step(&sample(&Cpuset::first_n(3), 3, 19 * T / 10, T, T / 10, 10));
+    assert_eq!(d.active.len(), 3, "{:?}", d.events);
+    // A workload that stays at 1.9 is consolidated once the quiet periods show it.
+    let light = |a: &Cpuset| spread(a, 3, 19 * T / 10, T, T / 10, 10);
+    let ds = drive(&mut g, 10, light);
+    assert!(
+        has_event(&ds, |e| matches!(e, EventKind::Deactivate { .. })),
+        "{:?}",
+        events(&ds)
+    );
+}
+
 /// `scenarios/fig7-dedup-matmul.toml`, seed 2 (6e02f52): dedup walked down to 3 of 16 vCPUs;
 /// the step to 2 saturated a vCPU and its rollback set eta to 0.016 (g_comp over the 1.4 ms
 /// idle periods of 3 vCPUs). A major change then brought all 16 back, whose 275 us idle

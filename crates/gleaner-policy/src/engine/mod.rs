@@ -174,6 +174,9 @@ pub struct Gleaner {
     /// period's few dozen halted wake-ups give a median that moves by a histogram bucket
     /// from one period to the next and flips the bound across its threshold.
     quiet_wakes: std::collections::VecDeque<(WakeLatencies, u64)>,
+    /// l_comp / l_wait of the same quiet periods: the load condition is tested on their
+    /// median as well as on the period the step would be taken in (`try_deactivate`).
+    quiet_loads: std::collections::VecDeque<f64>,
     /// This period's workload is idle (by its real utilization, whatever is judged).
     workload_idle: bool,
     /// Most vCPUs one deactivation step may take away: half the allowed set at first,
@@ -236,6 +239,7 @@ impl Gleaner {
             verdict: Verdict::default(),
             quiet_values: std::collections::VecDeque::new(),
             quiet_wakes: std::collections::VecDeque::new(),
+            quiet_loads: std::collections::VecDeque::new(),
             idle_seen: None,
             workload_idle: false,
             max_step,
@@ -424,6 +428,12 @@ impl Gleaner {
             if self.quiet_values.len() > QUIET_WINDOW {
                 self.quiet_values.pop_front();
             }
+            if c.l_wait_ns() > 0.0 {
+                self.quiet_loads.push_back(c.l_comp_ns / c.l_wait_ns());
+                if self.quiet_loads.len() > QUIET_WINDOW {
+                    self.quiet_loads.pop_front();
+                }
+            }
             if let Some(w) = sample.wake_latency.as_ref().filter(|_| !sample.stale_rates) {
                 self.quiet_wakes.push_back((w.clone(), sample.work_ns()));
                 if self.quiet_wakes.len() > QUIET_WINDOW {
@@ -491,6 +501,7 @@ impl Gleaner {
             self.last_quiet_util = None;
             self.quiet_values.clear();
             self.quiet_wakes.clear();
+            self.quiet_loads.clear();
         } else if record {
             self.util_smoothed = Some(self.util_now(&c));
             if let Some(prev) = self.last_quiet_util {
@@ -573,6 +584,19 @@ impl Gleaner {
             work += ns;
         }
         Some(crate::gain::gain_bound_of(&pooled, work, break_even))
+    }
+
+    /// Whether the quiet periods' lower median l_comp / l_wait is within `limit` (true with
+    /// fewer than three of them): one light period must not carry a step the periods around
+    /// it refuse, while a workload that swings across the limit period by period (the lower
+    /// median of an even count is its lower half) is still tried.
+    fn quiet_load_fits(&self, limit: f64) -> bool {
+        if self.quiet_loads.len() < 3 {
+            return true;
+        }
+        let mut v: Vec<f64> = self.quiet_loads.iter().copied().collect();
+        v.sort_by(f64::total_cmp);
+        v[(v.len() - 1) / 2] <= limit
     }
 
     /// Utilization before the change about to be made: smoothed over the quiet periods that
@@ -674,6 +698,7 @@ impl Gleaner {
             // The periods that accepted the change are the "before" of the next one.
             self.quiet_values = evidence.values.iter().copied().collect();
             self.quiet_wakes.clear();
+            self.quiet_loads.clear();
             self.consolidation_backoff = CONSOLIDATION_BACKOFF_START;
             self.util_smoothed = Some(after);
             let mut accepted = *c;
@@ -1077,7 +1102,7 @@ impl Gleaner {
         // turns into a switch (`Characteristics::l_wake_path_ns`).
         let l_wait = c.l_wait_ns();
         let room = rho * (n - 1) as f64 * l_wait;
-        let cond1 = c.l_comp_ns <= room;
+        let cond1 = c.l_comp_ns <= room && self.quiet_load_fits(rho * (n - 1) as f64);
         let grain = (self.eta * l_wait).min(self.cfg.min_time_slice_ns as f64);
         let cond2 = c.g_comp_ns <= grain;
         if !(cond1 && cond2) {
