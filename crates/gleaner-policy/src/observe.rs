@@ -47,6 +47,16 @@ pub fn median(mut values: Vec<f64>) -> f64 {
     }
 }
 
+/// The lower median of `values` (the lower of the middle two for an even count; 0 for none):
+/// where a test must not pass on a mean that lands exactly on its limit.
+pub fn lower_median(mut values: Vec<f64>) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    values.sort_by(f64::total_cmp);
+    values[(values.len() - 1) / 2]
+}
+
 fn kind_name(kind: &EventKind) -> &'static str {
     match kind {
         EventKind::Deactivate { .. } => "deactivate a vCPU (consolidate)",

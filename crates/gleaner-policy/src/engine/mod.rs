@@ -175,7 +175,7 @@ pub struct Gleaner {
     /// from one period to the next and flips the bound across its threshold.
     quiet_wakes: std::collections::VecDeque<(WakeLatencies, u64)>,
     /// l_comp / l_wait of the same quiet periods: the load condition is tested on their
-    /// median as well as on the period the step would be taken in (`try_deactivate`).
+    /// lower median as well as on the period the step would be taken in (`try_deactivate`).
     quiet_loads: std::collections::VecDeque<f64>,
     /// This period's workload is idle (by its real utilization, whatever is judged).
     workload_idle: bool,
@@ -211,7 +211,7 @@ impl Gleaner {
             return Err(ConfigError::EmptyAllowedSet);
         }
         let vcpus = allowed.iter().map(|c| (c, VcpuState::default())).collect();
-        let max_step = (allowed.len() / 2).max(1);
+        let max_step = first_max_step(&allowed);
         Ok(Self {
             rho: cfg.rho,
             eta: cfg.eta,
@@ -594,9 +594,7 @@ impl Gleaner {
         if self.quiet_loads.len() < 3 {
             return true;
         }
-        let mut v: Vec<f64> = self.quiet_loads.iter().copied().collect();
-        v.sort_by(f64::total_cmp);
-        v[(v.len() - 1) / 2] <= limit
+        crate::observe::lower_median(self.quiet_loads.iter().copied().collect()) <= limit
     }
 
     /// Utilization before the change about to be made: smoothed over the quiet periods that
@@ -922,7 +920,7 @@ impl Gleaner {
     fn forget_learned_limits(&mut self) {
         self.rho = self.cfg.rho;
         self.eta = self.cfg.eta;
-        self.max_step = (self.allowed.len() / 2).max(1);
+        self.max_step = first_max_step(&self.allowed);
     }
 
     /// Undoes a step (`cpus` active again) and delays the next one: the change settles and a
@@ -1101,8 +1099,8 @@ impl Gleaner {
         // The idle period as packing sees it: with the wake-up path out of it, which packing
         // turns into a switch (`Characteristics::l_wake_path_ns`).
         let l_wait = c.l_wait_ns();
-        let room = rho * (n - 1) as f64 * l_wait;
-        let cond1 = c.l_comp_ns <= room && self.quiet_load_fits(rho * (n - 1) as f64);
+        let load_limit = rho * (n - 1) as f64;
+        let cond1 = c.l_comp_ns <= load_limit * l_wait && self.quiet_load_fits(load_limit);
         let grain = (self.eta * l_wait).min(self.cfg.min_time_slice_ns as f64);
         let cond2 = c.g_comp_ns <= grain;
         if !(cond1 && cond2) {
@@ -1214,6 +1212,11 @@ fn grain_beyond(before_ns: f64, now_ns: f64, factor: f64) -> Option<(f64, f64)> 
         }
     }
     None
+}
+
+/// The largest deactivation step before any rollback: half the allowed set.
+fn first_max_step(allowed: &Cpuset) -> usize {
+    (allowed.len() / 2).max(1)
 }
 
 fn least_busy(vcpus: &[VcpuSample], active: &Cpuset) -> Option<usize> {
