@@ -230,7 +230,7 @@ fn rollback_on_a_saturated_vcpu_lowers_eta() {
 /// `scenarios/fig7-dedup-matmul.toml`, seed 7 (5b9ab1c): at 4 vCPUs a step to 3 was undone
 /// (utilization -42 %), and eight periods later taken again on one period whose utilization
 /// read 1.42 against 1.6-2.0 around it: its l_comp / l_wait was within rho x (n - 1), the
-/// quiet periods' was not. The VM then spent the minute's last 50 periods at 2-3 vCPUs.
+/// quiet periods' was not. The VM then spent the minute's last 42 periods at 2-3 vCPUs.
 #[test]
 fn one_light_period_does_not_carry_a_step_the_quiet_periods_around_it_refuse() {
     let mut g = Gleaner::new(consolidation_only(), Cpuset::first_n(3)).unwrap();
