@@ -2,9 +2,12 @@
 
 A configuration is a way of launching the same command: as is, under one of
 gleaner's modes, pinned to one vCPU, or with guest halt polling. Runs are interleaved
-(A B C ... A B C ...) rather than grouped so that slow drifts of the host (other
-tenants, thermal state, page cache) spread evenly over all configurations instead of
-biasing whichever one happened to run last.
+rather than grouped so that slow drifts of the host (other tenants, thermal state, page
+cache) spread evenly over all configurations instead of biasing whichever one happened to
+run last. Each round takes its own order, rows of a balanced Latin square: in a fixed order
+(A B C ... A B C ...) `gleaner` always ran right after `baseline`, so a drift within a
+round, or what one run leaves to the next (a warm page cache, a vCPU the host just
+descheduled), fell on the same pair every time.
 """
 
 from __future__ import annotations
@@ -79,7 +82,7 @@ CONFIGS: tuple[Config, ...] = (
     # (results/presence-fine-pipeline-2026-11-27), as far as any Gleaner configuration.
     Config(
         "control",
-        "the command as is again, last in each round: how far two identical runs drift apart here",
+        "the command as is again: how far two identical runs drift apart here",
         (),
     ),
 )
@@ -105,8 +108,35 @@ def select_configs(names: list[str] | None) -> list[Config]:
 Item = TypeVar("Item")
 
 
+def balanced_orders(n: int, rounds: int) -> list[list[int]]:
+    """`rounds` orders of the indices 0..n-1, rows of a Williams (balanced Latin) square.
+
+    Over each full cycle (n rounds for an even n, 2n for an odd one) every index takes every
+    position equally often and directly follows every other index equally often, so neither
+    a drift within a round nor what one run leaves to the next favours a configuration.
+    Rounds past a cycle start it again.
+    """
+    if n < 1:
+        return [[] for _ in range(rounds)]
+    # The first row 0, 1, n-1, 2, n-2, ...; row r adds r to each entry (mod n).
+    first, low, high = [0], 1, n - 1
+    while len(first) < n:
+        first.append(low)
+        low += 1
+        if len(first) < n:
+            first.append(high)
+            high -= 1
+    rows = [[(i + r) % n for i in first] for r in range(n)]
+    if n % 2 == 1:
+        # An odd square balances neighbours only together with its mirror image.
+        rows += [list(reversed(row)) for row in rows]
+    return [rows[r % len(rows)] for r in range(rounds)]
+
+
 def interleave(configs: list[Item], reps: int) -> list[tuple[int, Item]]:
-    """(rep, config) pairs in the order A B C ... A B C ..., `reps` rounds."""
+    """(rep, config) pairs: `reps` rounds of every configuration, each round in its own order
+    ([`balanced_orders`]); the first round starts with the first configuration (baseline)."""
     if reps < 1:
         raise ValueError(f"repetitions must be at least 1, got {reps}")
-    return [(rep, config) for rep in range(reps) for config in configs]
+    orders = balanced_orders(len(configs), reps)
+    return [(rep, configs[i]) for rep in range(reps) for i in orders[rep]]

@@ -230,6 +230,9 @@ def run_suite(options: Options, stack: CleanupStack) -> list[Path]:
         "idle_source": idle_source,
         "gleaner": str(options.gleaner),
         "configs": config_records,
+        # Each round's order is a row of a balanced Latin square (configs.balanced_orders);
+        # files without this key ran every round in the configurations' canonical order.
+        "run_order": "balanced",
         "workloads": [],
         "notes": [],
     }
