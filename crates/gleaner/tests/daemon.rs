@@ -250,7 +250,15 @@ fn kill_9_restores_the_workload_cpus_within_a_second() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    // The workload is gleaner's child: find it.
+    // The workload is gleaner's child: find it by its own command line. Gleaner's other
+    // child, the guard, is forked without exec and carries gleaner's command line, which names
+    // the workload too, as does the workload's own process until its exec: matched on
+    // "pingpong" anywhere, either was taken for the workload now and then (it is in no
+    // cgroup of gleaner's).
+    let is_workload = |cmdline: &str| {
+        let argv: Vec<&str> = cmdline.split('\0').collect();
+        argv.get(1) == Some(&"workload") && argv.get(2) == Some(&"pingpong")
+    };
     let deadline = Instant::now() + Duration::from_secs(5);
     let child = loop {
         let kids = std::fs::read_to_string(format!("/proc/{}/task/{}/children", g.id(), g.id()))
@@ -259,8 +267,7 @@ fn kill_9_restores_the_workload_cpus_within_a_second() {
             .split_whitespace()
             .filter_map(|p| p.parse::<u32>().ok())
             .find(|p| {
-                std::fs::read_to_string(format!("/proc/{p}/cmdline"))
-                    .is_ok_and(|c| c.contains("pingpong"))
+                std::fs::read_to_string(format!("/proc/{p}/cmdline")).is_ok_and(|c| is_workload(&c))
             })
         {
             break pid;
