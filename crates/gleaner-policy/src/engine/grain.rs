@@ -106,15 +106,9 @@ impl GrainTrack {
         if self.windows.len() < MIN_WINDOWS {
             return None;
         }
-        let mut xs: Vec<f64> = self.windows.iter().copied().collect();
-        xs.sort_by(f64::total_cmp);
-        let n = xs.len();
-        let median = if n % 2 == 1 {
-            xs[n / 2]
-        } else {
-            0.5 * (xs[n / 2 - 1] + xs[n / 2])
-        };
-        let agreeing = xs
+        let median = crate::observe::median(self.windows.iter().copied().collect());
+        let agreeing = self
+            .windows
             .iter()
             .filter(|&&x| side_of(x / median, factor.sqrt()) == 0)
             .count();

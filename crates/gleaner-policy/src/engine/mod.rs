@@ -559,14 +559,7 @@ impl Gleaner {
         if self.quiet_changes.is_empty() {
             return 0.0;
         }
-        let mut xs: Vec<f64> = self.quiet_changes.iter().copied().collect();
-        xs.sort_by(f64::total_cmp);
-        let n = xs.len();
-        let median = if n % 2 == 1 {
-            xs[n / 2]
-        } else {
-            0.5 * (xs[n / 2 - 1] + xs[n / 2])
-        };
+        let median = crate::observe::median(self.quiet_changes.iter().copied().collect());
         // E|X - Y| / median|X - Y| for X, Y normal: (2 / sqrt(pi)) / (sqrt(2) x 0.6745).
         MEAN_TO_MEDIAN_ABS_CHANGE * median
     }
