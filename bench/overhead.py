@@ -68,6 +68,15 @@ def wall_workloads(gleaner: str) -> dict[str, list[str]]:
     return w
 
 
+def overhead_path(results_dir: Path, now: time.struct_time) -> Path:
+    """results/overhead-DATE.json, or overhead-DATE-HHMMSS.json where a batch of the same day
+    has the first: a second batch that day overwrote the first, which the README cited."""
+    path = results_dir / f"overhead-{time.strftime('%Y-%m-%d', now)}.json"
+    if path.exists() or path.with_suffix(".md").exists():
+        path = results_dir / f"overhead-{time.strftime('%Y-%m-%d-%H%M%S', now)}.json"
+    return path
+
+
 def timed(cmd: list[str]) -> float:
     t0 = time.monotonic()
     r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -495,8 +504,7 @@ def main() -> int:
         if "bpf-cost" in parts:
             result["bpf_cost"] = part_bpf_cost(gleaner, max(5, args.seconds // 2), state_dir)
     result["machine_end"] = machine_facts()
-    stamp = time.strftime("%Y-%m-%d")
-    out = args.out or Path("results") / f"overhead-{stamp}.json"
+    out = args.out or overhead_path(Path("results"), time.gmtime())
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     md = [f"# Gleaner measurement overhead ({result['machine_start']['date_utc']})", ""]

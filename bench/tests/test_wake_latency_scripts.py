@@ -167,3 +167,12 @@ def test_a_thread_that_exits_keeps_counting_what_it_used():
     assert after_exit >= while_alive, (while_alive, after_exit)
     # Without the threads seen before, the exited one's 50 ms are gone.
     assert overhead.proc_cpu_s(os.getpid()) < after_exit - 0.03
+
+
+def test_a_second_overhead_batch_the_same_day_does_not_overwrite_the_first(tmp_path):
+    now = time.strptime("2026-12-04 19:43:46", "%Y-%m-%d %H:%M:%S")
+    first = overhead.overhead_path(tmp_path, now)
+    assert first.name == "overhead-2026-12-04.json"
+    first.with_suffix(".md").write_text("the first batch\n")
+    second = overhead.overhead_path(tmp_path, now)
+    assert second.name == "overhead-2026-12-04-194346.json"
