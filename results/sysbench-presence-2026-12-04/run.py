@@ -2,6 +2,7 @@
 sampler), each round in its own order (a row of the daemon harness's balanced Latin square):
 
     GLEANER=target/release/gleaner python3 results/sysbench-presence-2026-12-04/run.py 40 bare,full,observe,observe-procfs OUT.json
+    GLEANER=target/release/gleaner python3 results/sysbench-presence-2026-12-04/run.py 40 bare,full,full-timeline OUT.json
 """
 import json, subprocess, sys, re, os
 from pathlib import Path
@@ -13,6 +14,7 @@ C = {
     "bare": SB,
     "full": [G, "run", "--"] + SB,
     "observe": [G, "run", "--observe", "--"] + SB,
+    "full-timeline": [G, "run", "--timeline", os.devnull, "--"] + SB,
     "observe-procfs": [G, "run", "--observe", "--sampler", "procfs", "--"] + SB,
 }
 names = sys.argv[2].split(",")
