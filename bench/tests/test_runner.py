@@ -98,7 +98,8 @@ def test_suite_end_to_end(tmp_path, fake_gleaner):
     results = json.loads(written[0].read_text())
     runs = results["workloads"][0]["runs"]
     assert [(run["rep"], run["config"]) for run in runs] == [
-        (0, "baseline"), (0, "gleaner"), (0, "haltpoll"), (1, "baseline"), (1, "gleaner"), (1, "haltpoll")]
+        (0, "baseline"), (0, "gleaner"), (0, "haltpoll"), (1, "gleaner"), (1, "haltpoll"), (1, "baseline")]
+    assert results["run_order"] == "balanced"
     assert all(run["ok"] for run in runs), [run["error"] for run in runs]
     assert {run["config"]: run["value"] for run in runs} == {"baseline": 50000, "gleaner": 50000, "haltpoll": 200000}
     assert runs[1]["timeline"][1] == {"t_s": 0.1, "active": "0", "n_active": 1}
