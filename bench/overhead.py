@@ -36,6 +36,7 @@ only meaningful on a quiet one.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import shutil
@@ -47,6 +48,7 @@ import time
 from pathlib import Path
 
 from harness.preflight import machine_facts
+from harness.runner import output_stem
 from harness.stats import paired_ratio
 
 BPF_STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
@@ -66,15 +68,6 @@ def wall_workloads(gleaner: str) -> dict[str, list[str]]:
         w["messaging-160-socket"] = ["perf", "bench", "sched", "messaging", "-t", "-g", "4", "-l", "1000"]
         w["messaging-160-pipe"] = ["perf", "bench", "sched", "messaging", "-t", "-p", "-g", "4", "-l", "1000"]
     return w
-
-
-def overhead_path(results_dir: Path, now: time.struct_time) -> Path:
-    """results/overhead-DATE.json, or overhead-DATE-HHMMSS.json where a batch of the same day
-    has the first: a second batch that day overwrote the first, which the README cited."""
-    path = results_dir / f"overhead-{time.strftime('%Y-%m-%d', now)}.json"
-    if path.exists() or path.with_suffix(".md").exists():
-        path = results_dir / f"overhead-{time.strftime('%Y-%m-%d-%H%M%S', now)}.json"
-    return path
 
 
 def timed(cmd: list[str]) -> float:
@@ -504,7 +497,9 @@ def main() -> int:
         if "bpf-cost" in parts:
             result["bpf_cost"] = part_bpf_cost(gleaner, max(5, args.seconds // 2), state_dir)
     result["machine_end"] = machine_facts()
-    out = args.out or overhead_path(Path("results"), time.gmtime())
+    # The suite harness's naming: a second batch the same day gets the time appended (one had
+    # overwritten the day's first, which the README cited).
+    out = args.out or output_stem(Path("results"), "overhead", datetime.datetime.now()).with_suffix(".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     md = [f"# Gleaner measurement overhead ({result['machine_start']['date_utc']})", ""]

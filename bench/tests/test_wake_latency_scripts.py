@@ -1,6 +1,7 @@
 """The pure parts of wake_latency_check.py and overhead.py: histogram quantiles, timeline sums,
 /proc parsing."""
 
+import datetime
 import json
 import os
 import time
@@ -170,9 +171,10 @@ def test_a_thread_that_exits_keeps_counting_what_it_used():
 
 
 def test_a_second_overhead_batch_the_same_day_does_not_overwrite_the_first(tmp_path):
-    now = time.strptime("2026-12-04 19:43:46", "%Y-%m-%d %H:%M:%S")
-    first = overhead.overhead_path(tmp_path, now)
+    # overhead.py names its files as the suite harness does (runner.output_stem).
+    now = datetime.datetime(2026, 12, 4, 19, 43, 46)
+    first = overhead.output_stem(tmp_path, "overhead", now).with_suffix(".json")
     assert first.name == "overhead-2026-12-04.json"
-    first.with_suffix(".md").write_text("the first batch\n")
-    second = overhead.overhead_path(tmp_path, now)
+    first.write_text("{}\n")
+    second = overhead.output_stem(tmp_path, "overhead", now).with_suffix(".json")
     assert second.name == "overhead-2026-12-04-194346.json"

@@ -3,12 +3,14 @@ in rounds whose order rotates and reverses every other round:
 
     GLEANER=target/release/gleaner python3 run.py ROUNDS one,gleaner,one-observe OUT.json
 """
-import json, os, subprocess, sys
+import json, os, subprocess, sys, tempfile
 G = os.environ.get("GLEANER", "target/release/gleaner")
+# A file, as in the measured rounds (they wrote /tmp/pp/tl.jsonl and /tmp/sb/tl.jsonl, appending).
+TIMELINE = os.path.join(tempfile.gettempdir(), "gleaner-presence-timeline.jsonl")
 W = [G, "workload", "pingpong", "--duration", "3s", "--json"]
 CONFIGS = {
     "one": ["taskset", "-c", "0"] + W,
-    "gleaner": [G, "run", "--timeline", os.devnull, "--"] + W,
+    "gleaner": [G, "run", "--timeline", TIMELINE, "--"] + W,
     "one-observe": ["taskset", "-c", "0", G, "run", "--observe", "--"] + W,
 }
 names = sys.argv[2].split(",")
@@ -23,5 +25,5 @@ for r in range(rounds):
         v = json.loads(line[-1]) if line else None
         rate = v["throughput_per_s"] if v else out.stderr[-300:]
         res[n].append(rate)
-        print(r, n, rate if not isinstance(rate, dict) else json.dumps(rate)[:200], flush=True)
+        print(r, n, rate, flush=True)
 json.dump(res, open(sys.argv[3], "w"))

@@ -4,17 +4,19 @@ sampler), each round in its own order (a row of the daemon harness's balanced La
     GLEANER=target/release/gleaner python3 results/sysbench-presence-2026-12-04/run.py 40 bare,full,observe,observe-procfs OUT.json
     GLEANER=target/release/gleaner python3 results/sysbench-presence-2026-12-04/run.py 40 bare,full,full-timeline OUT.json
 """
-import json, subprocess, sys, re, os
+import json, subprocess, sys, re, os, tempfile
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from harness.configs import balanced_orders
 G = os.environ.get("GLEANER", "target/release/gleaner")
+# A file, as in the measured rounds (they wrote /tmp/pp/tl.jsonl and /tmp/sb/tl.jsonl, appending).
+TIMELINE = os.path.join(tempfile.gettempdir(), "gleaner-presence-timeline.jsonl")
 SB = ["sysbench", "threads", "--threads=8", "--thread-locks=2", "--time=3", "run"]
 C = {
     "bare": SB,
     "full": [G, "run", "--"] + SB,
     "observe": [G, "run", "--observe", "--"] + SB,
-    "full-timeline": [G, "run", "--timeline", os.devnull, "--"] + SB,
+    "full-timeline": [G, "run", "--timeline", TIMELINE, "--"] + SB,
     "observe-procfs": [G, "run", "--observe", "--sampler", "procfs", "--"] + SB,
 }
 names = sys.argv[2].split(",")
