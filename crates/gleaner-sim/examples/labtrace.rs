@@ -72,10 +72,9 @@ fn run() -> Result<(), String> {
                 continue;
             };
             let mut choice = choice;
-            // Ask for the progress count in the samples; the policy is told it only for
-            // `gleaner+progress` (the sample's progress is what it judges by when present).
-            let traced = label == "gleaner+progress";
-            choice.app_progress = traced;
+            // The kept samples carry the workload's progress in every configuration; the
+            // policy is told it only for `gleaner+progress` (then it judges by it).
+            choice.app_progress = label == "gleaner+progress";
             let scenario = s
                 .build(choice, None)
                 .map_err(|e| format!("{} [{label}]: {e}", s.name))?;

@@ -85,9 +85,7 @@ impl Sim {
             wake_latency: Some(vm.period_wake.clone()),
             // In microseconds of the workload's compute completed: every simulated workload's
             // useful work, whatever its kind (items, transactions, barrier rounds).
-            progress: vm
-                .app_progress
-                .then_some((vm.work_done_ns - vm.last_work_done_ns) / 1_000),
+            progress: Some((vm.work_done_ns - vm.last_work_done_ns) / 1_000),
             // The simulator counts every event of every period: nothing is carried over.
             stale_rates: false,
             rates_from: gleaner_policy::RatesFrom::Counting,
@@ -101,8 +99,14 @@ impl Sim {
             .collect();
         vm.last_switches = vm.thread_switches;
         vm.last_wait = vm.imbalance_wait_ns;
+        // Kept with the workload's true progress, told or not: a trace shows what each
+        // period achieved next to the signal the policy judged it by.
         if let Some(kept) = self.kept_samples.as_mut() {
             kept.push((vm_id.index(), sample.clone()));
+        }
+        let mut sample = sample;
+        if !vm.app_progress {
+            sample.progress = None;
         }
         let Some(gleaner) = vm.gleaner.as_mut() else {
             return;
