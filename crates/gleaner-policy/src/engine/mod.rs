@@ -11,7 +11,9 @@
 //! periods before it) is undone before its judging window ends, one whose window shows neither
 //! a loss nor its absence is measured on (`judge::MAX_JUDGE_PERIODS`), a rolled-back consolidation
 //! is not retried before an exponential back-off, and a trial during which the program's
-//! grain moved (a phase change) is voided rather than judged.
+//! grain moved (a phase change) is voided rather than judged. A change of utilization with
+//! nothing to undo that is gone the next period does not erase the quiet periods before it
+//! (`Gleaner::spike_reverted`): they stay the next trial's baseline.
 
 use serde::{Deserialize, Serialize};
 
