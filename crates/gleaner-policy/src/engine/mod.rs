@@ -1315,8 +1315,6 @@ fn wake_path_part(c: &Characteristics) -> String {
     }
 }
 
-/// `(before, now)` where g_comp moved by more than `factor` either way between two periods
-/// whose every switch was counted.
 /// `window` without its newest element where `drop_newest`.
 fn without_last<T: Clone>(
     window: &std::collections::VecDeque<T>,
@@ -1339,6 +1337,8 @@ fn push_bounded<T>(window: &mut std::collections::VecDeque<T>, x: Option<T>) {
     }
 }
 
+/// `(before, now)` where g_comp moved by more than `factor` either way between two periods
+/// whose every switch was counted.
 fn grain_beyond(before_ns: f64, now_ns: f64, factor: f64) -> Option<(f64, f64)> {
     if before_ns > 0.0 && now_ns > 0.0 {
         let f = now_ns / before_ns;
