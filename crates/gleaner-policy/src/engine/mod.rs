@@ -201,7 +201,15 @@ pub struct Gleaner {
     /// restored ([`Gleaner::spike_reverted`]).
     before_change: Option<BeforeChange>,
     /// Whether this period's value, load and wake-ups joined the quiet windows.
-    recorded_now: (bool, bool, bool),
+    recorded_now: RecordedNow,
+}
+
+/// Which of the quiet windows this period joined: its judged value, its wake-ups, its load.
+#[derive(Debug, Clone, Copy, Default)]
+struct RecordedNow {
+    value: bool,
+    wakes: bool,
+    load: bool,
 }
 
 /// The state a major change with nothing to undo forgets (`Gleaner::consolidation_step`).
@@ -271,7 +279,7 @@ impl Gleaner {
             consolidation_blocked_until: 0,
             consolidation_backoff: CONSOLIDATION_BACKOFF_START,
             before_change: None,
-            recorded_now: (false, false, false),
+            recorded_now: RecordedNow::default(),
         })
     }
 
@@ -449,21 +457,24 @@ impl Gleaner {
         self.settle = self.settle.saturating_sub(1);
         let record = stable && !self.workload_idle;
         let judged = Measured::new(c.total_util, sample.period_ns);
-        self.recorded_now = (record, false, false);
+        self.recorded_now = RecordedNow {
+            value: record,
+            ..RecordedNow::default()
+        };
         if record {
             self.quiet_values.push_back(judged);
             if self.quiet_values.len() > QUIET_WINDOW {
                 self.quiet_values.pop_front();
             }
             if c.l_wait_ns() > 0.0 {
-                self.recorded_now.2 = true;
+                self.recorded_now.load = true;
                 self.quiet_loads.push_back(c.l_comp_ns / c.l_wait_ns());
                 if self.quiet_loads.len() > QUIET_WINDOW {
                     self.quiet_loads.pop_front();
                 }
             }
             if let Some(w) = sample.wake_latency.as_ref().filter(|_| !sample.stale_rates) {
-                self.recorded_now.1 = true;
+                self.recorded_now.wakes = true;
                 self.quiet_wakes.push_back((w.clone(), sample.work_ns()));
                 if self.quiet_wakes.len() > QUIET_WINDOW {
                     self.quiet_wakes.pop_front();
@@ -772,9 +783,9 @@ impl Gleaner {
                     last_quiet_util: self.last_quiet_util,
                     // This period, recorded on its way in, is the change itself: not part of
                     // what came before it.
-                    quiet_values: without_last(&self.quiet_values, self.recorded_now.0),
-                    quiet_wakes: without_last(&self.quiet_wakes, self.recorded_now.1),
-                    quiet_loads: without_last(&self.quiet_loads, self.recorded_now.2),
+                    quiet_values: without_last(&self.quiet_values, self.recorded_now.value),
+                    quiet_wakes: without_last(&self.quiet_wakes, self.recorded_now.wakes),
+                    quiet_loads: without_last(&self.quiet_loads, self.recorded_now.load),
                     consolidation_backoff: before_backoff,
                     consolidation_blocked_until: before_blocked_until,
                 });
